@@ -49,6 +49,8 @@ pub enum AcpiError {
     },
 }
 
+impl core::error::Error for AcpiError {}
+
 impl core::fmt::Display for AcpiError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {

@@ -70,7 +70,13 @@ mod tests {
 
     #[test]
     fn map_covers_exactly_the_memory() {
-        for size in [8u64 << 20, 128 << 20, 3 << 30, (3 << 30) + (2 << 20), 8 << 30] {
+        for size in [
+            8u64 << 20,
+            128 << 20,
+            3 << 30,
+            (3 << 30) + (2 << 20),
+            8 << 30,
+        ] {
             let l = MemoryLayout::new(size).unwrap();
             let m = build(&l);
             assert_eq!(total(&m), size, "size {size}");

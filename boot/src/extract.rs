@@ -119,7 +119,9 @@ pub fn payload(bz: &[u8]) -> Result<(&[u8], Compression), ExtractError> {
     let p = start
         .checked_add(len)
         .and_then(|end| bz.get(start..end))
-        .ok_or(ExtractError::NotBzImage("payload beyond the end of the file"))?;
+        .ok_or(ExtractError::NotBzImage(
+            "payload beyond the end of the file",
+        ))?;
     let c = Compression::detect(p).ok_or(ExtractError::Unsupported("unknown"))?;
     Ok((p, c))
 }
@@ -131,7 +133,8 @@ pub fn extract_vmlinux(bz: &[u8]) -> Result<Vec<u8>, ExtractError> {
         return Err(ExtractError::NotBzImage("payload too short"));
     }
     let (data, size_tail) = p.split_at(p.len() - 4);
-    let want = u32::from_le_bytes([size_tail[0], size_tail[1], size_tail[2], size_tail[3]]) as usize;
+    let want =
+        u32::from_le_bytes([size_tail[0], size_tail[1], size_tail[2], size_tail[3]]) as usize;
     if want == 0 || want > MAX_OUTPUT {
         return Err(ExtractError::NotBzImage(
             "appended decompressed size is zero or over 1 GiB",

@@ -157,6 +157,9 @@ mod tests {
         let ds = boot_segment(DATA_SEL);
         assert_eq!((ds.type_, ds.limit, ds.base), (3, 0xffff_ffff, 0));
         let tr = boot_segment(TSS_SEL);
-        assert_eq!((tr.type_, tr.s, tr.base, tr.limit), (0xb, 0, TSS_ADDR, 0x67));
+        assert_eq!(
+            (tr.type_, tr.s, tr.base, tr.limit),
+            (0xb, 0, TSS_ADDR, 0x67)
+        );
     }
 }

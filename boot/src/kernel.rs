@@ -64,7 +64,9 @@ pub enum KernelError {
         mem: u64,
     },
     /// PVH requested but the ELF has no PVH note.
-    #[error("kernel has no PVH entry point (no XEN_ELFNOTE_PHYS32_ENTRY note); use the Linux 64-bit boot protocol")]
+    #[error(
+        "kernel has no PVH entry point (no XEN_ELFNOTE_PHYS32_ENTRY note); use the Linux 64-bit boot protocol"
+    )]
     NoPvhEntry,
     /// linux-loader refused the image.
     #[error("loading the kernel failed: {0}")]
@@ -403,7 +405,9 @@ fn find_pvh_note(notes: &[u8]) -> Result<Option<u64>, KernelError> {
             return match descsz {
                 4 => Ok(u32_at(notes, desc_at).map(u64::from)),
                 8 => Ok(u64_at(notes, desc_at)),
-                _ => Err(KernelError::BadElf("PVH note descriptor is not 4 or 8 bytes")),
+                _ => Err(KernelError::BadElf(
+                    "PVH note descriptor is not 4 or 8 bytes",
+                )),
             };
         }
         o = next;
@@ -424,7 +428,9 @@ fn parse_bzimage(b: &[u8]) -> Result<KernelKind, KernelError> {
     }
     let setup = setup_size(b);
     if setup >= b.len() {
-        return Err(BadBzImage("setup sectors extend beyond the end of the file"));
+        return Err(BadBzImage(
+            "setup sectors extend beyond the end of the file",
+        ));
     }
     let xloadflags = if version >= 0x020c {
         field16(0x236)?
@@ -455,7 +461,9 @@ fn parse_bzimage(b: &[u8]) -> Result<KernelKind, KernelError> {
         (HIMEM_START, (b.len() - setup) as u64 * 4)
     };
     if load_addr < HIMEM_START || load_addr.checked_add(init_size).is_none() {
-        return Err(BadBzImage("preferred load address below 1 MiB or overflowing"));
+        return Err(BadBzImage(
+            "preferred load address below 1 MiB or overflowing",
+        ));
     }
     Ok(KernelKind::BzImage {
         version,
@@ -550,8 +558,8 @@ pub(crate) mod tests {
 
     #[test]
     fn recognises_elf_and_pvh_note() {
-        let img = KernelImage::from_bytes(tiny_elf(0x200000, &[0x90; 16], 4096, Some(0x200008)))
-            .unwrap();
+        let img =
+            KernelImage::from_bytes(tiny_elf(0x200000, &[0x90; 16], 4096, Some(0x200008))).unwrap();
         assert!(img.has_pvh());
         assert_eq!(img.footprint(), (0x200000, 0x200000 + 16 + 4096));
         match img.kind() {

@@ -108,6 +108,8 @@ pub enum LayoutError {
     },
 }
 
+impl core::error::Error for LayoutError {}
+
 impl core::fmt::Display for LayoutError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
@@ -245,10 +247,7 @@ mod tests {
             MemoryLayout::new(MAX_MEMORY + PAGE_SIZE),
             Err(LayoutError::TooLarge { .. })
         ));
-        assert_eq!(
-            MemoryLayout::new(0),
-            Err(LayoutError::TooSmall { size: 0 })
-        );
+        assert_eq!(MemoryLayout::new(0), Err(LayoutError::TooSmall { size: 0 }));
     }
 
     #[test]
@@ -266,7 +265,10 @@ mod tests {
         for (i, a) in areas.iter().enumerate() {
             assert!(a.0 + a.1 <= HIMEM_START);
             for b in &areas[i + 1..] {
-                assert!(a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0, "{a:x?} overlaps {b:x?}");
+                assert!(
+                    a.0 + a.1 <= b.0 || b.0 + b.1 <= a.0,
+                    "{a:x?} overlaps {b:x?}"
+                );
             }
         }
     }

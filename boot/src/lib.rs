@@ -213,7 +213,10 @@ mod setup {
         write(mem, "command line", layout::CMDLINE_ADDR, &cmdline)?;
 
         // GDT, TSS and identity page tables.
-        let gdt_bytes: Vec<u8> = gdt::boot_gdt().iter().flat_map(|e| e.to_le_bytes()).collect();
+        let gdt_bytes: Vec<u8> = gdt::boot_gdt()
+            .iter()
+            .flat_map(|e| e.to_le_bytes())
+            .collect();
         write(mem, "GDT", layout::GDT_ADDR, &gdt_bytes)?;
         write(mem, "TSS", layout::TSS_ADDR, &[0u8; 0x68])?;
         for (addr, page) in paging::identity_tables() {
@@ -310,7 +313,8 @@ mod setup {
         fn elf_linux64_end_to_end() {
             let (layout, mem) = guest(32 << 20);
             // Dirty the bss area first: setup must zero it.
-            mem.write_slice(&[0xee; 64], GuestAddress(0x200010)).unwrap();
+            mem.write_slice(&[0xee; 64], GuestAddress(0x200010))
+                .unwrap();
             let k = KernelImage::from_bytes(tiny_elf(0x200000, &[0xf4; 16], 8192, None)).unwrap();
             let rd = vec![0x5a; 10_000];
             let info = setup(
@@ -401,8 +405,20 @@ mod setup {
                     },
                     "no PVH note",
                 ),
-                (BootConfig { cmdline: &long, ..base }, "cmdline too long"),
-                (BootConfig { cmdline: "a\nb", ..base }, "control char"),
+                (
+                    BootConfig {
+                        cmdline: &long,
+                        ..base
+                    },
+                    "cmdline too long",
+                ),
+                (
+                    BootConfig {
+                        cmdline: "a\nb",
+                        ..base
+                    },
+                    "control char",
+                ),
                 (BootConfig { cpus: 0, ..base }, "zero cpus"),
                 (
                     BootConfig {

@@ -32,6 +32,8 @@ pub enum MptableError {
     },
 }
 
+impl core::error::Error for MptableError {}
+
 impl core::fmt::Display for MptableError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
@@ -179,8 +181,14 @@ mod tests {
         let count = u16::from_le_bytes(buf[table + 34..table + 36].try_into().unwrap());
         assert_eq!(count as usize, 2 + 1 + 1 + 24 + 2);
         // Processor entries: ids 0 and 1, only the first is the BSP.
-        assert_eq!((buf[table + 44], buf[table + 45], buf[table + 47]), (0, 0, 3));
-        assert_eq!((buf[table + 64], buf[table + 65], buf[table + 67]), (0, 1, 1));
+        assert_eq!(
+            (buf[table + 44], buf[table + 45], buf[table + 47]),
+            (0, 0, 3)
+        );
+        assert_eq!(
+            (buf[table + 64], buf[table + 65], buf[table + 67]),
+            (0, 1, 1)
+        );
     }
 
     #[test]

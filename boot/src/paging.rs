@@ -58,7 +58,15 @@ mod tests {
     #[test]
     fn identity_below_4g_nothing_above() {
         let t = identity_tables();
-        for va in [0u64, 0x1234, 0x7000, 0x100_0000, 0xbfff_ffff, 0xfee0_0000, 0xffff_ffff] {
+        for va in [
+            0u64,
+            0x1234,
+            0x7000,
+            0x100_0000,
+            0xbfff_ffff,
+            0xfee0_0000,
+            0xffff_ffff,
+        ] {
             assert_eq!(walk(&t, va), Some(va), "{va:#x}");
         }
         assert_eq!(walk(&t, 0x1_0000_0000), None);

@@ -222,7 +222,10 @@ mod tests {
         });
         let (v, x, lf) = (bp.hdr.version, bp.hdr.xloadflags, bp.hdr.loadflags);
         assert_eq!((v, x), (0x020f, 0x7f));
-        assert_eq!(lf & (LOADED_HIGH | CAN_USE_HEAP), LOADED_HIGH | CAN_USE_HEAP);
+        assert_eq!(
+            lf & (LOADED_HIGH | CAN_USE_HEAP),
+            LOADED_HIGH | CAN_USE_HEAP
+        );
         let ext = bp.ext_cmd_line_ptr;
         assert_eq!(ext, 1);
         let rd = bp.hdr.ramdisk_image;
@@ -237,12 +240,22 @@ mod tests {
         assert_eq!(p.start_info.memmap_entries as usize, e820.len());
         assert_eq!(p.start_info.nr_modules, 0);
         assert_eq!(p.start_info.modlist_paddr, 0);
-        let p = pvh_start_info(0x20000, &e820, 0xe0000, Some((0x400000, 99)), 0x6040, 0x6800);
+        let p = pvh_start_info(
+            0x20000,
+            &e820,
+            0xe0000,
+            Some((0x400000, 99)),
+            0x6040,
+            0x6800,
+        );
         assert_eq!(p.start_info.nr_modules, 1);
         assert_eq!(p.modules[0].size, 99);
         assert_eq!(p.start_info.modlist_paddr, 0x6800);
         let b = p.start_info_bytes();
-        assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()), XEN_HVM_START_MAGIC_VALUE);
+        assert_eq!(
+            u32::from_le_bytes(b[0..4].try_into().unwrap()),
+            XEN_HVM_START_MAGIC_VALUE
+        );
         assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), 0x20000);
         assert_eq!(p.memmap_bytes().len(), 24 * e820.len());
         assert_eq!(p.modlist_bytes().len(), 32);

@@ -134,13 +134,19 @@ mod tests {
     #[test]
     fn linux64_state() {
         let e = EntryState::new(BootProtocol::Linux64, 0x100_0000);
-        assert_eq!((e.regs.rip, e.regs.rsi, e.regs.rflags), (0x100_0000, ZERO_PAGE_ADDR, 2));
+        assert_eq!(
+            (e.regs.rip, e.regs.rsi, e.regs.rflags),
+            (0x100_0000, ZERO_PAGE_ADDR, 2)
+        );
         let mut s = kvm_sregs::default();
         e.apply_sregs(&mut s);
         assert_eq!((s.cs.selector, s.cs.l, s.cs.db), (0x10, 1, 0));
         assert_eq!(s.ds.selector, 0x18);
         assert_eq!((s.tr.selector, s.tr.type_), (0x20, 11));
-        assert_eq!((s.cr0, s.cr3, s.cr4, s.efer), (CR0_LONG, PML4_ADDR, CR4_LONG, EFER_LONG));
+        assert_eq!(
+            (s.cr0, s.cr3, s.cr4, s.efer),
+            (CR0_LONG, PML4_ADDR, CR4_LONG, EFER_LONG)
+        );
     }
 
     #[test]
@@ -149,7 +155,10 @@ mod tests {
         assert_eq!((e.regs.rip, e.regs.rbx), (0x10_0040, PVH_INFO_ADDR));
         let mut s = kvm_sregs::default();
         e.apply_sregs(&mut s);
-        assert_eq!((s.cs.selector, s.cs.l, s.cs.db, s.cs.limit), (0x08, 0, 1, 0xffff_ffff));
+        assert_eq!(
+            (s.cs.selector, s.cs.l, s.cs.db, s.cs.limit),
+            (0x08, 0, 1, 0xffff_ffff)
+        );
         assert_eq!((s.cr0 & 0x8000_0001, s.efer), (1, 0));
     }
 }

@@ -1,1 +1,15 @@
-//! placeholder
+//! Static partitions on KVM.
+//!
+//! A partition is a guest on dedicated cores (one vCPU pinned per core) with memory taken
+//! from a reservation. This crate is the only one that talks to KVM: [`vm`] sets the VM
+//! up, [`vcpu`] runs it, [`launch`] is the pipeline from user input to teardown.
+
+pub mod cores;
+pub mod cpuid;
+pub mod launch;
+pub mod memory;
+pub mod size;
+pub mod vcpu;
+pub mod vm;
+
+pub use launch::{Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport};

@@ -1,0 +1,563 @@
+//! Launching a partition: a pipeline of small steps.
+//!
+//! 1. [`check`]: every piece of user input is validated (cores, memory size, kernel, initrd,
+//!    command line, console) before anything is allocated or KVM is touched.
+//! 2. [`run`]: map memory, create the VM, write the boot structures, build the buses, start
+//!    one pinned thread per vCPU, wait for the guest, a fault or a signal, tear down.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use boot::kernel::{KernelError, KernelImage};
+use boot::layout::{LayoutError, MemoryLayout};
+use boot::regs::BootProtocol;
+use boot::{BootConfig, BootError, BootInfo};
+use devices::Bus;
+use devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use devices::power::{
+    ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
+};
+use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
+use pool::{AnonRam, Backing, GuestRam};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::cores::{self, CoreError};
+use crate::memory::{GuestMemory, MemoryError};
+use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
+use crate::vm::{Vm, VmError};
+
+/// Largest initrd accepted.
+const MAX_INITRD: u64 = 1 << 30;
+
+/// Where the kernel comes from.
+#[derive(Clone, Debug)]
+pub enum KernelSource {
+    /// A file.
+    Path(PathBuf),
+    /// An image built into the binary (the probe guest).
+    Builtin {
+        /// Name for messages.
+        name: &'static str,
+        /// The ELF.
+        bytes: &'static [u8],
+    },
+}
+
+/// Where the guest's serial output goes.
+#[derive(Clone, Debug)]
+pub enum Console {
+    /// The VMM's stdout.
+    Stdout,
+    /// A file (created or truncated).
+    File(PathBuf),
+}
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    /// Host cores; vCPU i runs on `cores[i]`.
+    pub cores: String,
+    /// Guest memory in bytes.
+    pub memory: u64,
+    /// The kernel.
+    pub kernel: KernelSource,
+    /// Initial ramdisk.
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Serial output.
+    pub console: Console,
+    /// Entry protocol.
+    pub protocol: BootProtocol,
+    /// Memory backing.
+    pub backing: Backing,
+}
+
+/// Errors launching a partition.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Bad core list.
+    #[error("--cores: {0}")]
+    Cores(#[from] CoreError),
+    /// Bad memory size.
+    #[error("--memory: {0}")]
+    Memory(#[from] LayoutError),
+    /// Memory size not a multiple of the backing's page size.
+    #[error(
+        "--memory: {size} bytes is not a multiple of the {page} byte pages of {backing:?} memory"
+    )]
+    PageMultiple {
+        /// Size.
+        size: u64,
+        /// Page size.
+        page: usize,
+        /// Backing.
+        backing: Backing,
+    },
+    /// A file could not be read.
+    #[error("{what} {path}: {source}")]
+    File {
+        /// Which argument.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file is larger than allowed.
+    #[error("{what} {path} is {size} bytes, more than {limit} (the guest's memory or the limit)")]
+    TooLarge {
+        /// Which argument.
+        what: &'static str,
+        /// Path.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The kernel image was refused.
+    #[error("--kernel {path}: {source}")]
+    Kernel {
+        /// Path or name.
+        path: String,
+        /// Why.
+        source: KernelError,
+    },
+    /// Boot setup refused the configuration.
+    #[error("{0}")]
+    Boot(#[from] BootError),
+    /// Guest memory could not be mapped.
+    #[error("guest memory: {0}")]
+    Backing(#[from] pool::anon::AnonError),
+    /// Guest memory could not be assembled.
+    #[error("guest memory: {0}")]
+    GuestMemory(#[from] MemoryError),
+    /// KVM setup failed.
+    #[error("{0}")]
+    Vm(#[from] VmError),
+    /// Building the device buses failed.
+    #[error("devices: {0}")]
+    Bus(#[from] devices::BusError),
+    /// OS-level failure (threads, signals, eventfds).
+    #[error("{what}: {source}")]
+    Os {
+        /// What failed.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl LaunchError {
+    /// Whether this is the user's input at fault (the CLI exits with status 2).
+    pub fn is_usage(&self) -> bool {
+        match self {
+            Self::Cores(_)
+            | Self::Memory(_)
+            | Self::PageMultiple { .. }
+            | Self::File { .. }
+            | Self::TooLarge { .. }
+            | Self::Kernel { .. } => true,
+            Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
+            _ => false,
+        }
+    }
+}
+
+/// A launch that passed [`check`].
+pub struct Checked {
+    cores: Vec<usize>,
+    layout: MemoryLayout,
+    kernel: KernelImage,
+    kernel_name: String,
+    initrd: Option<Vec<u8>>,
+    console: Box<dyn Write + Send>,
+    cfg: LaunchConfig,
+}
+
+impl Checked {
+    /// vCPU → core assignment.
+    pub fn cores(&self) -> &[usize] {
+        &self.cores
+    }
+    /// The kernel's name for messages.
+    pub fn kernel_name(&self) -> &str {
+        &self.kernel_name
+    }
+}
+
+fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8>, LaunchError> {
+    let file_err = |source| LaunchError::File {
+        what,
+        path: path.clone(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(file_err)?;
+    if !meta.is_file() {
+        return Err(LaunchError::File {
+            what,
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
+        });
+    }
+    if meta.len() > limit {
+        return Err(LaunchError::TooLarge {
+            what,
+            path: path.clone(),
+            size: meta.len(),
+            limit,
+        });
+    }
+    std::fs::read(path).map_err(file_err)
+}
+
+/// Validates everything the user gave. Nothing is allocated, mapped or created, except
+/// that the console file is opened.
+pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
+    let cores = cores::parse(&cfg.cores)?;
+    cores::check_available(&cores, &cores::available())?;
+    if cores.len() > boot::mptable::MAX_CPUS {
+        return Err(BootError::Tables(format!(
+            "{} vCPUs: at most {} are supported",
+            cores.len(),
+            boot::mptable::MAX_CPUS
+        ))
+        .into());
+    }
+    let layout = MemoryLayout::new(cfg.memory)?;
+    let page = cfg.backing.page_size() as u64;
+    if cfg.memory % page != 0 {
+        return Err(LaunchError::PageMultiple {
+            size: cfg.memory,
+            page: page as usize,
+            backing: cfg.backing,
+        });
+    }
+    let (bytes, kernel_name) = match &cfg.kernel {
+        KernelSource::Path(p) => (
+            read_limited("--kernel", p, layout.size())?,
+            p.display().to_string(),
+        ),
+        KernelSource::Builtin { name, bytes } => (bytes.to_vec(), name.to_string()),
+    };
+    let kernel = KernelImage::from_bytes(bytes).map_err(|source| LaunchError::Kernel {
+        path: kernel_name.clone(),
+        source,
+    })?;
+    kernel
+        .check_fits(&layout)
+        .map_err(|source| LaunchError::Kernel {
+            path: kernel_name.clone(),
+            source,
+        })?;
+    if cfg.protocol == BootProtocol::Pvh && !kernel.has_pvh() {
+        return Err(LaunchError::Kernel {
+            path: kernel_name,
+            source: KernelError::NoPvhEntry,
+        });
+    }
+    boot::check_cmdline(&cfg.cmdline, kernel.cmdline_max())?;
+    let initrd = match &cfg.initrd {
+        Some(p) => {
+            let rd = read_limited("--initrd", p, MAX_INITRD.min(layout.size()))?;
+            let (_, kernel_end) = kernel.footprint();
+            boot::place_initrd(&layout, kernel_end, rd.len() as u64, u64::MAX)?;
+            Some(rd)
+        }
+        None => None,
+    };
+    let console: Box<dyn Write + Send> = match &cfg.console {
+        Console::Stdout => Box::new(std::io::stdout()),
+        Console::File(p) => Box::new(std::io::LineWriter::new(std::fs::File::create(p).map_err(
+            |source| LaunchError::File {
+                what: "--console",
+                path: p.clone(),
+                source,
+            },
+        )?)),
+    };
+    Ok(Checked {
+        cores,
+        layout,
+        kernel,
+        kernel_name,
+        initrd,
+        console,
+        cfg,
+    })
+}
+
+/// How the partition ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// vCPU `vcpu` stopped for `reason`.
+    Guest {
+        /// Which vCPU.
+        vcpu: usize,
+        /// Why.
+        reason: StopReason,
+    },
+    /// The VMM received a signal.
+    Signal(i32),
+}
+
+/// Per-vCPU summary.
+#[derive(Clone, Debug)]
+pub struct VcpuReport {
+    /// Index.
+    pub index: usize,
+    /// Host core.
+    pub core: usize,
+    /// Exit counts by reason.
+    pub exits: Vec<(&'static str, u64)>,
+}
+
+/// What happened.
+#[derive(Clone, Debug)]
+pub struct LaunchReport {
+    /// How it ended.
+    pub ending: Ending,
+    /// Boot details.
+    pub boot: BootInfo,
+    /// Memory backing description.
+    pub memory: String,
+    /// From the first KVM_RUN to teardown.
+    pub ran_for: Duration,
+    /// Per-vCPU exit counters.
+    pub vcpus: Vec<VcpuReport>,
+}
+
+/// Progress callbacks so the CLI can say what is happening while it happens.
+pub trait Observer {
+    /// Boot structures are written; vCPUs start next.
+    fn booting(&self, _checked: &Checked, _boot: &BootInfo, _memory: &str) {}
+}
+
+impl Observer for () {}
+
+struct SignalGuard {
+    old: libc::sigset_t,
+    fd: i32,
+}
+
+impl SignalGuard {
+    /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and threads it starts) and opens a
+    /// signalfd for them.
+    fn new() -> std::io::Result<Self> {
+        // SAFETY: sigset manipulation on local values; pthread_sigmask and signalfd have no
+        // memory-safety preconditions beyond valid pointers, which these are.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+                return Err(e);
+            }
+            Ok(Self { old, fd })
+        }
+    }
+
+    fn take(&self) -> Option<i32> {
+        let mut info = [0u8; 128];
+        // SAFETY: reading one signalfd_siginfo (128 bytes) into a buffer of that size.
+        let n = unsafe { libc::read(self.fd, info.as_mut_ptr().cast(), info.len()) };
+        (n == 128).then(|| i32::from_ne_bytes([info[0], info[1], info[2], info[3]]))
+    }
+}
+
+impl Drop for SignalGuard {
+    fn drop(&mut self) {
+        // SAFETY: closing our fd and restoring the mask saved in new().
+        unsafe {
+            libc::close(self.fd);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Runs a checked launch to its end.
+pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
+    let layout = checked.layout;
+    let ram: Box<dyn GuestRam> =
+        Box::new(AnonRam::new(layout.size() as usize, checked.cfg.backing)?);
+    let memory = Arc::new(GuestMemory::new(ram, layout)?);
+    let vm = Vm::new()?;
+    vm.map_memory(&memory)?;
+
+    let boot = boot::setup(
+        memory.mem(),
+        &layout,
+        &BootConfig {
+            kernel: &checked.kernel,
+            initrd: checked.initrd.as_deref(),
+            cmdline: &checked.cfg.cmdline,
+            cpus: checked.cores.len(),
+            protocol: checked.cfg.protocol,
+        },
+    )?;
+
+    // Devices.
+    let serial_irq = vm.irq_line(COM1_IRQ)?;
+    let console = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
+    let serial = Arc::new(Mutex::new(SerialPort::new(Box::new(serial_irq), console)));
+    let mut pio = Bus::new("pio");
+    pio.insert("serial", COM1_PORT, COM1_LEN, serial.clone())?;
+    pio.insert("i8042", I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042)))?;
+    pio.insert(
+        "acpi-pm",
+        ACPI_PM_BASE,
+        ACPI_PM_LEN,
+        Arc::new(Mutex::new(AcpiPm)),
+    )?;
+    pio.insert(
+        "debug-exit",
+        DEBUG_EXIT_PORT,
+        DEBUG_EXIT_LEN,
+        Arc::new(Mutex::new(DebugExit)),
+    )?;
+    let pio = Arc::new(pio);
+    let mmio = Arc::new(Bus::new("mmio"));
+
+    // vCPUs, created and configured here, run on their own threads.
+    let supported = vm.supported_cpuid()?;
+    let n = checked.cores.len();
+    let mut contexts = Vec::with_capacity(n);
+    let mut handles: Vec<VcpuHandle> = Vec::with_capacity(n);
+    for (index, &core) in checked.cores.iter().enumerate() {
+        let entry = (index == 0).then_some(&boot.entry);
+        let fd = vm.create_vcpu(index, n, &supported, entry)?;
+        let (counters, kicker, h) = vcpu::handles(index, core);
+        handles.push(h);
+        contexts.push(VcpuContext {
+            index,
+            core,
+            fd,
+            pio: pio.clone(),
+            mmio: mmio.clone(),
+            memory: memory.clone(),
+            counters,
+            kicker,
+        });
+    }
+    observer.booting(&checked, &boot, &memory.describe());
+
+    let os = |what| move |source| LaunchError::Os { what, source };
+    vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
+    let signals = SignalGuard::new().map_err(os("blocking SIGINT/SIGTERM"))?;
+    let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
+    let first_stop: Arc<Mutex<Option<(usize, StopReason)>>> = Arc::new(Mutex::new(None));
+
+    let started = Instant::now();
+    let mut threads = Vec::with_capacity(n);
+    for ctx in contexts {
+        let exit_evt = exit_evt.clone();
+        let first_stop = first_stop.clone();
+        let index = ctx.index;
+        let t = std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || {
+                let reason = vcpu::run(ctx);
+                if reason != StopReason::Kicked {
+                    let mut f = first_stop.lock().unwrap_or_else(|e| e.into_inner());
+                    f.get_or_insert((index, reason));
+                }
+                let _ = exit_evt.write(1);
+            });
+        match t {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                stop_all(&handles, threads);
+                return Err(LaunchError::Os {
+                    what: "starting a vCPU thread",
+                    source: e,
+                });
+            }
+        }
+    }
+
+    let ending = wait(&signals, &exit_evt, &first_stop);
+    let ran_for = started.elapsed();
+    stop_all(&handles, threads);
+    serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
+    drop(signals);
+
+    let vcpus = handles
+        .iter()
+        .map(|h| VcpuReport {
+            index: h.index,
+            core: h.core,
+            exits: h.counters.snapshot().to_vec(),
+        })
+        .collect();
+    Ok(LaunchReport {
+        ending,
+        boot,
+        memory: memory.describe(),
+        ran_for,
+        vcpus,
+    })
+}
+
+fn wait(
+    signals: &SignalGuard,
+    exit_evt: &EventFd,
+    first_stop: &Mutex<Option<(usize, StopReason)>>,
+) -> Ending {
+    use std::os::fd::AsRawFd;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: signals.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: exit_evt.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polling two valid fds in a local array.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if let Some(sig) = signals.take() {
+            return Ending::Signal(sig);
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            let _ = exit_evt.read();
+            if let Some((vcpu, reason)) =
+                first_stop.lock().unwrap_or_else(|e| e.into_inner()).take()
+            {
+                return Ending::Guest { vcpu, reason };
+            }
+        }
+    }
+}
+
+fn stop_all(handles: &[VcpuHandle], threads: Vec<std::thread::JoinHandle<()>>) {
+    for h in handles {
+        h.kicker.kick();
+    }
+    // A signal can land just before a thread enters KVM_RUN; immediate_exit (set by the
+    // kick) makes that KVM_RUN return at once, so joining cannot hang.
+    for t in threads {
+        let _ = t.join();
+    }
+}
+
+/// Checks and runs in one go.
+pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
+    run(check(cfg)?, observer)
+}

@@ -1,0 +1,195 @@
+//! The KVM VM: in-kernel irqchip and PIT, memory slots, interrupt lines, vCPUs with their
+//! CPUID, LAPIC and boot registers. The only module that talks to KVM's VM and vCPU fds
+//! for setup (the run loop is in `vcpu`).
+
+use boot::regs::EntryState;
+use kvm_bindings::{
+    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config,
+    kvm_userspace_memory_region,
+};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::memory::GuestMemory;
+
+/// KVM's TSS needs three pages below 4 GiB that are not RAM (VMX only, harmless elsewhere).
+const KVM_TSS_ADDR: usize = 0xfffb_d000;
+/// KVM's identity-map page, right below the TSS (VMX without unrestricted guest).
+const KVM_IDENTITY_MAP_ADDR: u64 = 0xfffb_c000;
+/// LAPIC register offsets.
+const APIC_LVT0: usize = 0x350;
+const APIC_LVT1: usize = 0x360;
+/// LVT delivery modes.
+const APIC_MODE_EXTINT: u32 = 0x7;
+const APIC_MODE_NMI: u32 = 0x4;
+
+/// Errors setting up the VM.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// /dev/kvm could not be opened.
+    #[error("cannot open /dev/kvm: {0} (is KVM available, and are you root or in the kvm group?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    /// A KVM ioctl failed.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// The operation.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A required capability is missing.
+    #[error("KVM lacks {0}, which partitions need")]
+    MissingCap(&'static str),
+    /// An eventfd could not be created.
+    #[error("eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+/// A created VM.
+pub struct Vm {
+    kvm: Kvm,
+    fd: VmFd,
+}
+
+impl Vm {
+    /// Opens KVM and creates a VM with an in-kernel irqchip and PIT.
+    pub fn new() -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        for (cap, name) in [
+            (kvm_ioctls::Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+            (kvm_ioctls::Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+            (kvm_ioctls::Cap::Irqfd, "KVM_CAP_IRQFD"),
+        ] {
+            if !kvm.check_extension(cap) {
+                return Err(VmError::MissingCap(name));
+            }
+        }
+        let fd = kvm.create_vm().map_err(kvm_err("creating the VM"))?;
+        fd.set_tss_address(KVM_TSS_ADDR)
+            .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+        // Not every host implements it; only VMX without unrestricted guest needs it.
+        if let Err(e) = fd.set_identity_map_address(KVM_IDENTITY_MAP_ADDR) {
+            log::debug!("KVM_SET_IDENTITY_MAP_ADDR: {e}");
+        }
+        fd.create_irq_chip()
+            .map_err(kvm_err("creating the in-kernel irqchip"))?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        fd.create_pit2(pit)
+            .map_err(kvm_err("creating the in-kernel PIT"))?;
+        Ok(Self { kvm, fd })
+    }
+
+    /// The VM fd.
+    pub fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// The system fd.
+    pub fn kvm(&self) -> &Kvm {
+        &self.kvm
+    }
+
+    /// Registers every RAM range of `mem` as a memory slot.
+    pub fn map_memory(&self, mem: &GuestMemory) -> Result<(), VmError> {
+        for (slot, r) in mem.layout().ram_ranges().iter().enumerate() {
+            let region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: r.guest_addr,
+                memory_size: r.len,
+                userspace_addr: mem.host_addr(r),
+            };
+            // SAFETY: the host range is a live mapping owned by `mem`, which the launcher
+            // keeps alive until the VM fd is closed.
+            unsafe { self.fd.set_user_memory_region(region) }
+                .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+        Ok(())
+    }
+
+    /// An edge-triggered interrupt line on `gsi`, backed by an irqfd.
+    pub fn irq_line(&self, gsi: u32) -> Result<EventFd, VmError> {
+        let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(VmError::EventFd)?;
+        self.fd
+            .register_irqfd(&evt, gsi)
+            .map_err(kvm_err("KVM_IRQFD"))?;
+        Ok(evt)
+    }
+
+    /// The host's supported CPUID.
+    pub fn supported_cpuid(&self) -> Result<CpuId, VmError> {
+        self.kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))
+    }
+
+    /// Creates vCPU `index` of `count` with its CPUID and LAPIC set up; the boot vCPU also
+    /// gets `entry`.
+    pub fn create_vcpu(
+        &self,
+        index: usize,
+        count: usize,
+        supported: &CpuId,
+        entry: Option<&EntryState>,
+    ) -> Result<VcpuFd, VmError> {
+        let vcpu = self
+            .fd
+            .create_vcpu(index as u64)
+            .map_err(kvm_err("KVM_CREATE_VCPU"))?;
+        let tsc_khz = vcpu.get_tsc_khz().ok();
+        let cpuid = crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz);
+        vcpu.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
+        // Read back: some hosts rewrite what we set.
+        if log::log_enabled!(log::Level::Debug) {
+            if let Ok(back) = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES) {
+                crate::cpuid::log_changes(index, &cpuid, &back);
+            }
+        }
+        let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
+        set_lvt_mode(&mut lapic.regs, APIC_LVT0, APIC_MODE_EXTINT);
+        set_lvt_mode(&mut lapic.regs, APIC_LVT1, APIC_MODE_NMI);
+        vcpu.set_lapic(&lapic).map_err(kvm_err("KVM_SET_LAPIC"))?;
+        if let Some(e) = entry {
+            vcpu.set_regs(&e.regs).map_err(kvm_err("KVM_SET_REGS"))?;
+            vcpu.set_fpu(&e.fpu).map_err(kvm_err("KVM_SET_FPU"))?;
+            let mut sregs = vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+            e.apply_sregs(&mut sregs);
+            vcpu.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
+        }
+        Ok(vcpu)
+    }
+}
+
+fn set_lvt_mode(regs: &mut [std::os::raw::c_char; 1024], off: usize, mode: u32) {
+    let mut b = [0u8; 4];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = regs[off + i] as u8;
+    }
+    let v = (u32::from_le_bytes(b) & !0x700) | (mode << 8);
+    for (i, x) in v.to_le_bytes().iter().enumerate() {
+        regs[off + i] = *x as std::os::raw::c_char;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lvt_mode_bits() {
+        let mut regs = [0 as std::os::raw::c_char; 1024];
+        regs[APIC_LVT0 + 1] = 0x10; // mask bit (16) lives in byte 2; put junk in mode bits
+        regs[APIC_LVT0 + 2] = 0x01;
+        set_lvt_mode(&mut regs, APIC_LVT0, APIC_MODE_EXTINT);
+        assert_eq!(regs[APIC_LVT0 + 1] as u8, 0x17);
+        assert_eq!(regs[APIC_LVT0 + 2] as u8, 0x01);
+    }
+}

@@ -1,0 +1,538 @@
+# Ring 0 of the probe guest: entry points, descriptor tables, the AP trampoline, interrupt
+# stubs and a handful of privileged services for ring 3.
+#
+# Every instruction here runs in the nested KVM's instruction emulator on the development
+# hosts (about 0.7 us each, and it rejects int3, int n, xsave, rdtscp, AVX, ...), so this
+# file stays small and plain: moves, port I/O, control registers, MSRs, lgdt/lidt/ltr,
+# lretq/iretq, sti/hlt. Everything else runs in ring 3, natively.
+
+    .set KSTACK_SHIFT, 13          # 8 KiB ring-0 stack per CPU
+    .set USTACK_SHIFT, 14          # 16 KiB ring-3 stack per CPU
+    .set MAX_CPUS, 64
+    .set TSS_SHIFT, 7              # 128 bytes per TSS slot
+    .set TRAMP, 0x1000             # AP trampoline page (SIPI vector 0x01)
+    .set TP, 0xf00                 # parameter block inside the trampoline page
+    .set TP_GDTR, TP + 0x00
+    .set TP_CR3, TP + 0x10
+    .set TP_ENTRY, TP + 0x18
+    .set TP_CPU, TP + 0x20
+    .set SEL_KCODE, 0x08
+    .set SEL_KDATA, 0x10
+    .set SEL_KCODE32, 0x18
+    .set SEL_UDATA, 0x23
+    .set SEL_UCODE, 0x2b
+    .set SEL_TSS0, 0x30
+    .set COM1, 0x3f8
+    .set EXIT_PORT, 0xf4
+    .set SYS_COUNT, 13
+
+# ---------------------------------------------------------------------------------------
+# PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY.
+    .section .note.Xen, "a"
+    .balign 4
+    .long 4
+    .long 4
+    .long 18
+    .asciz "Xen"
+    .long pvh_entry32
+
+# ---------------------------------------------------------------------------------------
+    .section .text.boot, "ax"
+
+# Linux x86-64 boot protocol: long mode, RSI = boot_params.
+    .code64
+    .global _start64
+_start64:
+    cli
+    xor %edi, %edi                 # boot kind 0: linux64
+    jmp bsp64
+
+# PVH: 32-bit protected mode, paging off, EBX = hvm_start_info.
+    .code32
+    .global pvh_entry32
+pvh_entry32:
+    cli
+    mov %ebx, %esi
+    mov $1, %edi                   # boot kind 1: pvh
+    lgdt gdtr32
+    mov $SEL_KDATA, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    mov %cr4, %eax
+    or $0x6a0, %eax                # PAE PGE OSFXSR OSXMMEXCPT
+    mov %eax, %cr4
+    mov $pml4, %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x900, %eax                # LME NXE
+    wrmsr
+    mov %cr0, %eax
+    or $0x80010023, %eax           # PG WP NE MP PE
+    and $0x9ffffffb, %eax          # EM, NW, CD off
+    mov %eax, %cr0
+    ljmp $SEL_KCODE, $pvh_long
+    .code64
+pvh_long:
+    mov %esi, %esi
+    jmp bsp64
+
+# Bootstrap processor, 64-bit, any GDT: take over the machine and drop to ring 3.
+bsp64:
+    lea kstacks + (1 << KSTACK_SHIFT)(%rip), %rsp
+    lgdt gdtr64(%rip)
+    pushq $SEL_KCODE
+    lea 1f(%rip), %rax
+    pushq %rax
+    lretq
+1:
+    mov $SEL_KDATA, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    xor %eax, %eax
+    mov %ax, %fs
+    mov %ax, %gs
+    lea pml4(%rip), %rax
+    mov %rax, %cr3
+    mov %cr4, %rax
+    or $0x6a0, %rax
+    mov %rax, %cr4
+    mov %cr0, %rax
+    and $0xffffffff9ffffffb, %rax  # EM, NW, CD off
+    or $0x22, %rax
+    mov %rax, %cr0
+    mov $0xff, %al                 # mask both 8259s
+    out %al, $0x21
+    out %al, $0xa1
+    xor %ecx, %ecx
+    lea user_bsp_start(%rip), %rdx
+    jmp cpu_init
+
+# Application processors arrive here from the trampoline, RCX = CPU index.
+    .global ap_entry64
+ap_entry64:
+    mov %rcx, %rax
+    inc %rax
+    shl $KSTACK_SHIFT, %rax
+    lea kstacks(%rip), %rsp
+    add %rax, %rsp
+    lgdt gdtr64(%rip)
+    pushq $SEL_KCODE
+    lea 1f(%rip), %rax
+    pushq %rax
+    lretq
+1:
+    mov $SEL_KDATA, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    xor %eax, %eax
+    mov %ax, %fs
+    mov %ax, %gs
+    mov %rcx, %rdi
+    lea user_ap_start(%rip), %rdx
+    jmp cpu_init
+
+# Per-CPU setup. RCX = CPU index, RDX = ring-3 entry, RDI/RSI = its arguments.
+cpu_init:
+    mov %rcx, %rax
+    inc %rax
+    shl $KSTACK_SHIFT, %rax
+    lea kstacks(%rip), %rsp
+    add %rax, %rsp
+    mov %rcx, %rax
+    shl $TSS_SHIFT, %rax
+    lea tss_array(%rip), %r8
+    add %rax, %r8                  # r8 = this CPU's TSS
+    mov %rsp, 4(%r8)               # RSP0
+    movw $104, 102(%r8)            # no I/O bitmap
+    mov %r8, %rax                  # descriptor low: limit, base 23:0, type 9, P, base 31:24
+    and $0xffffff, %rax
+    shl $16, %rax
+    or $0x67, %rax
+    mov $0x89, %r9
+    shl $40, %r9
+    or %r9, %rax
+    mov %r8, %r9
+    shr $24, %r9
+    and $0xff, %r9
+    shl $56, %r9
+    or %r9, %rax
+    mov %rcx, %r9
+    shl $4, %r9
+    lea gdt_tss(%rip), %r10
+    add %r9, %r10
+    mov %rax, (%r10)
+    mov %r8, %rax
+    shr $32, %rax
+    mov %rax, 8(%r10)
+    mov %rcx, %rax
+    shl $4, %rax
+    add $SEL_TSS0, %rax
+    ltr %ax
+    lidt idtr(%rip)
+    mov %rcx, %rax
+    inc %rax
+    shl $USTACK_SHIFT, %rax
+    lea ustacks(%rip), %r8
+    add %r8, %rax
+    pushq $SEL_UDATA
+    pushq %rax
+    pushq $0x2                     # interrupts stay off until ring 3 has filled the IDT
+    pushq $SEL_UCODE
+    pushq %rdx
+    iretq
+
+# ---------------------------------------------------------------------------------------
+# AP trampoline, copied to TRAMP by the BSP; entered in real mode at TRAMP.
+    .code16
+    .global tramp_start
+tramp_start:
+    cli
+    mov %cs, %ax
+    mov %ax, %ds
+    lgdtl TP_GDTR
+    mov %cr0, %eax
+    or $1, %eax
+    mov %eax, %cr0
+    ljmpl $SEL_KCODE32, $(TRAMP + tramp32 - tramp_start)
+    .code32
+tramp32:
+    mov $SEL_KDATA, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    mov %cr4, %eax
+    or $0x6a0, %eax
+    mov %eax, %cr4
+    mov (TRAMP + TP_CR3), %eax
+    mov %eax, %cr3
+    mov $0xc0000080, %ecx
+    rdmsr
+    or $0x900, %eax
+    wrmsr
+    mov %cr0, %eax
+    or $0x80010023, %eax
+    and $0x9ffffffb, %eax          # EM, NW, CD off (an AP leaves INIT with caches off)
+    mov %eax, %cr0
+    ljmp $SEL_KCODE, $(TRAMP + tramp64 - tramp_start)
+    .code64
+tramp64:
+    mov (TRAMP + TP_CPU), %rcx
+    mov (TRAMP + TP_ENTRY), %rax
+    jmp *%rax
+    .global tramp_end
+tramp_end:
+
+# ---------------------------------------------------------------------------------------
+# Interrupt stubs: 256 of them, 16 bytes apart, so ring 3 can fill the IDT by arithmetic.
+    .code64
+    .balign 16
+    .global isr_stubs
+isr_stubs:
+    .set vec, 0
+    .rept 256
+    .balign 16
+    .if vec == 6
+    jmp ud_entry
+    .else
+    .if (vec == 8) || ((vec >= 10) && (vec <= 14)) || (vec == 17) || (vec == 21) || (vec == 29) || (vec == 30)
+    .else
+    pushq $0
+    .endif
+    pushq $vec
+    .if vec < 32
+    jmp exc_common
+    .else
+    jmp irq_common
+    .endif
+    .endif
+    .set vec, vec + 1
+    .endr
+
+# #UD: a `ud2` executed in ring 3 is a service call (the nested host's emulator rejects
+# `int n`, and SYSCALL/LSTAR is broken there); any other #UD is fatal.
+ud_entry:
+    testb $3, 8(%rsp)
+    jz 1f
+    push %r11
+    mov 8(%rsp), %r11
+    cmpw $0x0b0f, (%r11)
+    pop %r11
+    jne 1f
+    addq $2, (%rsp)
+    jmp syscall_entry
+1:
+    pushq $0
+    pushq $6
+    jmp exc_common
+
+# Device and IPI interrupts: count, EOI (not for the spurious vector 0xff), return.
+irq_common:
+    push %rax
+    push %rdx
+    mov 16(%rsp), %rax
+    lea irq_counts(%rip), %rdx
+    incq (%rdx,%rax,8)
+    cmp $0xff, %rax
+    je 1f
+    mov $0xfee000b0, %edx
+    movl $0, (%rdx)
+1:
+    pop %rdx
+    pop %rax
+    add $16, %rsp
+    iretq
+
+# CPU exceptions are fatal: say which, where, and power off with status 3.
+exc_common:
+    lea msg_exc(%rip), %rsi
+    call r0_puts
+    mov (%rsp), %rax
+    call r0_puthex
+    lea msg_err(%rip), %rsi
+    call r0_puts
+    mov 8(%rsp), %rax
+    call r0_puthex
+    lea msg_rip(%rip), %rsi
+    call r0_puts
+    mov 16(%rsp), %rax
+    call r0_puthex
+    lea msg_cr2(%rip), %rsi
+    call r0_puts
+    mov %cr2, %rax
+    call r0_puthex
+    lea msg_nl(%rip), %rsi
+    call r0_puts
+    mov $3, %al
+    out %al, $EXIT_PORT
+2:
+    cli
+    hlt
+    jmp 2b
+
+r0_puts:
+    mov $COM1, %dx
+1:
+    lodsb
+    test %al, %al
+    jz 2f
+    out %al, %dx
+    jmp 1b
+2:
+    ret
+
+r0_puthex:
+    mov %rax, %r10
+    mov $COM1, %dx
+    mov $16, %ecx
+    lea hexdigits(%rip), %r9
+1:
+    rol $4, %r10
+    mov %r10, %r8
+    and $0xf, %r8
+    movb (%r9,%r8,1), %al
+    out %al, %dx
+    dec %ecx
+    jnz 1b
+    ret
+
+# ---------------------------------------------------------------------------------------
+# Services for ring 3: `ud2`, RAX = service, RDI/RSI/RDX = arguments, RAX = result.
+syscall_entry:
+    cmp $SYS_COUNT, %rax
+    jae sys_bad
+    push %rbx
+    lea systab(%rip), %r11
+    jmp *(%r11,%rax,8)
+sys_ret:
+    pop %rbx
+    iretq
+sys_bad:
+    mov $-1, %rax
+    iretq
+
+sys_outb:
+    mov %edi, %edx
+    mov %esi, %eax
+    out %al, %dx
+    jmp sys_ret
+sys_inb:
+    mov %edi, %edx
+    xor %eax, %eax
+    in %dx, %al
+    jmp sys_ret
+sys_outsb:                         # RDI = buffer, RSI = length, RDX = port
+    mov %rsi, %rcx
+    mov %rdi, %rsi
+    cld
+    rep outsb (%rsi), %dx
+    jmp sys_ret
+sys_halt:                          # wait for an interrupt
+    sti
+    hlt
+    cli
+    jmp sys_ret
+sys_wrmsr:
+    mov %edi, %ecx
+    mov %rsi, %rax
+    mov %rsi, %rdx
+    shr $32, %rdx
+    wrmsr
+    jmp sys_ret
+sys_rdmsr:
+    mov %edi, %ecx
+    rdmsr
+    shl $32, %rdx
+    or %rdx, %rax
+    jmp sys_ret
+sys_cpuid:                         # RDI = leaf, RSI = subleaf, RDX = &[u32; 4]
+    mov %rdx, %r8
+    mov %edi, %eax
+    mov %esi, %ecx
+    cpuid
+    mov %eax, (%r8)
+    mov %ebx, 4(%r8)
+    mov %ecx, 8(%r8)
+    mov %edx, 12(%r8)
+    jmp sys_ret
+sys_setif:                         # RDI != 0: interrupts on in ring 3
+    test %rdi, %rdi
+    jz 1f
+    orq $0x200, 24(%rsp)
+    jmp sys_ret
+1:
+    andq $0xfffffffffffffdff, 24(%rsp)
+    jmp sys_ret
+sys_stop:
+    cli
+1:
+    hlt
+    jmp 1b
+sys_outl:
+    mov %edi, %edx
+    mov %esi, %eax
+    out %eax, %dx
+    jmp sys_ret
+sys_inl:
+    mov %edi, %edx
+    in %dx, %eax
+    jmp sys_ret
+sys_outw:
+    mov %edi, %edx
+    mov %esi, %eax
+    out %ax, %dx
+    jmp sys_ret
+sys_inw:
+    mov %edi, %edx
+    xor %eax, %eax
+    in %dx, %ax
+    jmp sys_ret
+
+# ---------------------------------------------------------------------------------------
+# Ring-3 entry stubs.
+    .section .text, "ax"
+user_bsp_start:
+    mov %rdi, %r12
+    mov %rsi, %r13
+    lea __bss_start(%rip), %rdi
+    lea __bss_end(%rip), %rcx
+    sub %rdi, %rcx
+    xor %eax, %eax
+    cld
+    rep stosb
+    mov %r12, %rdi
+    mov %r13, %rsi
+    call probe_main
+    ud2
+user_ap_start:
+    call ap_main
+    ud2
+
+# ---------------------------------------------------------------------------------------
+    .section .rodata, "a"
+systab:
+    .quad sys_outb, sys_inb, sys_outsb, sys_halt, sys_wrmsr, sys_rdmsr, sys_cpuid
+    .quad sys_setif, sys_stop, sys_outl, sys_inl, sys_outw, sys_inw
+hexdigits:
+    .ascii "0123456789abcdef"
+msg_exc:
+    .asciz "\nprobe: FATAL cpu exception vector=0x"
+msg_err:
+    .asciz " error=0x"
+msg_rip:
+    .asciz " rip=0x"
+msg_cr2:
+    .asciz " cr2=0x"
+msg_nl:
+    .asciz "\n"
+
+    .section .data, "aw"
+    .balign 16
+    .global gdt
+gdt:
+    .quad 0
+    .quad 0x00af9b000000ffff       # 0x08 ring-0 code, 64-bit
+    .quad 0x00cf93000000ffff       # 0x10 ring-0 data
+    .quad 0x00cf9b000000ffff       # 0x18 ring-0 code, 32-bit (AP trampoline)
+    .quad 0x00cff3000000ffff       # 0x20 ring-3 data (0x23)
+    .quad 0x00affb000000ffff       # 0x28 ring-3 code, 64-bit (0x2b)
+gdt_tss:
+    .fill MAX_CPUS * 2, 8, 0       # 0x30 + 16 * cpu: per-CPU TSS descriptors
+gdt_end:
+    .global gdtr64
+gdtr64:
+    .word gdt_end - gdt - 1
+    .quad gdt
+gdtr32:
+    .word gdt_end - gdt - 1
+    .long gdt
+idtr:
+    .word 256 * 16 - 1
+    .quad idt
+
+# Identity map of 0..64 GiB with 2 MiB user-accessible pages; the 3..4 GiB MMIO hole uncached.
+    .section .data.pagetables, "aw"
+    .balign 4096
+    .global pml4
+pml4:
+    .quad pdpt + 0x7
+    .fill 511, 8, 0
+pdpt:
+    .set i, 0
+    .rept 64
+    .quad pd + i * 4096 + 0x7
+    .set i, i + 1
+    .endr
+    .fill 448, 8, 0
+pd:
+    .set i, 0
+    .rept 64 * 512
+    .if (i >= 1536) && (i < 2048)
+    .quad (i << 21) | 0x9f
+    .else
+    .quad (i << 21) | 0x87
+    .endif
+    .set i, i + 1
+    .endr
+
+    .section .bss, "aw", @nobits
+    .balign 8
+    .global irq_counts
+irq_counts:
+    .skip 256 * 8
+
+    .section .noinit, "aw", @nobits
+    .balign 4096
+    .global idt
+idt:
+    .skip 4096
+tss_array:
+    .skip MAX_CPUS << TSS_SHIFT
+    .balign 4096
+kstacks:
+    .skip MAX_CPUS << KSTACK_SHIFT
+ustacks:
+    .skip MAX_CPUS << USTACK_SHIFT

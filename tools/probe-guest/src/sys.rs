@@ -1,0 +1,128 @@
+//! Ring-3 side of the ring-0 services (`ud2`, see ring0.s), and raw physical memory access.
+//!
+//! All memory is identity-mapped and user-accessible, so a physical address is a pointer.
+
+use core::arch::asm;
+
+const SYS_OUTB: u64 = 0;
+#[allow(dead_code)]
+const SYS_INB: u64 = 1;
+const SYS_OUTSB: u64 = 2;
+const SYS_HALT: u64 = 3;
+const SYS_WRMSR: u64 = 4;
+const SYS_RDMSR: u64 = 5;
+const SYS_CPUID: u64 = 6;
+#[allow(dead_code)]
+const SYS_SETIF: u64 = 7;
+const SYS_STOP: u64 = 8;
+
+/// Calls ring-0 service `op`.
+#[inline(always)]
+fn call(op: u64, a: u64, b: u64, c: u64) -> u64 {
+    let ret: u64;
+    // SAFETY: `ud2` enters the ring-0 dispatcher in ring0.s, which only touches the
+    // registers declared clobbered here (RBX is saved and restored) and, for SYS_CPUID, the
+    // 16 bytes at RDX that the caller passes as a valid pointer.
+    unsafe {
+        asm!(
+            "ud2",
+            inlateout("rax") op => ret,
+            inlateout("rdi") a => _,
+            inlateout("rsi") b => _,
+            inlateout("rdx") c => _,
+            out("rcx") _, out("r8") _, out("r9") _, out("r10") _, out("r11") _,
+            options(nostack),
+        );
+    }
+    ret
+}
+
+/// `out` a byte.
+pub fn outb(port: u16, v: u8) {
+    call(SYS_OUTB, port as u64, v as u64, 0);
+}
+
+/// `in` a byte.
+#[allow(dead_code)]
+pub fn inb(port: u16) -> u8 {
+    call(SYS_INB, port as u64, 0, 0) as u8
+}
+
+/// `rep outsb` of `buf` to `port`.
+pub fn outsb(port: u16, buf: &[u8]) {
+    if !buf.is_empty() {
+        call(
+            SYS_OUTSB,
+            buf.as_ptr() as u64,
+            buf.len() as u64,
+            port as u64,
+        );
+    }
+}
+
+/// Waits in `sti; hlt` until an interrupt has been handled.
+pub fn halt() {
+    call(SYS_HALT, 0, 0, 0);
+}
+
+/// Writes an MSR.
+pub fn wrmsr(msr: u32, v: u64) {
+    call(SYS_WRMSR, msr as u64, v, 0);
+}
+
+/// Reads an MSR.
+#[allow(dead_code)]
+pub fn rdmsr(msr: u32) -> u64 {
+    call(SYS_RDMSR, msr as u64, 0, 0)
+}
+
+/// CPUID as ring 0 sees it (ring 3 on the nested host sees the raw host CPUID).
+pub fn cpuid(leaf: u32, sub: u32) -> [u32; 4] {
+    let mut out = [0u32; 4];
+    call(SYS_CPUID, leaf as u64, sub as u64, out.as_mut_ptr() as u64);
+    out
+}
+
+/// Turns interrupt delivery in ring 3 on or off.
+#[allow(dead_code)]
+pub fn set_interrupts(on: bool) {
+    call(SYS_SETIF, on as u64, 0, 0);
+}
+
+/// Stops this CPU for good.
+pub fn stop() -> ! {
+    call(SYS_STOP, 0, 0, 0);
+    loop {
+        core::hint::spin_loop();
+    }
+}
+
+/// Time stamp counter (ring 3, native).
+#[inline(always)]
+pub fn rdtsc() -> u64 {
+    let lo: u32;
+    let hi: u32;
+    // SAFETY: RDTSC reads a counter; CR4.TSD is clear so it is allowed in ring 3.
+    unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack)) };
+    ((hi as u64) << 32) | lo as u64
+}
+
+/// Reads a `T` at physical address `addr`.
+///
+/// # Safety
+/// `addr..addr + size_of::<T>()` must be mapped (guest RAM or a device window).
+#[inline(always)]
+pub unsafe fn peek<T: Copy>(addr: u64) -> T {
+    // SAFETY: the caller guarantees the range is mapped; unaligned reads are fine on x86.
+    unsafe { core::ptr::read_volatile(addr as *const T) }
+}
+
+/// Writes a `T` at physical address `addr`.
+///
+/// # Safety
+/// As [`peek`], and nothing else may own that memory.
+#[inline(always)]
+pub unsafe fn poke<T: Copy>(addr: u64, v: T) {
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(addr as *mut T, v) }
+}
