@@ -6,6 +6,7 @@
 
 pub mod bus;
 pub mod i8042;
+pub mod pci;
 pub mod power;
 pub mod ratelimit;
 pub mod serial;

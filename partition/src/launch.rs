@@ -16,6 +16,7 @@ use boot::regs::BootProtocol;
 use boot::{BootConfig, BootError, BootInfo};
 use devices::Bus;
 use devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use devices::pci::{NoPci, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
 };
@@ -347,27 +348,30 @@ impl SignalGuard {
     /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and threads it starts) and opens a
     /// signalfd for them.
     fn new() -> std::io::Result<Self> {
-        // SAFETY: sigset manipulation on local values; pthread_sigmask and signalfd have no
-        // memory-safety preconditions beyond valid pointers, which these are.
-        unsafe {
-            let mut set: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut set);
-            for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-                libc::sigaddset(&mut set, s);
-            }
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-            if rc != 0 {
-                return Err(std::io::Error::from_raw_os_error(rc));
-            }
-            let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
-            if fd < 0 {
-                let e = std::io::Error::last_os_error();
-                libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-                return Err(e);
-            }
-            Ok(Self { old, fd })
+        // SAFETY: sigset_t is plain data; all-zero is a valid value to start from.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid sigset_t.
+        unsafe { libc::sigemptyset(&mut set) };
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: as above; s is a valid signal number.
+            unsafe { libc::sigaddset(&mut set, s) };
         }
+        // SAFETY: as above.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: both pointers are to valid sigset_t values.
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        // SAFETY: creates a new fd for a valid set.
+        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: restores the mask saved above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+            return Err(e);
+        }
+        Ok(Self { old, fd })
     }
 
     fn take(&self) -> Option<i32> {
@@ -380,11 +384,10 @@ impl SignalGuard {
 
 impl Drop for SignalGuard {
     fn drop(&mut self) {
-        // SAFETY: closing our fd and restoring the mask saved in new().
-        unsafe {
-            libc::close(self.fd);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut());
-        }
+        // SAFETY: closing the fd this guard owns.
+        unsafe { libc::close(self.fd) };
+        // SAFETY: restoring the mask saved in new().
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
     }
 }
 
@@ -427,6 +430,12 @@ pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport
         DEBUG_EXIT_PORT,
         DEBUG_EXIT_LEN,
         Arc::new(Mutex::new(DebugExit)),
+    )?;
+    pio.insert(
+        "no-pci",
+        PCI_CONFIG_BASE,
+        PCI_CONFIG_LEN,
+        Arc::new(Mutex::new(NoPci)),
     )?;
     let pio = Arc::new(pio);
     let mmio = Arc::new(Bus::new("mmio"));

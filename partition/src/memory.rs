@@ -46,11 +46,13 @@ impl GuestMemory {
         }
         let mut regions = Vec::new();
         for r in layout.ram_ranges() {
-            // SAFETY: host_offset + len <= ram.len() (MemoryLayout splits exactly its size),
-            // and the mapping outlives `mem` (field order above; `ram` is never replaced).
+            // SAFETY: host_offset < ram.len() (MemoryLayout splits exactly its size).
+            let host = unsafe { ram.as_ptr().add(r.host_offset as usize) };
+            // SAFETY: host..host + len lies inside `ram` (offset + len <= size), and the
+            // mapping outlives `mem` (field order above; `ram` is never replaced).
             let region = unsafe {
                 MmapRegion::build_raw(
-                    ram.as_ptr().add(r.host_offset as usize),
+                    host,
                     r.len as usize,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED,

@@ -29,7 +29,7 @@ pub fn tsc_khz() -> (u64, &'static str) {
                 let v1: u32 = peek(addr);
                 let mul: u32 = peek(addr + 24);
                 let shift: i8 = peek(addr + 28);
-                let v2: u32 = peek(addr + 0);
+                let v2: u32 = peek(addr);
                 if (v1 == v2 && v1 & 1 == 0 && mul != 0) || tries > 1_000_000 {
                     break (mul, shift);
                 }
@@ -45,8 +45,8 @@ pub fn tsc_khz() -> (u64, &'static str) {
             } else {
                 (mul as u128) >> (-shift)
             };
-            if den != 0 {
-                return ((num / den) as u64, "kvmclock");
+            if let Some(khz) = num.checked_div(den) {
+                return (khz as u64, "kvmclock");
             }
         }
     }

@@ -1,0 +1,203 @@
+//! Bad input gets exit status 2, a message naming the problem, and leaves nothing behind:
+//! no process, no mount, no hugepage. One test walks every case in turn, so the host
+//! snapshots before and after are not disturbed by other tests of this binary.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+#[test]
+fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
+    let dir = Scratch::new("bad-input");
+    let text = dir.file("notes.txt", b"this is not a kernel\n");
+    let empty = dir.file("empty", b"");
+    let fat = dir.file("fat-kernel", &tiny_kernel(&[0xf4], 64 << 20));
+    let plain = dir.file("plain-kernel", &tiny_kernel(&[0xf4], 0));
+    let big_initrd = dir.file("initrd", &vec![0u8; 20 << 20]);
+    let mut truncated = tiny_kernel(&[0xf4; 64], 0);
+    truncated.truncate(100);
+    let truncated = dir.file("truncated-kernel", &truncated);
+    let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
+    let long_cmdline = "a".repeat(3000);
+    let base = ["launch", "--cores", "0", "--memory", "16M"];
+
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "missing kernel",
+            vec!["--kernel".into(), "/nonexistent/vmlinux".into()],
+            "No such file",
+        ),
+        (
+            "directory as kernel",
+            vec!["--kernel".into(), "/tmp".into()],
+            "not a regular file",
+        ),
+        (
+            "text file as kernel",
+            vec!["--kernel".into(), s(&text)],
+            "not a kernel image",
+        ),
+        (
+            "empty kernel",
+            vec!["--kernel".into(), s(&empty)],
+            "not a kernel image",
+        ),
+        (
+            "truncated ELF",
+            vec!["--kernel".into(), s(&truncated)],
+            "malformed ELF",
+        ),
+        (
+            "kernel larger than memory",
+            vec!["--kernel".into(), s(&fat)],
+            "kernel needs guest memory",
+        ),
+        (
+            "PVH without a PVH note",
+            vec!["--kernel".into(), s(&plain), "--boot".into(), "pvh".into()],
+            "no PVH entry point",
+        ),
+        (
+            "command line too long",
+            vec!["--probe".into(), "--cmdline".into(), long_cmdline],
+            "at most 2047",
+        ),
+        (
+            "control character in command line",
+            vec!["--probe".into(), "--cmdline".into(), "a\nb".into()],
+            "control character",
+        ),
+        (
+            "missing initrd",
+            vec![
+                "--probe".into(),
+                "--initrd".into(),
+                "/nonexistent/initrd".into(),
+            ],
+            "--initrd",
+        ),
+        (
+            "initrd larger than memory",
+            vec!["--probe".into(), "--initrd".into(), s(&big_initrd)],
+            "initrd",
+        ),
+        (
+            "console in a missing directory",
+            vec![
+                "--probe".into(),
+                "--console".into(),
+                "/nonexistent/dir/log".into(),
+            ],
+            "--console",
+        ),
+        ("no kernel at all", vec![], "required"),
+        (
+            "kernel and probe both",
+            vec!["--probe".into(), "--kernel".into(), s(&plain)],
+            "cannot be used with",
+        ),
+    ];
+    let other: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "nonexistent core",
+            vec!["launch", "--cores", "4095", "--memory", "16M", "--probe"],
+            "core 4095 does not exist",
+        ),
+        (
+            "duplicate core",
+            vec!["launch", "--cores", "0,0", "--memory", "16M", "--probe"],
+            "listed more than once",
+        ),
+        (
+            "core list syntax",
+            vec!["launch", "--cores", "zero", "--memory", "16M", "--probe"],
+            "not a core number",
+        ),
+        (
+            "backwards range",
+            vec!["launch", "--cores", "1-0", "--memory", "16M", "--probe"],
+            "runs backwards",
+        ),
+        (
+            "size not a page multiple",
+            vec!["launch", "--cores", "0", "--memory", "16777217", "--probe"],
+            "not a multiple of 4 KiB",
+        ),
+        (
+            "size too small",
+            vec!["launch", "--cores", "0", "--memory", "1M", "--probe"],
+            "too small",
+        ),
+        (
+            "size too large",
+            vec!["launch", "--cores", "0", "--memory", "100G", "--probe"],
+            "too large",
+        ),
+        (
+            "size syntax",
+            vec!["launch", "--cores", "0", "--memory", "12Q", "--probe"],
+            "is not a size",
+        ),
+        (
+            "hugepage size multiple",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "17M",
+                "--probe",
+                "--hugepages",
+            ],
+            "not a multiple of the 2097152 byte pages",
+        ),
+        (
+            "unknown boot protocol",
+            vec![
+                "launch", "--cores", "0", "--memory", "16M", "--probe", "--boot", "bios",
+            ],
+            "invalid value",
+        ),
+        (
+            "bzImage extraction of a non-bzImage",
+            vec!["extract-vmlinux", "/etc/hostname", "-o", "/dev/null"],
+            "not a bzImage",
+        ),
+    ];
+
+    let before = host_state();
+    let mut failures = Vec::new();
+    let mut check = |what: &str, args: Vec<String>, want: &str| {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run(&refs, LIMIT);
+        if out.code() != 2 {
+            failures.push(format!(
+                "{what}: exit {} (want 2); stderr: {}",
+                out.code(),
+                out.stderr
+            ));
+        } else if !out.stderr.contains(want) {
+            failures.push(format!("{what}: stderr lacks {want:?}: {}", out.stderr));
+        } else if out.stderr.lines().count() > 8 {
+            failures.push(format!("{what}: message is not short: {}", out.stderr));
+        }
+        if !out.stdout.is_empty() {
+            failures.push(format!("{what}: printed to stdout: {}", out.stdout));
+        }
+    };
+    for (what, extra, want) in cases {
+        let mut args: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        args.extend(extra);
+        check(what, args, want);
+    }
+    for (what, args, want) in other {
+        check(what, args.iter().map(|s| s.to_string()).collect(), want);
+    }
+    let after = host_state();
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    assert_eq!(before, after, "host state changed");
+}

@@ -1,0 +1,345 @@
+//! Helpers shared by the end-to-end tests: running the `partition` binary with a timeout,
+//! parsing the probe guest's report, host facts, tiny hand-made kernels.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn partition() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_partition"))
+}
+
+/// Whether /dev/kvm can be used; prints why not when it cannot.
+pub fn kvm_available(test: &str) -> bool {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED {test}: /dev/kvm is not usable here ({e})");
+            false
+        }
+    }
+}
+
+/// Whether this host is the nested kvm_pvm kind (see DESIGN.md, environment facts).
+pub fn nested_pvm() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// Number of cores this process may use.
+pub fn host_cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Outcome of a finished command.
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn code(&self) -> i32 {
+        self.status.code().unwrap_or(-1)
+    }
+}
+
+/// Waits for `child` up to `limit`, killing it (and failing) if it takes longer. The limit
+/// is a hang guard, not a speed check.
+pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
+    let start = Instant::now();
+    // Drain pipes on threads so a chatty child cannot block on a full pipe.
+    let mut out = child.stdout.take();
+    let mut err = child.stderr.take();
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(e) = err.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    });
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}; killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
+}
+
+/// Runs `partition` with `args`, up to `limit`.
+pub fn run(args: &[&str], limit: Duration) -> Output {
+    let child = partition()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning partition");
+    wait_output(child, limit, &format!("partition {}", args.join(" ")))
+}
+
+/// One e820 line of the probe's report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct E820 {
+    pub start: u64,
+    pub end: u64,
+    pub kind: u32,
+}
+
+/// One memtest range of the probe's report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Range {
+    pub start: u64,
+    pub end: u64,
+    pub checksum: u64,
+    pub errors: u64,
+}
+
+/// What the probe guest printed.
+#[derive(Debug, Default)]
+pub struct ProbeReport {
+    pub protocol: String,
+    pub cmdline: Option<String>,
+    pub e820: Vec<E820>,
+    pub madt_ids: Option<Vec<u32>>,
+    pub mptable_ids: Option<Vec<u32>>,
+    pub expected: Option<usize>,
+    pub started: Option<usize>,
+    pub seed: Option<u64>,
+    pub ranges: Vec<Range>,
+    pub skips: String,
+    pub total: Option<(u64, u64, u64)>,
+    pub result: Option<String>,
+}
+
+fn hex(s: &str) -> u64 {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or_else(|_| panic!("hex {s:?}"))
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+fn ids(s: &str) -> Vec<u32> {
+    let inner = s.trim_start_matches('[').trim_end_matches(']');
+    inner
+        .split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| x.trim().parse().unwrap())
+        .collect()
+}
+
+/// Parses the probe's `probe: ...` lines.
+pub fn parse_probe(out: &str) -> ProbeReport {
+    let mut r = ProbeReport::default();
+    for line in out.lines() {
+        let Some(l) = line.strip_prefix("probe: ") else {
+            continue;
+        };
+        if let Some(rest) = l.strip_prefix("hello ") {
+            r.protocol = field(rest, "protocol").unwrap_or_default().to_string();
+        } else if let Some(c) = l.strip_prefix("cmdline=") {
+            r.cmdline = Some(c.to_string());
+        } else if let Some(rest) = l.strip_prefix("e820 0x") {
+            let (range, kind) = rest.split_once(' ').unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            r.e820.push(E820 {
+                start: hex(a),
+                end: hex(b),
+                kind: field(kind, "type").unwrap().parse().unwrap(),
+            });
+        } else if let Some(rest) = l.strip_prefix("acpi rsdp=") {
+            let madt = rest.split(" apic_ids=").nth(1).unwrap();
+            r.madt_ids = Some(ids(madt));
+        } else if let Some(rest) = l.strip_prefix("mptable cpus=") {
+            r.mptable_ids = Some(ids(rest.split(" apic_ids=").nth(1).unwrap()));
+        } else if let Some(rest) = l.strip_prefix("smp ") {
+            r.expected = field(rest, "expected").map(|v| v.parse().unwrap());
+            r.started = field(rest, "started").map(|v| v.parse().unwrap());
+        } else if let Some(rest) = l.strip_prefix("memtest seed=") {
+            let (seed, skips) = rest.split_once(' ').unwrap();
+            r.seed = Some(hex(seed));
+            r.skips = skips.to_string();
+        } else if let Some(rest) = l.strip_prefix("memtest range ") {
+            let (range, tail) = rest.split_once(' ').unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            r.ranges.push(Range {
+                start: hex(a),
+                end: hex(b),
+                checksum: hex(field(tail, "checksum").unwrap()),
+                errors: field(tail, "errors").unwrap().parse().unwrap(),
+            });
+        } else if let Some(rest) = l.strip_prefix("memtest bytes=") {
+            let bytes: u64 = rest.split_whitespace().next().unwrap().parse().unwrap();
+            r.total = Some((
+                bytes,
+                hex(field(rest, "checksum").unwrap()),
+                field(rest, "errors").unwrap().parse().unwrap(),
+            ));
+        } else if let Some(rest) = l.strip_prefix("result ") {
+            r.result = Some(rest.split_whitespace().next().unwrap().to_string());
+        }
+    }
+    r
+}
+
+/// The probe's memtest pattern (tools/probe-guest/src/memtest.rs), recomputed here.
+pub fn pattern(a: u64, seed: u64) -> u64 {
+    let mut z = (a ^ seed).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Checksum the probe must report for `[start, end)` if every word read back correctly.
+pub fn expected_checksum(start: u64, end: u64, seed: u64) -> u64 {
+    (start..end)
+        .step_by(8)
+        .fold(0u64, |acc, a| acc.wrapping_add(pattern(a, seed)))
+}
+
+/// The e820 map our VMM promises for `size` bytes (see boot/src/e820.rs).
+pub fn expected_e820(size: u64) -> Vec<E820> {
+    let low = size.min(0xc000_0000);
+    let mut v = vec![
+        E820 {
+            start: 0,
+            end: 0x9fc00,
+            kind: 1,
+        },
+        E820 {
+            start: 0x9fc00,
+            end: 0x100000,
+            kind: 2,
+        },
+        E820 {
+            start: 0x100000,
+            end: low,
+            kind: 1,
+        },
+    ];
+    if size > low {
+        v.push(E820 {
+            start: 0x1_0000_0000,
+            end: 0x1_0000_0000 + size - low,
+            kind: 1,
+        });
+    }
+    v
+}
+
+/// A minimal ELF64 x86-64 executable: `code` loaded at 0x200000 (entry), plus `bss` bytes.
+pub fn tiny_kernel(code: &[u8], bss: u64) -> Vec<u8> {
+    let paddr: u64 = 0x20_0000;
+    let off: u64 = 64 + 56;
+    let mut b = vec![0u8; 64];
+    b[0..4].copy_from_slice(b"\x7fELF");
+    b[4] = 2;
+    b[5] = 1;
+    b[6] = 1;
+    b[16..18].copy_from_slice(&2u16.to_le_bytes());
+    b[18..20].copy_from_slice(&62u16.to_le_bytes());
+    b[20..24].copy_from_slice(&1u32.to_le_bytes());
+    b[24..32].copy_from_slice(&paddr.to_le_bytes());
+    b[32..40].copy_from_slice(&64u64.to_le_bytes());
+    b[52..54].copy_from_slice(&64u16.to_le_bytes());
+    b[54..56].copy_from_slice(&56u16.to_le_bytes());
+    b[56..58].copy_from_slice(&1u16.to_le_bytes());
+    let mut p = vec![0u8; 56];
+    p[0..4].copy_from_slice(&1u32.to_le_bytes());
+    p[4..8].copy_from_slice(&7u32.to_le_bytes());
+    p[8..16].copy_from_slice(&off.to_le_bytes());
+    p[16..24].copy_from_slice(&paddr.to_le_bytes());
+    p[24..32].copy_from_slice(&paddr.to_le_bytes());
+    p[32..40].copy_from_slice(&(code.len() as u64).to_le_bytes());
+    p[40..48].copy_from_slice(&(code.len() as u64 + bss).to_le_bytes());
+    b.extend_from_slice(&p);
+    b.extend_from_slice(code);
+    b
+}
+
+/// A scratch directory under the target dir, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+    pub fn file(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Host state a launch must leave as it found it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostState {
+    pub hugepages_total: u64,
+    pub mounts: String,
+    pub our_processes: Vec<u32>,
+}
+
+/// Snapshot of hugepages, mounts and running `partition` processes of this build.
+pub fn host_state() -> HostState {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let hugepages_total = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Total:"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap_or(0);
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let exe = std::fs::canonicalize(env!("CARGO_BIN_EXE_partition")).unwrap();
+    let mut our_processes = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() {
+            if std::fs::read_link(e.path().join("exe")).ok().as_deref() == Some(exe.as_path()) {
+                our_processes.push(pid);
+            }
+        }
+    }
+    HostState {
+        hugepages_total,
+        mounts,
+        our_processes,
+    }
+}

@@ -1,0 +1,330 @@
+//! The probe guest boots under our VMM and reports exactly what it was given: the command
+//! line, the e820 map, the CPUs (brought up with INIT/SIPI), and a memory test whose
+//! checksum we recompute here. Both entry protocols, one and two vCPUs, both backings.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn check_memtest(r: &ProbeReport, size: u64) {
+    let seed = r.seed.expect("memtest seed line");
+    // Tested ranges = usable e820 RAM minus page 0 and the probe image.
+    let (img_start, img_end) = {
+        let s = r.skips.split(',').nth(1).expect("image skip");
+        let range = s.split('(').next().unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        (
+            u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap(),
+            u64::from_str_radix(b.trim_start_matches("0x"), 16).unwrap(),
+        )
+    };
+    assert!(
+        r.skips.starts_with("skip=0x0-0x1000(null page)"),
+        "{}",
+        r.skips
+    );
+    let mut want = Vec::new();
+    for e in r.e820.iter().filter(|e| e.kind == 1) {
+        let s = e.start.max(0x1000);
+        for (a, b) in [(s, e.end.min(img_start)), (s.max(img_end), e.end)] {
+            if a < b {
+                want.push((a, b));
+            }
+        }
+    }
+    let got: Vec<(u64, u64)> = r.ranges.iter().map(|x| (x.start, x.end)).collect();
+    assert_eq!(got, want, "memtest ranges");
+    let mut total = 0u64;
+    let mut bytes = 0u64;
+    for x in &r.ranges {
+        assert_eq!(x.errors, 0, "memtest errors in {x:x?}");
+        let c = expected_checksum(x.start, x.end, seed);
+        assert_eq!(x.checksum, c, "checksum of {:#x}-{:#x}", x.start, x.end);
+        total = total.wrapping_add(c);
+        bytes += x.end - x.start;
+    }
+    assert_eq!(r.total, Some((bytes, total, 0)));
+    let usable: u64 = r
+        .e820
+        .iter()
+        .filter(|e| e.kind == 1)
+        .map(|e| e.end - e.start)
+        .sum();
+    assert_eq!(bytes, usable - 0x1000 - (img_end - img_start));
+    assert!(bytes > size / 2);
+}
+
+#[test]
+fn one_core_linux64_reports_what_it_was_given() {
+    if !kvm_available("one_core_linux64_reports_what_it_was_given") {
+        return;
+    }
+    let cmdline = "console=ttyS0 probe.seed=12345 quoted=\"a b\" x=y";
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "128M",
+            "--probe",
+            "--cmdline",
+            cmdline,
+        ],
+        LIMIT,
+    );
+    assert_eq!(
+        out.code(),
+        0,
+        "stderr: {}\nstdout: {}",
+        out.stderr,
+        out.stdout
+    );
+    let r = parse_probe(&out.stdout);
+    assert_eq!(r.protocol, "linux64");
+    assert_eq!(r.cmdline.as_deref(), Some(cmdline));
+    assert_eq!(r.e820, expected_e820(128 << 20));
+    assert_eq!(r.madt_ids, Some(vec![0]));
+    assert_eq!(r.mptable_ids, Some(vec![0]));
+    assert_eq!((r.expected, r.started), (Some(1), Some(1)));
+    assert_eq!(r.seed, Some(12345));
+    check_memtest(&r, 128 << 20);
+    assert_eq!(r.result.as_deref(), Some("ok"));
+    assert!(
+        out.stderr.contains("guest powered off (status 0)"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("vcpu0 (core 0) exits:"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn two_cores_bring_up_two_cpus() {
+    if !kvm_available("two_cores_bring_up_two_cpus") {
+        return;
+    }
+    if host_cores() < 2 {
+        eprintln!("SKIPPED two_cores_bring_up_two_cpus: this host has one core");
+        return;
+    }
+    let out = run(
+        &["launch", "--cores", "0,1", "--memory", "128M", "--probe"],
+        LIMIT,
+    );
+    assert_eq!(
+        out.code(),
+        0,
+        "stderr: {}\nstdout: {}",
+        out.stderr,
+        out.stdout
+    );
+    let r = parse_probe(&out.stdout);
+    assert_eq!(r.madt_ids, Some(vec![0, 1]));
+    assert_eq!(r.mptable_ids, Some(vec![0, 1]));
+    assert_eq!((r.expected, r.started), (Some(2), Some(2)));
+    check_memtest(&r, 128 << 20);
+    assert!(
+        out.stderr.contains("on 2 vCPUs (cores 0-1)"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("vcpu1 (core 1) exits:"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn pvh_entry_sees_the_same_machine() {
+    if !kvm_available("pvh_entry_sees_the_same_machine") {
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--boot",
+            "pvh",
+            "--cmdline",
+            "via pvh",
+        ],
+        LIMIT,
+    );
+    assert_eq!(
+        out.code(),
+        0,
+        "stderr: {}\nstdout: {}",
+        out.stderr,
+        out.stdout
+    );
+    let r = parse_probe(&out.stdout);
+    assert_eq!(r.protocol, "pvh");
+    assert_eq!(r.cmdline.as_deref(), Some("via pvh"));
+    assert_eq!(r.e820, expected_e820(64 << 20));
+    assert_eq!(r.madt_ids, Some(vec![0]));
+    check_memtest(&r, 64 << 20);
+    assert!(out.stderr.contains("pvh entry"), "{}", out.stderr);
+}
+
+#[test]
+fn memory_above_the_hole_is_mapped_and_reported() {
+    if !kvm_available("memory_above_the_hole_is_mapped_and_reported") {
+        return;
+    }
+    // 4 GiB: 3 GiB below the MMIO hole, 1 GiB above 4 GiB. The memory test is skipped here
+    // (it would touch all 4 GiB); the map is what this test is about.
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "4G",
+            "--probe",
+            "--cmdline",
+            "probe.memtest=0",
+        ],
+        LIMIT,
+    );
+    assert_eq!(
+        out.code(),
+        0,
+        "stderr: {}\nstdout: {}",
+        out.stderr,
+        out.stdout
+    );
+    let r = parse_probe(&out.stdout);
+    assert_eq!(r.e820, expected_e820(4 << 30));
+    assert_eq!(r.e820.last().unwrap().end, 0x1_4000_0000);
+    assert!(r.ranges.is_empty());
+}
+
+#[test]
+fn console_file_gets_the_serial_output() {
+    if !kvm_available("console_file_gets_the_serial_output") {
+        return;
+    }
+    let dir = Scratch::new("console");
+    let log = dir.path("serial.log");
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "32M",
+            "--probe",
+            "--cmdline",
+            "probe.memtest=0 to-file",
+            "--console",
+            log.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "stderr: {}", out.stderr);
+    assert!(!out.stdout.contains("probe:"), "serial leaked to stdout");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let r = parse_probe(&text);
+    assert_eq!(r.cmdline.as_deref(), Some("probe.memtest=0 to-file"));
+    assert_eq!(r.result.as_deref(), Some("ok"));
+}
+
+/// Restores vm.nr_hugepages on drop, whatever the test did.
+struct HugepageGuard(String);
+
+impl Drop for HugepageGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/vm/nr_hugepages", &self.0);
+    }
+}
+
+#[test]
+fn hugetlb_backing_boots_and_gives_the_pages_back() {
+    if !kvm_available("hugetlb_backing_boots_and_gives_the_pages_back") {
+        return;
+    }
+    let before = std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap();
+    let n: u64 = before.trim().parse().unwrap();
+    let guard = HugepageGuard(before.clone());
+    if std::fs::write("/proc/sys/vm/nr_hugepages", (n + 32).to_string()).is_err() {
+        eprintln!(
+            "SKIPPED hugetlb_backing_boots_and_gives_the_pages_back: cannot set vm.nr_hugepages (not root?)"
+        );
+        return;
+    }
+    let got: u64 = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    if got < n + 32 {
+        eprintln!(
+            "SKIPPED hugetlb_backing_boots_and_gives_the_pages_back: kernel gave {got} of {} hugepages",
+            n + 32
+        );
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--hugepages",
+        ],
+        LIMIT,
+    );
+    assert_eq!(
+        out.code(),
+        0,
+        "stderr: {}\nstdout: {}",
+        out.stderr,
+        out.stdout
+    );
+    assert!(out.stderr.contains("hugetlb 2M"), "{}", out.stderr);
+    check_memtest(&parse_probe(&out.stdout), 64 << 20);
+    // All hugepages free again once the VMM exited.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let free: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("HugePages_Free:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(free, n + 32);
+    drop(guard);
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap(),
+        before
+    );
+}
+
+#[test]
+fn probe_image_is_an_elf_with_a_pvh_note() {
+    let dir = Scratch::new("probe-image");
+    let p = dir.path("probe.elf");
+    let out = run(&["probe-image", "-o", p.to_str().unwrap()], LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let b = std::fs::read(&p).unwrap();
+    assert_eq!(&b[0..4], b"\x7fELF");
+    assert!(
+        b.windows(4).any(|w| w == b"Xen\0"),
+        "no PVH note name in the image"
+    );
+}
