@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Everything CI runs: install what the tests need, check formatting and lints, build the
+# no_std core, run every test. No timing assertions anywhere.
+#
+#   sudo scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+need_root "$@"
+need_cargo
+need_kvm
+apt_lists
+# gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch.
+apt_install gcc dpkg
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+(cd tools/probe-guest && cargo fmt -- --check)
+
+say "cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+(cd tools/probe-guest && cargo clippy --release --quiet -- -D warnings)
+
+say "no_std build of the pure boot logic"
+cargo build -p boot --no-default-features --quiet
+
+say "cargo test"
+# --show-output: a test that skips or checks less than it would on other hardware says so.
+cargo test --workspace -- --show-output
