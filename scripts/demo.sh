@@ -2,7 +2,7 @@
 # The main job on the embedded default: build the VMM, then boot the built-in probe guest
 # on one dedicated core with 128 MiB and print what it measured.
 #
-#   sudo scripts/demo.sh
+#   scripts/demo.sh        (as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

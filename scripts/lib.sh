@@ -4,7 +4,7 @@ die() { echo "error: $*" >&2; exit 1; }
 say() { echo "==> $*" >&2; }
 
 need_root() {
-    [ "$(id -u)" = 0 ] || die "run as root (KVM, hugepages and cpusets need it): sudo $0 $*"
+    [ "$(id -u)" = 0 ] || die "run as root (KVM, hugepages and cpusets need it)"
 }
 
 need_cargo() {

@@ -2,7 +2,7 @@
 # Everything CI runs: install what the tests need, check formatting and lints, build the
 # no_std core, run every test. No timing assertions anywhere.
 #
-#   sudo scripts/test.sh
+#   scripts/test.sh        (as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
