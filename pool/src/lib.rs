@@ -1,13 +1,30 @@
 //! Where a guest's memory comes from.
 //!
+//! [`extent`] is the pool's allocator: pure logic that builds without `std`. The rest
+//! (sysfs hugepages, hugetlbfs, the pool file, anonymous memory) needs `std`.
+//!
 //! [`GuestRam`] is the one thing the VMM needs from a memory source: a flat, host-mapped
 //! range that outlives the guest. [`AnonRam`] provides it from anonymous memory (optionally
 //! `MAP_HUGETLB`); the reserved hugepage pool provides it from an extent of the pool file.
 
+#![cfg_attr(not(feature = "std"), no_std)]
+
+pub mod extent;
+
+#[cfg(feature = "std")]
 pub mod anon;
+#[cfg(feature = "std")]
+pub mod hugepages;
+#[cfg(feature = "std")]
+pub mod hugetlbfs;
+#[cfg(feature = "std")]
+pub mod poolfile;
 
+#[cfg(feature = "std")]
 pub use anon::{AnonRam, Backing};
+pub use extent::{Extent, ExtentAllocator, ExtentError};
 
+#[cfg(feature = "std")]
 /// A flat host mapping that backs a guest's RAM.
 ///
 /// # Safety
