@@ -106,13 +106,22 @@ pub fn format(cores: &[usize]) -> String {
     parts.join(",")
 }
 
-/// Cores this process may run on.
+/// The host's online cores (sysfs), or, failing that, the cores this process may use.
+///
+/// Not this process's affinity: once `reserve` has isolated cores, every ordinary process
+/// (this one included) is confined to the housekeeping cores, yet the reserved cores are
+/// very much there.
 pub fn available() -> Vec<usize> {
-    core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect()
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| parse(s.trim()).ok())
+        .unwrap_or_else(|| {
+            core_affinity::get_core_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.id)
+                .collect()
+        })
 }
 
 /// Checks every core in `cores` is in `available`.

@@ -25,6 +25,7 @@ use pool::{AnonRam, Backing, GuestRam};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::cores::{self, CoreError};
+use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
 use crate::vm::{Vm, VmError};
@@ -72,8 +73,21 @@ pub struct LaunchConfig {
     pub console: Console,
     /// Entry protocol.
     pub protocol: BootProtocol,
-    /// Memory backing.
+    /// Memory backing (ignored when `pool` is set: the memory is a pool extent).
     pub backing: Backing,
+    /// Take cores and memory from the reservation, under this name.
+    pub pool: Option<PoolRequest>,
+    /// State directory holding the ledger.
+    pub state_dir: PathBuf,
+}
+
+/// A launch from the reservation.
+#[derive(Clone, Debug)]
+pub struct PoolRequest {
+    /// Partition name.
+    pub name: String,
+    /// Explicit extent offset in the pool; first fit if absent.
+    pub offset: Option<u64>,
 }
 
 /// Errors launching a partition.
@@ -142,6 +156,16 @@ pub enum LaunchError {
     /// Building the device buses failed.
     #[error("devices: {0}")]
     Bus(#[from] devices::BusError),
+    /// The reservation refused the launch (no reservation, cores or extent not available,
+    /// name in use).
+    #[error("{0}")]
+    Reservation(String),
+    /// The ledger could not be read or written.
+    #[error("{0}")]
+    Ledger(#[from] crate::ledger::LedgerError),
+    /// The pool file could not be opened or mapped.
+    #[error("{0}")]
+    PoolFile(#[from] pool::poolfile::PoolFileError),
     /// OS-level failure (threads, signals, eventfds).
     #[error("{what}: {source}")]
     Os {
@@ -161,7 +185,8 @@ impl LaunchError {
             | Self::PageMultiple { .. }
             | Self::File { .. }
             | Self::TooLarge { .. }
-            | Self::Kernel { .. } => true,
+            | Self::Kernel { .. }
+            | Self::Reservation(_) => true,
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             _ => false,
         }
@@ -180,6 +205,14 @@ pub struct Checked {
 }
 
 impl Checked {
+    /// Guest memory size.
+    pub fn memory(&self) -> u64 {
+        self.layout.size()
+    }
+    /// The launch configuration.
+    pub fn config(&self) -> &LaunchConfig {
+        &self.cfg
+    }
     /// vCPU → core assignment.
     pub fn cores(&self) -> &[usize] {
         &self.cores
@@ -230,7 +263,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     }
     let layout = MemoryLayout::new(cfg.memory)?;
     let page = cfg.backing.page_size() as u64;
-    if cfg.memory % page != 0 {
+    if cfg.pool.is_none() && cfg.memory % page != 0 {
         return Err(LaunchError::PageMultiple {
             size: cfg.memory,
             page: page as usize,
@@ -329,12 +362,48 @@ pub struct LaunchReport {
     pub ran_for: Duration,
     /// Per-vCPU exit counters.
     pub vcpus: Vec<VcpuReport>,
+    /// Where the time went before the guest ran, and when it first spoke.
+    pub timings: Timings,
+    /// For a partition from the pool: its name, extent and how long scrubbing took.
+    pub pool: Option<PoolOutcome>,
 }
 
-/// Progress callbacks so the CLI can say what is happening while it happens.
+/// What a pool-backed launch did with its extent.
+#[derive(Clone, Debug)]
+pub struct PoolOutcome {
+    /// Partition name.
+    pub name: String,
+    /// Extent offset.
+    pub offset: u64,
+    /// Extent length.
+    pub len: u64,
+    /// Time spent zeroing the extent after the guest stopped.
+    pub scrub: Duration,
+}
+
+/// Stage durations of a launch, measured inside the VMM.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    /// Getting guest memory (mmap, prefault, vm-memory regions).
+    pub memory: Duration,
+    /// VM creation, irqchip, memslots.
+    pub vm: Duration,
+    /// Kernel load and boot structures.
+    pub boot: Duration,
+    /// Devices and vCPU creation.
+    pub vcpus: Duration,
+    /// From the start of `run` to the guest's first serial byte.
+    pub first_output: Option<Duration>,
+}
+
+/// Progress callbacks so callers can say (or record) what is happening while it happens.
 pub trait Observer {
     /// Boot structures are written; vCPUs start next.
     fn booting(&self, _checked: &Checked, _boot: &BootInfo, _memory: &str) {}
+    /// Every vCPU thread has been started.
+    fn running(&self) {}
+    /// About once a second while the guest runs.
+    fn tick(&self, _vcpus: &[VcpuReport]) {}
 }
 
 impl Observer for () {}
@@ -391,14 +460,31 @@ impl Drop for SignalGuard {
     }
 }
 
-/// Runs a checked launch to its end.
-pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
+/// Anonymous memory for a checked launch (the non-pool source).
+pub fn anonymous_ram(checked: &Checked) -> Result<Box<dyn GuestRam>, LaunchError> {
+    Ok(Box::new(AnonRam::new(
+        checked.layout.size() as usize,
+        checked.cfg.backing,
+    )?))
+}
+
+/// Runs a checked launch to its end on `ram`. `started` is when the caller began getting
+/// the memory (so memory setup counts towards the timings); `isolation` says where vCPU
+/// threads must go before they pin.
+pub fn run(
+    mut checked: Checked,
+    ram: Box<dyn GuestRam>,
+    started: Instant,
+    isolation: Option<Isolation>,
+    observer: &dyn Observer,
+) -> Result<LaunchReport, LaunchError> {
     let layout = checked.layout;
-    let ram: Box<dyn GuestRam> =
-        Box::new(AnonRam::new(layout.size() as usize, checked.cfg.backing)?);
+    let t0 = started;
     let memory = Arc::new(GuestMemory::new(ram, layout)?);
+    let t_mem = Instant::now();
     let vm = Vm::new()?;
     vm.map_memory(&memory)?;
+    let t_vm = Instant::now();
 
     let boot = boot::setup(
         memory.mem(),
@@ -412,9 +498,16 @@ pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport
         },
     )?;
 
+    let t_boot = Instant::now();
+
     // Devices.
     let serial_irq = vm.irq_line(COM1_IRQ)?;
     let console = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
+    let first_byte = Arc::new(std::sync::OnceLock::new());
+    let console = Box::new(FirstByte {
+        inner: console,
+        at: first_byte.clone(),
+    });
     let serial = Arc::new(Mutex::new(SerialPort::new(Box::new(serial_irq), console)));
     let mut pio = Bus::new("pio");
     pio.insert("serial", COM1_PORT, COM1_LEN, serial.clone())?;
@@ -459,8 +552,10 @@ pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport
             memory: memory.clone(),
             counters,
             kicker,
+            isolation: isolation.clone(),
         });
     }
+    let t_vcpus = Instant::now();
     observer.booting(&checked, &boot, &memory.describe());
 
     let os = |what| move |source| LaunchError::Os { what, source };
@@ -469,7 +564,7 @@ pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport
     let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
     let first_stop: Arc<Mutex<Option<(usize, StopReason)>>> = Arc::new(Mutex::new(None));
 
-    let started = Instant::now();
+    let spawned = Instant::now();
     let mut threads = Vec::with_capacity(n);
     for ctx in contexts {
         let exit_evt = exit_evt.clone();
@@ -497,33 +592,67 @@ pub fn run(mut checked: Checked, observer: &dyn Observer) -> Result<LaunchReport
         }
     }
 
-    let ending = wait(&signals, &exit_evt, &first_stop);
-    let ran_for = started.elapsed();
+    observer.running();
+    let ending = wait(&signals, &exit_evt, &first_stop, || {
+        observer.tick(&reports(&handles))
+    });
+    let ran_for = spawned.elapsed();
     stop_all(&handles, threads);
     serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
     drop(signals);
 
-    let vcpus = handles
+    let first_output = first_byte.get().map(|t: &Instant| t.duration_since(t0));
+    Ok(LaunchReport {
+        ending,
+        boot,
+        memory: memory.describe(),
+        ran_for,
+        vcpus: reports(&handles),
+        timings: Timings {
+            memory: t_mem.duration_since(t0),
+            vm: t_vm.duration_since(t_mem),
+            boot: t_boot.duration_since(t_vm),
+            vcpus: t_vcpus.duration_since(t_boot),
+            first_output,
+        },
+        pool: None,
+    })
+}
+
+fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
+    handles
         .iter()
         .map(|h| VcpuReport {
             index: h.index,
             core: h.core,
             exits: h.counters.snapshot().to_vec(),
         })
-        .collect();
-    Ok(LaunchReport {
-        ending,
-        boot,
-        memory: memory.describe(),
-        ran_for,
-        vcpus,
-    })
+        .collect()
+}
+
+/// Passes output through and notes when the first byte went by.
+struct FirstByte {
+    inner: Box<dyn Write + Send>,
+    at: Arc<std::sync::OnceLock<Instant>>,
+}
+
+impl Write for FirstByte {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if !b.is_empty() {
+            let _ = self.at.set(Instant::now());
+        }
+        self.inner.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 fn wait(
     signals: &SignalGuard,
     exit_evt: &EventFd,
     first_stop: &Mutex<Option<(usize, StopReason)>>,
+    mut tick: impl FnMut(),
 ) -> Ending {
     use std::os::fd::AsRawFd;
     loop {
@@ -540,7 +669,11 @@ fn wait(
             },
         ];
         // SAFETY: polling two valid fds in a local array.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+        if n == 0 {
+            tick();
+            continue;
+        }
         if let Some(sig) = signals.take() {
             return Ending::Signal(sig);
         }
@@ -566,7 +699,16 @@ fn stop_all(handles: &[VcpuHandle], threads: Vec<std::thread::JoinHandle<()>>) {
     }
 }
 
-/// Checks and runs in one go.
+/// Checks and runs in one go: from the reservation when `cfg.pool` is set, else on
+/// anonymous memory (refusing cores the reservation holds).
 pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
-    run(check(cfg)?, observer)
+    if cfg.pool.is_some() {
+        return crate::partitions::launch_from_pool(cfg, observer);
+    }
+    let state_dir = cfg.state_dir.clone();
+    let checked = check(cfg)?;
+    crate::partitions::check_not_reserved(&state_dir, &checked.cores)?;
+    let started = Instant::now();
+    let ram = anonymous_ram(&checked)?;
+    run(checked, ram, started, None, observer)
 }

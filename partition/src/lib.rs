@@ -6,10 +6,17 @@
 
 pub mod cores;
 pub mod cpuid;
+pub mod isolation;
 pub mod launch;
+pub mod ledger;
 pub mod memory;
+pub mod partitions;
+pub mod plan;
+pub mod reserve;
 pub mod size;
 pub mod vcpu;
 pub mod vm;
 
-pub use launch::{Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport};
+pub use launch::{
+    Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, PoolRequest,
+};

@@ -307,6 +307,8 @@ pub struct VcpuContext {
     pub counters: Arc<ExitCounters>,
     /// Stop control, shared with the launcher.
     pub kicker: Arc<Kicker>,
+    /// Where the thread must go before pinning to a reserved core.
+    pub isolation: Option<crate::ledger::Isolation>,
 }
 
 /// A vCPU's handles, kept by the launcher.
@@ -336,6 +338,14 @@ pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, Vc
 
 /// The vCPU thread: pin, run until something stops it, report why.
 pub fn run(mut ctx: VcpuContext) -> StopReason {
+    if let Some(iso) = &ctx.isolation {
+        if let Err(e) = crate::isolation::join_guests(iso) {
+            return StopReason::RunError(format!(
+                "vcpu{}: joining the reserved cores' cpuset: {e}",
+                ctx.index
+            ));
+        }
+    }
     if !core_affinity::set_for_current(core_affinity::CoreId { id: ctx.core }) {
         return StopReason::RunError(format!(
             "vcpu{}: pinning to core {} failed",

@@ -1,16 +1,19 @@
 //! `partition`: run guests as static partitions on KVM.
 //!
-//! The CLI parses, calls the library, prints. Exit status: 0 the guest powered off cleanly
-//! (or reset), 1 the VMM failed, 2 bad input, 3 the guest crashed (triple fault, KVM
-//! internal error), 4 the guest reported a non-zero status, 128+N stopped by signal N.
+//! The CLI parses, calls the library, prints. Exit status: 0 success (for launch: the
+//! guest powered off cleanly or reset), 1 the VMM failed, 2 bad input or a refused request,
+//! 3 the guest crashed (triple fault, KVM internal error), 4 the guest reported a non-zero
+//! status, 128+N stopped by signal N.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+mod verbs;
 use partition::launch::{self, Checked, Ending, Observer};
 use partition::vcpu::StopReason;
-use partition::{Console, KernelSource, LaunchConfig};
+use partition::{Console, KernelSource, LaunchConfig, PoolRequest};
 
 /// The probe guest, built from tools/probe-guest by build.rs.
 static PROBE_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe-guest.elf"));
@@ -33,12 +36,53 @@ struct Cli {
     cmd: Cmd,
 }
 
+#[derive(clap::Args)]
+struct StateDir {
+    /// Directory holding the ledger (and our hugetlbfs mount, if we need one).
+    #[arg(long, value_name = "DIR", env = "PARTITION_STATE_DIR", default_value = partition::ledger::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Set aside a hugepage pool and cores for partitions (once, at boot).
+    ///
+    /// Allocates hugepages (checking the kernel really gave them), preallocates a pool file
+    /// on hugetlbfs, takes the cores out of general scheduling where the host allows it
+    /// (cgroup cpusets), moves IRQs off them, and records it all in the ledger. Running it
+    /// again with the same plan changes nothing; a different plan is refused while
+    /// partitions exist.
+    Reserve(ReserveArgs),
+    /// Give back everything `reserve` took (refused while partitions exist).
+    Unreserve {
+        #[command(flatten)]
+        state: StateDir,
+    },
+    /// Show the pool, the cores and the partitions (dead ones included).
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        state: StateDir,
+    },
+    /// Stop a partition (SIGTERM, then SIGKILL), or reclaim a dead one: its memory is
+    /// scrubbed and its cores and extent go back to the reservation.
+    Release {
+        /// The partition.
+        name: String,
+        /// Seconds to wait after SIGTERM before SIGKILL.
+        #[arg(long, default_value_t = 10)]
+        grace: u64,
+        #[command(flatten)]
+        state: StateDir,
+    },
     /// Boot a guest on dedicated cores and wait until it powers off.
     ///
-    /// One vCPU per listed core, pinned before it first runs. The guest's serial port
-    /// (COM1) goes to stdout, or to --console. Ctrl-C stops the guest and tears down.
+    /// One vCPU per listed core, pinned before it first runs. With --name the cores and
+    /// memory come from the reservation (see `reserve`); without it the memory is
+    /// anonymous and reserved cores are refused. The guest's serial port (COM1) goes to
+    /// stdout, or to --console. Ctrl-C stops the guest and tears down.
     Launch(LaunchArgs),
     /// Take the ELF vmlinux out of a bzImage (find and decompress its payload).
     ExtractVmlinux {
@@ -65,14 +109,64 @@ enum Boot {
 }
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["memory", "plan"])))]
+struct ReserveArgs {
+    /// Pool size: 1G, 512M (a multiple of the page size).
+    #[arg(long, value_name = "SIZE", requires = "cores")]
+    memory: Option<String>,
+    /// Hugepage size: 2M or 1G.
+    #[arg(long, value_name = "SIZE", default_value = "2M")]
+    page_size: String,
+    /// Take the hugepages from this NUMA node.
+    #[arg(long, value_name = "N")]
+    node: Option<u32>,
+    /// Cores to reserve: "1", "2-5". At least one core must stay with the host.
+    #[arg(long, value_name = "LIST")]
+    cores: Option<String>,
+    /// Read the plan from a TOML file (memory, page_size, node, cores, state_dir).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["memory", "cores", "node"])]
+    plan: Option<PathBuf>,
+    #[command(flatten)]
+    state: StateDir,
+}
+
+/// `SIZE` or `SIZE@OFFSET`.
+#[derive(Clone, Copy, Debug)]
+struct MemorySpec {
+    size: u64,
+    offset: Option<u64>,
+}
+
+fn parse_memory(s: &str) -> Result<MemorySpec, String> {
+    let (size, offset) = match s.split_once('@') {
+        Some((a, b)) => (a, Some(b)),
+        None => (s, None),
+    };
+    let size = partition::size::parse(size).map_err(|e| e.to_string())?;
+    let offset = match offset {
+        Some(o) => Some(match o.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).map_err(|_| format!("{o:?} is not an offset"))?,
+            None => partition::size::parse(o).map_err(|e| e.to_string())?,
+        }),
+        None => None,
+    };
+    Ok(MemorySpec { size, offset })
+}
+
+#[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("image").required(true).args(["kernel", "probe"])))]
 struct LaunchArgs {
     /// Host cores, one vCPU each, in vCPU order: "0", "0,1", "2-5".
     #[arg(long, value_name = "LIST")]
     cores: String,
-    /// Guest memory: 128M, 1G, 2GiB (a multiple of 4 KiB; of 2 MiB with --hugepages).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    memory: u64,
+    /// Guest memory: 128M, 1G, 2GiB (a multiple of 4 KiB; of 2 MiB with --hugepages or a
+    /// 2 MiB pool). With --name, SIZE@OFFSET takes that extent of the pool (OFFSET in bytes,
+    /// 0x hex or with a suffix); otherwise the first free extent that fits.
+    #[arg(long, value_name = "SIZE[@OFFSET]", value_parser = parse_memory)]
+    memory: MemorySpec,
+    /// Run as partition NAME, on reserved cores and memory from the pool.
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// Kernel: an ELF vmlinux (or other ELF64 kernel) or a bzImage.
     #[arg(long, value_name = "PATH")]
     kernel: Option<PathBuf>,
@@ -91,13 +185,15 @@ struct LaunchArgs {
     /// Entry protocol.
     #[arg(long, value_enum, default_value = "linux64")]
     boot: Boot,
-    /// Back guest memory with 2 MiB hugetlb pages from the kernel's free pool.
-    #[arg(long)]
+    /// Back guest memory with 2 MiB hugetlb pages from the kernel's free pool (without
+    /// --name).
+    #[arg(long, conflicts_with = "name")]
     hugepages: bool,
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    partition::size::parse(s).map_err(|e| e.to_string())
+    /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
+    #[arg(long)]
+    timings: bool,
+    #[command(flatten)]
+    state: StateDir,
 }
 
 struct Progress;
@@ -106,7 +202,7 @@ impl Observer for Progress {
     fn booting(&self, checked: &Checked, boot: &boot::BootInfo, memory: &str) {
         let cores = checked.cores();
         eprintln!(
-            "partition: booting {} ({} entry {:#x}) on {} vCPU{} (cores {}), {} of {} memory",
+            "partition: booting {} ({} entry {:#x}) on {} vCPU{} (cores {}), {} of memory: {}",
             checked.kernel_name(),
             boot.entry.protocol,
             boot.entry_addr,
@@ -120,6 +216,12 @@ impl Observer for Progress {
 }
 
 fn launch(a: LaunchArgs) -> ExitCode {
+    if a.memory.offset.is_some() && a.name.is_none() {
+        eprintln!(
+            "partition: error: --memory SIZE@OFFSET takes an extent of the pool: it needs --name"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
     let kernel = match a.kernel {
         Some(p) => KernelSource::Path(p),
         None => KernelSource::Builtin {
@@ -129,7 +231,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
     };
     let cfg = LaunchConfig {
         cores: a.cores,
-        memory: a.memory,
+        memory: a.memory.size,
         kernel,
         initrd: a.initrd,
         cmdline: a.cmdline,
@@ -143,6 +245,11 @@ fn launch(a: LaunchArgs) -> ExitCode {
         } else {
             pool::Backing::Anonymous
         },
+        pool: a.name.map(|name| PoolRequest {
+            name,
+            offset: a.memory.offset,
+        }),
+        state_dir: a.state.state_dir,
     };
     let report = match launch::launch(cfg, &Progress) {
         Ok(r) => r,
@@ -186,6 +293,28 @@ fn launch(a: LaunchArgs) -> ExitCode {
             code
         }
     };
+    if let Some(p) = &report.pool {
+        eprintln!(
+            "partition: {}: extent {:#x}+{:#x} scrubbed in {:.1} ms and returned to the pool",
+            p.name,
+            p.offset,
+            p.len,
+            p.scrub.as_secs_f64() * 1e3
+        );
+    }
+    if a.timings {
+        let t = &report.timings;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        eprintln!(
+            "partition: timings memory_ms={:.3} vm_ms={:.3} boot_ms={:.3} vcpus_ms={:.3} first_output_ms={}",
+            ms(t.memory),
+            ms(t.vm),
+            ms(t.boot),
+            ms(t.vcpus),
+            t.first_output
+                .map_or("none".into(), |d| format!("{:.3}", ms(d)))
+        );
+    }
     for v in &report.vcpus {
         let exits: Vec<String> = v
             .exits
@@ -240,6 +369,10 @@ fn main() -> ExitCode {
         .format_timestamp_millis()
         .init();
     match Cli::parse().cmd {
+        Cmd::Reserve(a) => verbs::reserve(a),
+        Cmd::Unreserve { state } => verbs::unreserve(&state.state_dir),
+        Cmd::Status { json, state } => verbs::status(&state.state_dir, json),
+        Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
         Cmd::Launch(a) => launch(a),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
         Cmd::ProbeImage { output } => match std::fs::write(&output, PROBE_GUEST) {

@@ -9,7 +9,8 @@
 //! QEMU's isa-debug-exit), then ACPI S5, then an i8042 reset.
 //!
 //! Command line options: `probe.memtest=0` skips the memory test; `probe.seed=N` changes the
-//! pattern seed.
+//! pattern seed; `probe.zerocheck=1` first reports whether RAM above 1 MiB (outside the
+//! probe) was all zero at start; `probe.hold=1` stays up (halted) instead of powering off.
 #![no_std]
 #![no_main]
 
@@ -143,6 +144,9 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
 
     let mut failed = started != expected;
 
+    if bi.arg("probe.zerocheck") == Some("1") {
+        zerocheck(&bi);
+    }
     if bi.arg("probe.memtest") != Some("0") {
         let seed = bi
             .arg("probe.seed")
@@ -156,7 +160,54 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         if failed { "FAILED" } else { "ok" },
         if failed { EXIT_FAILED } else { EXIT_OK }
     );
+    if bi.arg("probe.hold") == Some("1") {
+        say!("holding (probe.hold=1): halted until the VMM stops me");
+        loop {
+            sys::halt();
+        }
+    }
     power_off(if failed { EXIT_FAILED } else { EXIT_OK }, fadt)
+}
+
+/// Calls `f` on each usable RAM range at or above `floor`, minus the probe image.
+fn ram_ranges(bi: &BootInfo, floor: u64, mut f: impl FnMut(u64, u64)) {
+    let img_start = &raw const __image_start as u64;
+    let img_end = (&raw const __image_end as u64).next_multiple_of(4096);
+    for e in bi.e820().iter().filter(|e| e.kind == 1) {
+        let (s, end) = (
+            e.addr.max(floor).next_multiple_of(8),
+            (e.addr + e.size) & !7,
+        );
+        for (a, b) in [(s, end.min(img_start)), (s.max(img_end), end)] {
+            if a < b {
+                f(a, b);
+            }
+        }
+    }
+}
+
+/// Reports whether RAM the VMM had no business writing (above 1 MiB, outside the probe)
+/// is all zero: what a scrubbed or fresh extent must look like.
+fn zerocheck(bi: &BootInfo) {
+    let mut bytes = 0;
+    let mut nonzero = 0;
+    let mut first = None;
+    ram_ranges(bi, 0x10_0000, |a, b| {
+        // SAFETY: usable RAM from the e820 map.
+        let (n, f) = unsafe { memtest::nonzero_words(a, b) };
+        bytes += b - a;
+        nonzero += n;
+        if first.is_none() {
+            first = f;
+        }
+    });
+    say!(
+        "zerocheck bytes={} nonzero_words={} first_nonzero={:#x} all_zero={}",
+        bytes,
+        nonzero,
+        first.unwrap_or(0),
+        nonzero == 0
+    );
 }
 
 /// Tests all usable RAM except page 0 and the probe's own image. Returns true on failure.
@@ -171,35 +222,24 @@ fn run_memtest(bi: &BootInfo, seed: u64) -> bool {
     );
     let start = sys::rdtsc();
     let mut total = memtest::Outcome::default();
-    for e in bi.e820().iter().filter(|e| e.kind == 1) {
-        let (s, end) = (
-            e.addr.max(0x1000).next_multiple_of(8),
-            (e.addr + e.size) & !7,
+    ram_ranges(bi, 0x1000, |a, b| {
+        // SAFETY: usable RAM outside page 0 and the image; the APs are parked in ring 3
+        // on their stacks inside the image.
+        let o = unsafe { memtest::test_range(a, b, seed) };
+        say!(
+            "memtest range {:#x}-{:#x} checksum={:#018x} errors={}",
+            a,
+            b,
+            o.checksum,
+            o.errors
         );
-        // Split around the image.
-        let pieces = [(s, end.min(img_start)), (s.max(img_end), end)];
-        for (a, b) in pieces {
-            if a >= b {
-                continue;
-            }
-            // SAFETY: usable RAM outside page 0 and the image; the APs are parked in ring 3
-            // on their stacks inside the image.
-            let o = unsafe { memtest::test_range(a, b, seed) };
-            say!(
-                "memtest range {:#x}-{:#x} checksum={:#018x} errors={}",
-                a,
-                b,
-                o.checksum,
-                o.errors
-            );
-            if let Some(bad) = o.first_bad {
-                say!("memtest first_bad={:#x}", bad);
-            }
-            total.bytes += o.bytes;
-            total.checksum = total.checksum.wrapping_add(o.checksum);
-            total.errors += o.errors;
+        if let Some(bad) = o.first_bad {
+            say!("memtest first_bad={:#x}", bad);
         }
-    }
+        total.bytes += o.bytes;
+        total.checksum = total.checksum.wrapping_add(o.checksum);
+        total.errors += o.errors;
+    });
     let cycles = sys::rdtsc().wrapping_sub(start);
     say!(
         "memtest bytes={} checksum={:#018x} errors={} tsc_cycles={}",

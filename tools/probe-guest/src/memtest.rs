@@ -53,3 +53,22 @@ pub unsafe fn test_range(start: u64, end: u64, seed: u64) -> Outcome {
     out.bytes = end - start;
     out
 }
+
+/// Counts non-zero 8-byte words in `[start, end)`; returns (count, first such address).
+///
+/// # Safety
+/// The range must be mapped RAM.
+pub unsafe fn nonzero_words(start: u64, end: u64) -> (u64, Option<u64>) {
+    let mut n = 0;
+    let mut first = None;
+    let mut a = start;
+    while a < end {
+        // SAFETY: the caller guarantees the range is mapped.
+        if unsafe { peek::<u64>(a) } != 0 {
+            n += 1;
+            first.get_or_insert(a);
+        }
+        a += 8;
+    }
+    (n, first)
+}

@@ -7,9 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The binary under test.
+/// The binary under test, with a state directory of this test process's own (so a
+/// reservation on the host running the tests is neither used nor disturbed).
 pub fn partition() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_partition"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_partition"));
+    c.env(
+        "PARTITION_STATE_DIR",
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("state-{}", std::process::id())),
+    );
+    c
 }
 
 /// Whether /dev/kvm can be used; prints why not when it cannot.

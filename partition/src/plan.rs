@@ -1,0 +1,251 @@
+//! The host plan: how much hugepage memory and which cores to set aside. From the command
+//! line or from a TOML file (`deny_unknown_fields`: a misspelt key is an error, not a
+//! silently ignored safety limit), then validated.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::cores::{self, CoreError};
+use crate::ledger::PlanRecord;
+use crate::size::{self, SizeError};
+
+/// Errors reading or validating a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The plan file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The plan file does not parse.
+    #[error("{path}: {reason}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A size does not parse.
+    #[error("{field}: {source}")]
+    Size {
+        /// Which field.
+        field: &'static str,
+        /// Why.
+        source: SizeError,
+    },
+    /// Bad cores.
+    #[error("cores: {0}")]
+    Cores(#[from] CoreError),
+    /// Page size not 2M or 1G.
+    #[error("page size {0} bytes: only 2M and 1G hugepages are supported")]
+    PageSize(u64),
+    /// Memory zero or not a page multiple.
+    #[error("memory {memory} bytes is not a positive multiple of the {page_size} byte page size")]
+    Memory {
+        /// Requested.
+        memory: u64,
+        /// Page size.
+        page_size: u64,
+    },
+    /// The NUMA node does not exist.
+    #[error("NUMA node {0} does not exist")]
+    NoNode(u32),
+    /// Nothing left for the host.
+    #[error(
+        "reserving cores {reserved} would leave the host no core of its own (available: {available})"
+    )]
+    NoHousekeeping {
+        /// Requested.
+        reserved: String,
+        /// Available.
+        available: String,
+    },
+}
+
+/// The plan file's format.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanFile {
+    /// Pool size ("1G").
+    pub memory: String,
+    /// Hugepage size ("2M" or "1G"; default 2M).
+    pub page_size: Option<String>,
+    /// NUMA node for the pages (default: any).
+    pub node: Option<u32>,
+    /// Cores to reserve ("1", "2-5").
+    pub cores: String,
+    /// State directory (default /run/partition).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// A validated plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPlan {
+    /// Pool bytes.
+    pub memory: u64,
+    /// Hugepage size.
+    pub page_size: u64,
+    /// NUMA node.
+    pub node: Option<u32>,
+    /// Reserved cores.
+    pub cores: Vec<usize>,
+    /// Cores left to the host.
+    pub housekeeping: Vec<usize>,
+}
+
+impl HostPlan {
+    /// Builds and validates a plan from its textual parts, against the cores `available`.
+    pub fn new(
+        memory: &str,
+        page_size: Option<&str>,
+        node: Option<u32>,
+        cores_list: &str,
+        available: &[usize],
+    ) -> Result<Self, PlanError> {
+        let memory = size::parse(memory).map_err(|source| PlanError::Size {
+            field: "memory",
+            source,
+        })?;
+        let page_size = match page_size {
+            Some(p) => size::parse(p).map_err(|source| PlanError::Size {
+                field: "page size",
+                source,
+            })?,
+            None => 2 << 20,
+        };
+        if page_size != 2 << 20 && page_size != 1 << 30 {
+            return Err(PlanError::PageSize(page_size));
+        }
+        if memory == 0 || memory % page_size != 0 {
+            return Err(PlanError::Memory { memory, page_size });
+        }
+        if let Some(n) = node {
+            if !Path::new(&format!("/sys/devices/system/node/node{n}")).exists() {
+                return Err(PlanError::NoNode(n));
+            }
+        }
+        let cores = cores::parse(cores_list)?;
+        cores::check_available(&cores, available)?;
+        let housekeeping: Vec<usize> = available
+            .iter()
+            .copied()
+            .filter(|c| !cores.contains(c))
+            .collect();
+        if housekeeping.is_empty() {
+            return Err(PlanError::NoHousekeeping {
+                reserved: cores::format(&cores),
+                available: cores::format(available),
+            });
+        }
+        Ok(Self {
+            memory,
+            page_size,
+            node,
+            cores,
+            housekeeping,
+        })
+    }
+
+    /// Reads a plan file; returns the plan and the state directory it names, if any.
+    pub fn from_file(
+        path: &Path,
+        available: &[usize],
+    ) -> Result<(Self, Option<PathBuf>), PlanError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let f: PlanFile = toml::from_str(&text).map_err(|e| PlanError::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let plan = Self::new(
+            &f.memory,
+            f.page_size.as_deref(),
+            f.node,
+            &f.cores,
+            available,
+        )?;
+        Ok((plan, f.state_dir))
+    }
+
+    /// The form recorded in the ledger.
+    pub fn record(&self) -> PlanRecord {
+        let mut cores = self.cores.clone();
+        cores.sort_unstable();
+        PlanRecord {
+            memory: self.memory,
+            page_size: self.page_size,
+            node: self.node,
+            cores,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_and_validates() {
+        let p = HostPlan::new("1G", None, None, "1", &[0, 1]).unwrap();
+        assert_eq!((p.memory, p.page_size), (1 << 30, 2 << 20));
+        assert_eq!(
+            (p.cores.clone(), p.housekeeping.clone()),
+            (vec![1], vec![0])
+        );
+        assert!(matches!(
+            HostPlan::new("1G", Some("4K"), None, "1", &[0, 1]),
+            Err(PlanError::PageSize(4096))
+        ));
+        assert!(matches!(
+            HostPlan::new("3M", None, None, "1", &[0, 1]),
+            Err(PlanError::Memory { .. })
+        ));
+        assert!(matches!(
+            HostPlan::new("0", None, None, "1", &[0, 1]),
+            Err(PlanError::Memory { .. })
+        ));
+        assert!(matches!(
+            HostPlan::new("1G", None, None, "0-1", &[0, 1]),
+            Err(PlanError::NoHousekeeping { .. })
+        ));
+        assert!(matches!(
+            HostPlan::new("1G", None, None, "7", &[0, 1]),
+            Err(PlanError::Cores(_))
+        ));
+        assert!(matches!(
+            HostPlan::new("lots", None, None, "1", &[0, 1]),
+            Err(PlanError::Size { .. })
+        ));
+    }
+
+    #[test]
+    fn plan_files() {
+        let dir = std::env::temp_dir().join(format!("plan-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good.toml");
+        std::fs::write(
+            &good,
+            "memory = \"512M\"\npage_size = \"2M\"\ncores = \"1\"\nstate_dir = \"/tmp/x\"\n",
+        )
+        .unwrap();
+        let (p, sd) = HostPlan::from_file(&good, &[0, 1]).unwrap();
+        assert_eq!(p.memory, 512 << 20);
+        assert_eq!(sd, Some(PathBuf::from("/tmp/x")));
+        let typo = dir.join("typo.toml");
+        std::fs::write(&typo, "memory = \"512M\"\ncore = \"1\"\n").unwrap();
+        let e = HostPlan::from_file(&typo, &[0, 1]).unwrap_err();
+        assert!(matches!(e, PlanError::Parse { .. }), "{e}");
+        assert!(e.to_string().contains("core"), "{e}");
+        assert!(matches!(
+            HostPlan::from_file(&dir.join("missing.toml"), &[0, 1]),
+            Err(PlanError::Read { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

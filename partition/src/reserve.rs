@@ -1,0 +1,437 @@
+//! `reserve` and `unreserve`: take hugepages, a pool file and cores from the host once, and
+//! give every bit of it back.
+//!
+//! Reserve is all or nothing: each step registers its undo, and a failure runs the undos in
+//! reverse, so a failed reserve leaves the host as it found it. Running it again with the
+//! same plan changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pool::hugepages::{Counter, HugepageError};
+use pool::hugetlbfs::{self, HugetlbfsError};
+use pool::poolfile::{PoolFile, PoolFileError};
+
+use crate::isolation;
+use crate::ledger::{
+    CoreRecord, Isolation, Ledger, LedgerError, LedgerLock, PoolRecord, VERSION, now,
+};
+use crate::plan::HostPlan;
+
+/// Errors reserving or unreserving.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// The ledger could not be read or written.
+    #[error("{0}")]
+    Ledger(#[from] LedgerError),
+    /// Hugepages could not be had.
+    #[error("{0}")]
+    Hugepages(#[from] HugepageError),
+    /// hugetlbfs could not be mounted.
+    #[error("{0}")]
+    Hugetlbfs(#[from] HugetlbfsError),
+    /// The pool file could not be made.
+    #[error("{0}")]
+    PoolFile(#[from] PoolFileError),
+    /// Partitions exist: the reservation cannot change under them.
+    #[error("partitions exist ({names}): release them first{hint}")]
+    Busy {
+        /// Their names.
+        names: String,
+        /// What the caller was trying to do.
+        hint: String,
+    },
+    /// A filesystem operation failed.
+    #[error("{path}: {what}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Operation.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl ReserveError {
+    /// Whether the request itself was refused (the CLI exits with status 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Busy { .. })
+    }
+}
+
+/// What reserve did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReserveOutcome {
+    /// A new reservation.
+    Created,
+    /// The same plan was already reserved; nothing changed.
+    Unchanged,
+    /// A different plan was reserved (and no partition ran): it was given back first.
+    Replaced,
+}
+
+/// Result of [`reserve`].
+#[derive(Debug)]
+pub struct ReserveReport {
+    /// What happened.
+    pub outcome: ReserveOutcome,
+    /// The ledger now.
+    pub ledger: Ledger,
+    /// Time spent preallocating the pool.
+    pub prealloc: Duration,
+    /// IRQs that refused to move.
+    pub irqs_refused: usize,
+    /// Kernel command-line parameters the running kernel lacks.
+    pub cmdline_advice: Option<String>,
+}
+
+/// Result of [`unreserve`].
+#[derive(Debug, Default)]
+pub struct UnreserveReport {
+    /// Whether there was anything to give back.
+    pub had_reservation: bool,
+    /// Problems met while giving back (each is a thing left behind).
+    pub warnings: Vec<String>,
+}
+
+/// Pool file name in the hugetlbfs mount: unique per state directory.
+fn pool_file_name(state_dir: &Path) -> String {
+    let s = state_dir.to_string_lossy();
+    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    format!("partition-pool-{h:016x}")
+}
+
+/// Undo actions registered by completed steps.
+struct Undo(Vec<Box<dyn FnOnce()>>);
+
+impl Undo {
+    fn push(&mut self, f: impl FnOnce() + 'static) {
+        self.0.push(Box::new(f));
+    }
+    fn run(mut self) {
+        while let Some(f) = self.0.pop() {
+            f();
+        }
+    }
+    fn forget(mut self) {
+        self.0.clear();
+    }
+}
+
+/// Reserves `plan` in `state_dir`. `progress(done, total)` reports preallocation.
+pub fn reserve(
+    plan: &HostPlan,
+    state_dir: &Path,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReserveReport, ReserveError> {
+    let lock = LedgerLock::exclusive(state_dir)?;
+    let mut outcome = ReserveOutcome::Created;
+    if let Some(old) = lock.load()? {
+        if old.plan == plan.record() {
+            return Ok(ReserveReport {
+                outcome: ReserveOutcome::Unchanged,
+                ledger: old,
+                prealloc: Duration::ZERO,
+                irqs_refused: 0,
+                cmdline_advice: None,
+            });
+        }
+        if !old.partitions.is_empty() {
+            return Err(ReserveError::Busy {
+                names: names(&old),
+                hint: "; a different plan cannot replace a reservation partitions run on".into(),
+            });
+        }
+        let r = give_back(&lock, &old);
+        if !r.warnings.is_empty() {
+            log::warn!("replacing the reservation: {}", r.warnings.join("; "));
+        }
+        outcome = ReserveOutcome::Replaced;
+    }
+
+    let mut undo = Undo(Vec::new());
+    let result = build(plan, &lock, &mut undo, progress);
+    match result {
+        Ok((ledger, prealloc, irqs_refused)) => {
+            undo.forget();
+            let pages = plan.memory / plan.page_size;
+            let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+            Ok(ReserveReport {
+                outcome,
+                cmdline_advice: isolation::cmdline_advice(
+                    &cmdline,
+                    &plan.cores,
+                    plan.page_size,
+                    pages,
+                ),
+                ledger,
+                prealloc,
+                irqs_refused,
+            })
+        }
+        Err(e) => {
+            undo.run();
+            Err(e)
+        }
+    }
+}
+
+fn build(
+    plan: &HostPlan,
+    lock: &LedgerLock,
+    undo: &mut Undo,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(Ledger, Duration, usize), ReserveError> {
+    let state_dir = lock.dir().to_path_buf();
+    // 1. Hugepages, checked against what the kernel delivered.
+    let pages = plan.memory / plan.page_size;
+    let counter = Counter::new(plan.page_size, plan.node)?;
+    counter.grow(pages, plan.page_size)?;
+    {
+        let c = counter.clone();
+        undo.push(move || {
+            let _ = c.shrink(pages);
+        });
+    }
+
+    // 2. A hugetlbfs mount for this page size: the host's, or our own.
+    let (mount, mounted_by_us) = match hugetlbfs::find_mount(plan.page_size) {
+        Some(m) => (m, false),
+        None => {
+            let dir = state_dir.join(format!("hugetlbfs-{}k", plan.page_size >> 10));
+            std::fs::create_dir_all(&dir).map_err(|source| ReserveError::Io {
+                path: dir.clone(),
+                what: "mkdir",
+                source,
+            })?;
+            if let Err(e) = hugetlbfs::mount(&dir, plan.page_size) {
+                let _ = std::fs::remove_dir(&dir);
+                return Err(e.into());
+            }
+            let d = dir.clone();
+            undo.push(move || {
+                let _ = hugetlbfs::umount(&d);
+                let _ = std::fs::remove_dir(&d);
+            });
+            (dir, true)
+        }
+    };
+
+    // 3. The pool file, preallocated (the kernel zeroes hugepages it hands out).
+    let file = mount.join(pool_file_name(&state_dir));
+    let start = Instant::now();
+    let _pool = with_node(plan.node, || {
+        PoolFile::create(&file, plan.memory, plan.page_size, progress)
+    })?;
+    let prealloc = start.elapsed();
+    {
+        let f = file.clone();
+        undo.push(move || {
+            let _ = std::fs::remove_file(&f);
+        });
+    }
+
+    // 4. Cores and IRQs.
+    let isolation = isolation::isolate(&plan.cores, &plan.housekeeping);
+    {
+        let i = isolation.clone();
+        undo.push(move || {
+            let _ = isolation::restore(&i);
+        });
+    }
+    let (irqs, irqs_refused) = isolation::move_irqs(&plan.cores, &plan.housekeeping);
+    {
+        let r = irqs.clone();
+        undo.push(move || {
+            isolation::restore_irqs(&r);
+        });
+    }
+
+    let mut reserved = plan.cores.clone();
+    reserved.sort_unstable();
+    let ledger = Ledger {
+        version: VERSION,
+        reserved_at: now(),
+        plan: plan.record(),
+        pool: PoolRecord {
+            file,
+            size: plan.memory,
+            page_size: plan.page_size,
+            hugepage_dir: counter.dir().to_path_buf(),
+            hugepages_added: pages,
+            mount,
+            mounted_by_us,
+        },
+        cores: CoreRecord {
+            reserved,
+            housekeeping: plan.housekeeping.clone(),
+            isolation,
+        },
+        irqs,
+        partitions: Vec::new(),
+    };
+    lock.store(&ledger)?;
+    Ok((ledger, prealloc, irqs_refused))
+}
+
+/// Runs `f` with memory allocation bound to `node`, when one is given.
+fn with_node<T>(node: Option<u32>, f: impl FnOnce() -> T) -> T {
+    const MPOL_DEFAULT: i64 = 0;
+    const MPOL_BIND: i64 = 2;
+    let Some(n) = node.filter(|n| *n < 64) else {
+        return f();
+    };
+    let mask: u64 = 1 << n;
+    // SAFETY: set_mempolicy reads `mask` (one word, maxnode 64) for the calling thread.
+    let bound = unsafe {
+        libc::syscall(
+            libc::SYS_set_mempolicy,
+            MPOL_BIND,
+            &mask as *const u64,
+            64u64,
+        )
+    } == 0;
+    if !bound {
+        log::warn!("could not bind allocations to NUMA node {n}; using any node");
+    }
+    let r = f();
+    if bound {
+        // SAFETY: resets the calling thread's policy; no pointers.
+        unsafe {
+            libc::syscall(
+                libc::SYS_set_mempolicy,
+                MPOL_DEFAULT,
+                std::ptr::null::<u64>(),
+                0u64,
+            )
+        };
+    }
+    r
+}
+
+fn names(l: &Ledger) -> String {
+    l.partitions
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Gives back everything `l` records, best effort, and removes the ledger.
+fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
+    let mut w = Vec::new();
+    if let Err(e) = std::fs::remove_file(&l.pool.file) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            w.push(format!("{}: {e}", l.pool.file.display()));
+        }
+    }
+    if l.pool.mounted_by_us && l.pool.mount.exists() {
+        if let Err(e) = hugetlbfs::umount(&l.pool.mount) {
+            w.push(e.to_string());
+        } else if let Err(e) = std::fs::remove_dir(&l.pool.mount) {
+            w.push(format!("{}: {e}", l.pool.mount.display()));
+        }
+    }
+    let counter = Counter::at(l.pool.hugepage_dir.clone());
+    match counter.total().and_then(|before| {
+        counter
+            .shrink(l.pool.hugepages_added)
+            .map(|after| (before, after))
+    }) {
+        Ok((before, after)) if before - after < l.pool.hugepages_added.min(before) => {
+            w.push(format!(
+                "only {} of {} hugepages could be given back (others are in use)",
+                before - after,
+                l.pool.hugepages_added
+            ))
+        }
+        Ok(_) => {}
+        Err(e) => w.push(e.to_string()),
+    }
+    if let Err(e) = isolation::restore(&l.cores.isolation) {
+        w.push(e.to_string());
+    }
+    let n = isolation::restore_irqs(&l.irqs);
+    if n > 0 {
+        w.push(format!("{n} IRQ affinities could not be restored"));
+    }
+    if let Err(e) = lock.remove() {
+        w.push(e.to_string());
+    }
+    let _ = std::fs::remove_dir(lock.dir().join("stats"));
+    UnreserveReport {
+        had_reservation: true,
+        warnings: w,
+    }
+}
+
+/// Gives back everything reserve took. Refused while any partition (running or dead) is
+/// recorded.
+pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
+    let lock = LedgerLock::exclusive(state_dir)?;
+    let Some(l) = lock.load()? else {
+        return Ok(UnreserveReport::default());
+    };
+    if !l.partitions.is_empty() {
+        return Err(ReserveError::Busy {
+            names: names(&l),
+            hint: " (partition release NAME)".into(),
+        });
+    }
+    Ok(give_back(&lock, &l))
+}
+
+/// Describes an isolation record for people.
+pub fn describe_isolation(i: &Isolation) -> String {
+    match i {
+        Isolation::None { reason } => format!("none ({reason})"),
+        Isolation::CgroupV1 {
+            housekeeping,
+            guests,
+            moved,
+            unmovable,
+            ..
+        } => format!(
+            "cgroup v1 cpusets: {moved} tasks moved to {}, vCPUs join {} ({unmovable} per-CPU kernel threads stay)",
+            housekeeping.display(),
+            guests.display()
+        ),
+        Isolation::CgroupV2 { path } => format!("cgroup v2 isolated partition {}", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_file_names_differ_by_state_dir() {
+        let a = pool_file_name(Path::new("/run/partition"));
+        let b = pool_file_name(Path::new("/tmp/other"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("partition-pool-"));
+        assert_eq!(a, pool_file_name(Path::new("/run/partition")));
+    }
+
+    #[test]
+    fn undo_runs_in_reverse_and_forget_drops() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let mut u = Undo(Vec::new());
+        for i in 0..3 {
+            let l = log.clone();
+            u.push(move || l.borrow_mut().push(i));
+        }
+        u.run();
+        assert_eq!(*log.borrow(), vec![2, 1, 0]);
+        let mut u = Undo(Vec::new());
+        let l = log.clone();
+        u.push(move || l.borrow_mut().push(9));
+        u.forget();
+        assert_eq!(log.borrow().len(), 3);
+    }
+}

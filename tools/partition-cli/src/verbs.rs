@@ -1,0 +1,281 @@
+//! reserve, unreserve, status, release: parse, call the library, print.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use partition::cores;
+use partition::partitions::{self, Status};
+use partition::plan::HostPlan;
+use partition::reserve::{self, ReserveOutcome};
+use partition::size::format as bytes;
+
+use crate::{EXIT_USAGE, EXIT_VMM_ERROR, ReserveArgs};
+
+fn fail(msg: impl std::fmt::Display, usage: bool) -> ExitCode {
+    eprintln!("partition: error: {msg}");
+    ExitCode::from(if usage { EXIT_USAGE } else { EXIT_VMM_ERROR })
+}
+
+/// A progress bar on a terminal, a line per quarter otherwise.
+struct Progress {
+    tty: bool,
+    last: u64,
+}
+
+impl Progress {
+    fn update(&mut self, done: u64, total: u64) {
+        let pct = done
+            .checked_mul(100)
+            .and_then(|x| x.checked_div(total))
+            .unwrap_or(100);
+        if self.tty {
+            let filled = (pct / 4) as usize;
+            eprint!(
+                "\rpartition: preallocating the pool [{}{}] {:>3}% {} / {}",
+                "#".repeat(filled),
+                " ".repeat(25 - filled),
+                pct,
+                bytes(done),
+                bytes(total)
+            );
+            if done >= total {
+                eprintln!();
+            }
+            let _ = std::io::stderr().flush();
+        } else if pct >= self.last + 25 || done >= total {
+            eprintln!(
+                "partition: preallocating the pool: {pct}% ({} of {})",
+                bytes(done),
+                bytes(total)
+            );
+            self.last = pct - pct % 25;
+        }
+    }
+}
+
+pub fn reserve(a: ReserveArgs) -> ExitCode {
+    let available = cores::available();
+    let (plan, state_dir) = match &a.plan {
+        Some(path) => match HostPlan::from_file(path, &available) {
+            Ok((p, dir)) => (p, dir.unwrap_or(a.state.state_dir)),
+            Err(e) => return fail(format!("--plan {e}"), true),
+        },
+        None => {
+            let (Some(memory), Some(core_list)) = (a.memory.as_deref(), a.cores.as_deref()) else {
+                return fail("--memory and --cores are required without --plan", true);
+            };
+            match HostPlan::new(memory, Some(&a.page_size), a.node, core_list, &available) {
+                Ok(p) => (p, a.state.state_dir),
+                Err(e) => return fail(e, true),
+            }
+        }
+    };
+    let mut progress = Progress {
+        tty: std::io::stderr().is_terminal(),
+        last: 0,
+    };
+    let r = match reserve::reserve(&plan, &state_dir, &mut |d, t| progress.update(d, t)) {
+        Ok(r) => r,
+        Err(e) => {
+            let usage = e.is_usage();
+            return fail(e, usage);
+        }
+    };
+    let l = &r.ledger;
+    match r.outcome {
+        ReserveOutcome::Unchanged => {
+            eprintln!(
+                "partition: already reserved in {}: {} pool, cores {}; nothing changed",
+                state_dir.display(),
+                bytes(l.pool.size),
+                cores::format(&l.cores.reserved)
+            );
+            return ExitCode::SUCCESS;
+        }
+        ReserveOutcome::Replaced => eprintln!("partition: the previous reservation was given back"),
+        ReserveOutcome::Created => {}
+    }
+    eprintln!(
+        "partition: reserved {} of {} KiB hugepages in {} (preallocated in {:.2} s)",
+        bytes(l.pool.size),
+        l.pool.page_size >> 10,
+        l.pool.file.display(),
+        r.prealloc.as_secs_f64()
+    );
+    eprintln!(
+        "partition: cores {} reserved, {} left to the host; isolation: {}",
+        cores::format(&l.cores.reserved),
+        cores::format(&l.cores.housekeeping),
+        reserve::describe_isolation(&l.cores.isolation)
+    );
+    eprintln!(
+        "partition: {} IRQ affinities moved to the host's cores{}",
+        l.irqs.len(),
+        if r.irqs_refused > 0 {
+            format!(" ({} IRQs refused to move)", r.irqs_refused)
+        } else {
+            String::new()
+        }
+    );
+    if let Some(adv) = r.cmdline_advice {
+        eprintln!(
+            "partition: for full isolation and a boot-time pool, add to the kernel command line: {adv}"
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn unreserve(state_dir: &Path) -> ExitCode {
+    match reserve::unreserve(state_dir) {
+        Ok(r) if !r.had_reservation => {
+            eprintln!("partition: nothing is reserved in {}", state_dir.display());
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            for w in &r.warnings {
+                eprintln!("partition: warning: {w}");
+            }
+            eprintln!(
+                "partition: reservation in {} given back{}",
+                state_dir.display(),
+                if r.warnings.is_empty() {
+                    ""
+                } else {
+                    " (with the warnings above)"
+                }
+            );
+            if r.warnings.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_VMM_ERROR)
+            }
+        }
+        Err(e) => {
+            let usage = e.is_usage();
+            fail(e, usage)
+        }
+    }
+}
+
+pub fn release(state_dir: &Path, name: &str, grace: u64) -> ExitCode {
+    match partitions::release(state_dir, name, Duration::from_secs(grace)) {
+        Ok(r) => {
+            let how = match (r.was_alive, r.launcher_cleaned_up) {
+                (true, true) => format!(
+                    "stopped ({}), memory scrubbed by its launcher",
+                    r.signals.join(", then ")
+                ),
+                (true, false) => format!("stopped ({}), then reclaimed", r.signals.join(", then ")),
+                (false, _) => "was dead; reclaimed".to_string(),
+            };
+            let scrub = r
+                .scrubbed
+                .map(|d| format!("; scrubbed in {:.1} ms", d.as_secs_f64() * 1e3))
+                .unwrap_or_default();
+            eprintln!("partition: {name}: {how}{scrub}; its cores and memory are free");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let usage = e.is_usage();
+            fail(e, usage)
+        }
+    }
+}
+
+fn print_status(s: &Status) {
+    println!("state dir: {}", s.state_dir.display());
+    if !s.reserved {
+        println!("nothing reserved");
+        return;
+    }
+    if let Some(p) = &s.pool {
+        println!(
+            "pool: {} of {} KiB pages, {} free, file {}",
+            bytes(p.size),
+            p.page_size >> 10,
+            bytes(p.free_bytes),
+            p.file.display()
+        );
+        for f in &p.free {
+            println!("  free  {:#012x}+{:#x} ({})", f.offset, f.len, bytes(f.len));
+        }
+        for u in &p.used {
+            println!(
+                "  used  {:#012x}+{:#x} ({}) by {}",
+                u.extent.offset,
+                u.extent.len,
+                bytes(u.extent.len),
+                u.partition
+            );
+        }
+    }
+    if let Some(c) = &s.cores {
+        println!(
+            "cores: reserved {}, free {}, host {}",
+            cores::format(&c.reserved),
+            if c.free.is_empty() {
+                "none".into()
+            } else {
+                cores::format(&c.free)
+            },
+            cores::format(&c.housekeeping)
+        );
+        println!("isolation: {}", c.isolation);
+    }
+    println!(
+        "irqs: {} affinities moved to the host's cores",
+        s.irqs_moved
+    );
+    if s.partitions.is_empty() {
+        println!("partitions: none");
+    }
+    for p in &s.partitions {
+        println!(
+            "partition {}: {} pid {} state {:?}, cores {}, extent {:#x}+{:#x} ({}), up {} s, idle {}, kernel {}",
+            p.name,
+            if p.alive { "alive" } else { "DEAD" },
+            p.pid,
+            p.state,
+            cores::format(&p.cores),
+            p.extent.offset,
+            p.extent.len,
+            bytes(p.extent.len),
+            p.uptime_secs,
+            p.idle,
+            p.kernel
+        );
+        if let Some(x) = &p.exits {
+            for v in &x.vcpus {
+                let e: Vec<String> = v
+                    .exits
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| format!("{k}={n}"))
+                    .collect();
+                println!("  vcpu{} (core {}) exits: {}", v.vcpu, v.core, e.join(" "));
+            }
+        }
+        if let Some(n) = &p.note {
+            println!("  note: {n}");
+        }
+    }
+}
+
+pub fn status(state_dir: &Path, json: bool) -> ExitCode {
+    match partitions::status(state_dir) {
+        Ok(s) => {
+            if json {
+                match serde_json::to_string_pretty(&s) {
+                    Ok(t) => println!("{t}"),
+                    Err(e) => return fail(e, false),
+                }
+            } else {
+                print_status(&s);
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e, false),
+    }
+}

@@ -1,0 +1,643 @@
+//! Reserve once, launch many: the hugepage pool, the ledger, status, release, scrubbing,
+//! crash recovery, and giving everything back.
+//!
+//! These tests change host settings (hugepages, a hugetlbfs mount, cpusets, IRQ affinities),
+//! so they run one at a time (a lock), each in its own state directory, and a guard puts
+//! every setting back on drop — after a failure too.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// What a reservation may touch, snapshot for comparison.
+#[derive(Debug, PartialEq, Eq, Clone)]
+struct HostSettings {
+    nr_hugepages: String,
+    hugetlbfs_mounts: Vec<String>,
+    cpusets: Vec<String>,
+    irq_affinities: Vec<(String, String)>,
+    default_affinity: String,
+}
+
+fn cpuset_root() -> Option<PathBuf> {
+    let m = std::fs::read_to_string("/proc/mounts").ok()?;
+    m.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpuset"))
+            .then(|| PathBuf::from(f[1]))
+    })
+}
+
+fn settings() -> HostSettings {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    let mut irqs = Vec::new();
+    for e in std::fs::read_dir("/proc/irq").unwrap().flatten() {
+        let f = e.path().join("smp_affinity_list");
+        if let Ok(v) = std::fs::read_to_string(&f) {
+            irqs.push((f.display().to_string(), v.trim().to_string()));
+        }
+    }
+    irqs.sort();
+    let mut cpusets: Vec<String> = cpuset_root()
+        .and_then(|r| std::fs::read_dir(r).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    cpusets.sort();
+    HostSettings {
+        nr_hugepages: std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap(),
+        hugetlbfs_mounts: mounts
+            .lines()
+            .filter(|l| l.contains(" hugetlbfs "))
+            .map(String::from)
+            .collect(),
+        cpusets,
+        irq_affinities: irqs,
+        default_affinity: std::fs::read_to_string("/proc/irq/default_smp_affinity")
+            .unwrap_or_default(),
+    }
+}
+
+/// Holds the test lock, a fresh state directory, and the host settings to restore.
+struct Host {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    dir: PathBuf,
+    before: HostSettings,
+}
+
+impl Host {
+    fn new(name: &str) -> Option<Self> {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        if !kvm_available(name) {
+            return None;
+        }
+        if host_cores() < 2 {
+            eprintln!("SKIPPED {name}: reserving a core needs a second one for the host");
+            return None;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED {name}: reserving hugepages and cpusets needs root");
+            return None;
+        }
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pool-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Some(Self {
+            _serial: serial,
+            dir,
+            before: settings(),
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = partition();
+        cmd.args(args)
+            .env("PARTITION_STATE_DIR", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        wait_output(cmd.spawn().unwrap(), LIMIT, &args.join(" "))
+    }
+
+    /// Starts a probe partition that stays up, and waits until it has said so.
+    fn hold(&self, name: &str, memory: &str, extra: &str) -> Child {
+        let log = self.dir.join(format!("{name}.console"));
+        let mut child = partition()
+            .args([
+                "launch", "--name", name, "--cores", "1", "--memory", memory, "--probe",
+            ])
+            .args(["--cmdline", &format!("probe.hold=1 {extra}"), "--console"])
+            .arg(&log)
+            .env("PARTITION_STATE_DIR", &self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("probe: holding") {
+                return child;
+            }
+            if let Some(st) = child.try_wait().unwrap() {
+                let out = wait_output(child, LIMIT, "hold");
+                panic!("holding partition exited ({st}): {}\n{text}", out.stderr);
+            }
+            assert!(
+                start.elapsed() < LIMIT,
+                "partition {name} never held:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let out = self.run(&["status", "--json"]);
+        assert_eq!(out.code(), 0, "status: {}", out.stderr);
+        serde_json::from_str(&out.stdout).unwrap()
+    }
+
+    fn ledger(&self) -> String {
+        std::fs::read_to_string(self.dir.join("ledger.json")).unwrap_or_default()
+    }
+
+    fn ledger_json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.ledger()).unwrap()
+    }
+
+    fn reserve(&self, memory: &str) {
+        let out = self.run(&["reserve", "--memory", memory, "--cores", "1"]);
+        assert_eq!(out.code(), 0, "reserve: {}", out.stderr);
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Stop whatever a failed test left running, then give everything back.
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&self.ledger()) {
+            for p in v["partitions"].as_array().into_iter().flatten() {
+                if let Some(pid) = p["pid"].as_u64() {
+                    // SAFETY: signalling a launcher this test started.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                }
+                let _ = self.run(&["release", p["name"].as_str().unwrap_or("")]);
+            }
+        }
+        let _ = self.run(&["unreserve"]);
+        // Whatever is still different, put back by hand.
+        let now = settings();
+        if now != self.before {
+            eprintln!("test left host settings changed; restoring by hand");
+            if let Some(root) = cpuset_root() {
+                for d in ["partition-guests", "partition-housekeeping"] {
+                    let p = root.join(d);
+                    if let Ok(t) = std::fs::read_to_string(p.join("tasks")) {
+                        for tid in t.lines() {
+                            let _ = std::fs::write(root.join("tasks"), tid);
+                        }
+                    }
+                    let _ = std::fs::remove_dir(&p);
+                }
+            }
+            for (f, v) in &self.before.irq_affinities {
+                let _ = std::fs::write(f, v);
+            }
+            let _ = std::fs::write(
+                "/proc/irq/default_smp_affinity",
+                &self.before.default_affinity,
+            );
+            let mnt = self.dir.join("hugetlbfs-2048k");
+            let _ = std::process::Command::new("umount").arg(&mnt).status();
+            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", &self.before.nr_hugepages);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn probe_zero(console: &str) -> bool {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with("probe: zerocheck"))
+        .unwrap_or_else(|| panic!("no zerocheck line in:\n{console}"));
+    line.contains("all_zero=true")
+}
+
+#[test]
+fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
+    let Some(h) = Host::new("lifecycle") else {
+        return;
+    };
+    let before = settings();
+    h.reserve("1G");
+    let during = settings();
+    assert_ne!(
+        during.nr_hugepages, before.nr_hugepages,
+        "no hugepages were taken"
+    );
+    let s = h.status();
+    assert_eq!(s["reserved"], true);
+    assert_eq!(s["pool"]["size"], 1u64 << 30);
+    assert_eq!(s["pool"]["free_bytes"], 1u64 << 30);
+    assert_eq!(s["cores"]["reserved"], serde_json::json!([1]));
+    assert_eq!(s["cores"]["free"], serde_json::json!([1]));
+
+    // The same plan again changes nothing; the ledger is byte for byte the same.
+    let ledger = h.ledger();
+    let again = h.run(&["reserve", "--memory", "1G", "--cores", "1"]);
+    assert_eq!(again.code(), 0, "{}", again.stderr);
+    assert!(again.stderr.contains("nothing changed"), "{}", again.stderr);
+    assert_eq!(h.ledger(), ledger);
+
+    // A partition from the pool, seen by status while it runs.
+    let child = h.hold("web", "256M", "probe.zerocheck=1");
+    let s = h.status();
+    let p = &s["partitions"][0];
+    assert_eq!(p["name"], "web");
+    assert_eq!(p["alive"], true);
+    assert_eq!(p["state"], "running");
+    assert_eq!(p["cores"], serde_json::json!([1]));
+    assert_eq!(p["extent"]["len"], 256u64 << 20);
+    assert_eq!(s["pool"]["free_bytes"], 768u64 << 20);
+    assert_eq!(s["cores"]["free"], serde_json::json!([]));
+    // Exit counters arrive within a couple of seconds.
+    let start = Instant::now();
+    loop {
+        let s = h.status();
+        if let Some(n) = s["partitions"][0]["exits"]["vcpus"][0]["exits"]["io_out"].as_u64() {
+            assert!(n > 0);
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no exit counters: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let console = std::fs::read_to_string(h.dir.join("web.console")).unwrap();
+    assert!(
+        probe_zero(&console),
+        "fresh pool memory was not zero:\n{console}"
+    );
+
+    let r = h.run(&["release", "web"]);
+    assert_eq!(r.code(), 0, "{}", r.stderr);
+    let out = wait_output(child, LIMIT, "web");
+    assert_eq!(out.code(), 128 + libc::SIGTERM, "{}", out.stderr);
+    assert!(out.stderr.contains("scrubbed"), "{}", out.stderr);
+    assert_eq!(
+        h.ledger(),
+        ledger,
+        "the ledger is not back to the reserved state"
+    );
+
+    let u = h.run(&["unreserve"]);
+    assert_eq!(u.code(), 0, "{}", u.stderr);
+    assert_eq!(settings(), before, "unreserve left the host changed");
+    let s = h.status();
+    assert_eq!(s["reserved"], false);
+}
+
+#[test]
+fn overlapping_cores_or_extents_are_refused_and_the_ledger_is_unchanged() {
+    let Some(h) = Host::new("conflicts") else {
+        return;
+    };
+    h.reserve("256M");
+    let mut a = h.hold("a", "64M@0", "probe.memtest=0");
+    let ledger = h.ledger();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--name", "b", "--cores", "1", "--memory", "64M@32M"],
+            "is (partly) in use",
+        ),
+        (
+            &["--name", "b", "--cores", "1", "--memory", "64M@128M"],
+            "core 1 belongs to partition \"a\"",
+        ),
+        (
+            &["--name", "a", "--cores", "1", "--memory", "64M@128M"],
+            "a partition named \"a\" exists",
+        ),
+        (
+            &["--name", "b", "--cores", "0", "--memory", "64M@128M"],
+            "core 0 is not reserved",
+        ),
+        (
+            &["--name", "b", "--cores", "1", "--memory", "512M"],
+            "cannot give this partition 512 MiB",
+        ),
+        (
+            &["--name", "b", "--cores", "1", "--memory", "64M@240M"],
+            "runs past the end",
+        ),
+        (
+            &["--name", "b", "--cores", "1", "--memory", "9M@0x1000000"],
+            "not a multiple of 2097152",
+        ),
+        (
+            &["--name", "b", "--cores", "1", "--memory", "64M@0x100000"],
+            "is not a multiple of 2097152",
+        ),
+        (
+            &["--name", "../evil", "--cores", "1", "--memory", "64M"],
+            "--name",
+        ),
+        (
+            &["--cores", "1", "--memory", "64M"],
+            "core 1 is reserved for partitions",
+        ),
+        (&["--cores", "0", "--memory", "64M@0"], "needs --name"),
+    ];
+    for (args, want) in cases {
+        let mut v = vec!["launch", "--probe"];
+        v.extend_from_slice(args);
+        let out = h.run(&v);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(want),
+            "{args:?}: want {want:?} in {}",
+            out.stderr
+        );
+        assert_eq!(h.ledger(), ledger, "{args:?} changed the ledger");
+    }
+    // A different plan cannot replace a reservation a partition runs on.
+    let out = h.run(&["reserve", "--memory", "512M", "--cores", "1"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("partitions exist (a)"),
+        "{}",
+        out.stderr
+    );
+    let out = h.run(&["unreserve"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert_eq!(h.ledger(), ledger);
+    assert_eq!(h.run(&["release", "a"]).code(), 0);
+    let _ = a.wait();
+    let out = h.run(&["release", "nosuch"]);
+    assert_eq!(out.code(), 2);
+    assert!(
+        out.stderr.contains("no partition named \"nosuch\""),
+        "{}",
+        out.stderr
+    );
+}
+
+/// Scribbles on pool extent `[0, len)` through the pool file, as a careless previous owner
+/// would have left it.
+fn dirty_pool(h: &Host, len: usize) {
+    let file = h.ledger_json()["pool"]["file"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&file)
+        .unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: maps the first `len` bytes of the pool file, which nothing else uses now.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: 32 MiB is inside the `len`-byte mapping (len is 64 MiB).
+    let at = unsafe { p.cast::<u8>().add(32 << 20) };
+    // SAFETY: 4 KiB from `at` stays inside the mapping.
+    unsafe { std::ptr::write_bytes(at, 0xa5, 4096) };
+    // SAFETY: unmapping what we mapped.
+    unsafe { libc::munmap(p, len) };
+}
+
+#[test]
+fn a_reused_extent_sees_only_zeros() {
+    let Some(h) = Host::new("scrub") else { return };
+    h.reserve("256M");
+    let launch = |name: &str| {
+        let log = h.dir.join(format!("{name}.console"));
+        let out = h.run(&[
+            "launch",
+            "--name",
+            name,
+            "--cores",
+            "1",
+            "--memory",
+            "64M@0",
+            "--probe",
+            "--cmdline",
+            "probe.zerocheck=1",
+            "--console",
+            log.to_str().unwrap(),
+        ]);
+        assert_eq!(out.code(), 0, "{name}: {}", out.stderr);
+        std::fs::read_to_string(log).unwrap()
+    };
+    // First owner: fresh pages, then its memory test fills the extent with a pattern.
+    let first = launch("first");
+    assert!(probe_zero(&first), "{first}");
+    assert!(
+        parse_probe(&first).total.unwrap().0 > 60 << 20,
+        "the memtest did not cover the extent"
+    );
+    // Second owner of the same extent sees none of it.
+    let second = launch("second");
+    assert!(
+        probe_zero(&second),
+        "the second owner saw the first one's data:\n{second}"
+    );
+    // The check itself can fail: dirt put straight into the pool file is seen.
+    dirty_pool(&h, 64 << 20);
+    let third = launch("third");
+    assert!(
+        !probe_zero(&third),
+        "zerocheck missed planted data:\n{third}"
+    );
+    assert!(third.contains("first_nonzero=0x2000000"), "{third}");
+    // And the launcher's scrub after that guest cleaned it again.
+    let fourth = launch("fourth");
+    assert!(probe_zero(&fourth), "{fourth}");
+}
+
+fn assert_dead_then_release(h: &Host, name: &str, reserved_ledger: &serde_json::Value) {
+    let s = h.status();
+    let p = s["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in status: {s}"));
+    assert_eq!(p["alive"], false, "{p}");
+    let note = p["note"].as_str().unwrap();
+    assert!(
+        note.contains("is gone") && note.contains(&format!("partition release {name}")),
+        "{note}"
+    );
+    let out = h.run(&["release", name]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(out.stderr.contains("was dead; reclaimed"), "{}", out.stderr);
+    let mut now = h.ledger_json();
+    let mut want = reserved_ledger.clone();
+    // reserved_at is the only field that may differ between two reads: it does not.
+    now["partitions"] = serde_json::json!([]);
+    want["partitions"] = serde_json::json!([]);
+    assert_eq!(h.ledger_json(), want, "ledger after releasing {name}");
+    assert_eq!(now, want);
+}
+
+#[test]
+fn kill_9_at_each_point_is_recoverable() {
+    let Some(h) = Host::new("crash") else { return };
+    h.reserve("256M");
+    let reserved = h.ledger_json();
+    for point in ["after-ledger", "after-map", "running"] {
+        let out = h.run_env(
+            &[
+                "launch",
+                "--name",
+                point,
+                "--cores",
+                "1",
+                "--memory",
+                "64M",
+                "--probe",
+                "--cmdline",
+                "probe.hold=1",
+            ],
+            &[("PARTITION_TEST_CRASH_AT", point)],
+        );
+        assert_eq!(
+            out.code(),
+            -1,
+            "{point}: expected death by SIGKILL: {}",
+            out.stderr
+        );
+        assert!(out.stderr.contains(point), "{}", out.stderr);
+        assert_dead_then_release(&h, point, &reserved);
+    }
+    // kill -9 from outside while the guest runs, after it dirtied its memory.
+    let mut c = h.hold("victim", "64M@0", "probe.memtest=1");
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+    assert_dead_then_release(&h, "victim", &reserved);
+    // Killed again during release: a second release finishes the job.
+    let mut c = h.hold("twice", "64M@0", "probe.memtest=1");
+    // SAFETY: as above.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+    let out = h.run_env(
+        &["release", "twice"],
+        &[("PARTITION_TEST_CRASH_AT", "during-release")],
+    );
+    assert_eq!(out.code(), -1, "{}", out.stderr);
+    let s = h.status();
+    assert_eq!(s["partitions"][0]["state"], "releasing");
+    assert_dead_then_release(&h, "twice", &reserved);
+    // And the extent those dead guests dirtied is clean for the next owner.
+    let log = h.dir.join("after.console");
+    let out = h.run(&[
+        "launch",
+        "--name",
+        "after",
+        "--cores",
+        "1",
+        "--memory",
+        "64M@0",
+        "--probe",
+        "--cmdline",
+        "probe.zerocheck=1 probe.memtest=0",
+        "--console",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(probe_zero(&std::fs::read_to_string(log).unwrap()));
+}
+
+#[test]
+fn a_failed_reserve_rolls_everything_back() {
+    let Some(h) = Host::new("rollback") else {
+        return;
+    };
+    let before = settings();
+    // More hugepages than the machine has memory: the kernel must fall short.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    let too_much = format!("{}M", ((total_kb >> 10) + 2048) / 2 * 2);
+    let out = h.run(&["reserve", "--memory", &too_much, "--cores", "1"]);
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("rolled back"), "{}", out.stderr);
+    assert_eq!(settings(), before);
+    assert!(!h.dir.join("ledger.json").exists());
+    // Bad plans are refused before anything is touched.
+    let plan = h.dir.join("host.toml");
+    std::fs::write(&plan, "memory = \"256M\"\ncore = \"1\"\n").unwrap();
+    for (args, want) in [
+        (
+            vec!["reserve", "--plan", plan.to_str().unwrap()],
+            "unknown field",
+        ),
+        (
+            vec!["reserve", "--memory", "256M", "--cores", "0-1"],
+            "no core of its own",
+        ),
+        (
+            vec!["reserve", "--memory", "3M", "--cores", "1"],
+            "not a positive multiple",
+        ),
+        (
+            vec![
+                "reserve",
+                "--memory",
+                "256M",
+                "--cores",
+                "1",
+                "--page-size",
+                "4K",
+            ],
+            "only 2M and 1G",
+        ),
+        (
+            vec!["reserve", "--memory", "256M", "--cores", "9"],
+            "does not exist",
+        ),
+        (
+            vec![
+                "reserve", "--memory", "256M", "--cores", "1", "--node", "99",
+            ],
+            "NUMA node 99",
+        ),
+    ] {
+        let out = h.run(&args);
+        assert_ne!(out.code(), 0, "{args:?}");
+        assert!(
+            out.stderr.contains(want),
+            "{args:?}: want {want:?} in {}",
+            out.stderr
+        );
+        assert_eq!(settings(), before, "{args:?} changed the host");
+    }
+    // A good plan file works, and runs again without change.
+    std::fs::write(
+        &plan,
+        "memory = \"256M\"\npage_size = \"2M\"\ncores = \"1\"\n",
+    )
+    .unwrap();
+    let out = h.run(&["reserve", "--plan", plan.to_str().unwrap()]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let out = h.run(&["reserve", "--plan", plan.to_str().unwrap()]);
+    assert!(out.stderr.contains("nothing changed"), "{}", out.stderr);
+}
