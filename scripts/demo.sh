@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: build the VMM, then boot the built-in probe guest
-# on one dedicated core with 128 MiB and print what it measured.
+# The main job on the embedded default: build the VMM, reserve a small hugepage pool and
+# one core, launch the built-in probe guest from them, print what it measured, and give
+# everything back.
 #
 #   scripts/demo.sh        (as root)
 set -euo pipefail
@@ -13,9 +14,26 @@ apt_install gcc
 
 say "building (release)"
 cargo build --release --quiet -p partition-cli
+P=./target/release/partition
+# A state directory of its own, so a real reservation in /run/partition is left alone.
+export PARTITION_STATE_DIR=/run/partition-demo
 
 cores=$(nproc)
-core=$((cores - 1))          # leave core 0 to the host when there is more than one
-say "launching the probe guest on core $core with 128 MiB"
-./target/release/partition launch --cores "$core" --memory 128M --probe \
-    --cmdline "console=ttyS0 demo=1"
+[ "$cores" -ge 2 ] || die "the demo reserves one core and needs another for the host"
+core=$((cores - 1))
+trap '$P unreserve >/dev/null 2>&1 || true' EXIT
+
+say "reserving a 256 MiB hugepage pool and core $core"
+$P reserve --memory 256M --cores "$core"
+
+say "launching the probe guest as partition 'demo' (128 MiB from the pool)"
+$P launch --name demo --cores "$core" --memory 128M --probe \
+    --cmdline "console=ttyS0 demo=1 probe.zerocheck=1" --timings
+
+say "the reservation afterwards"
+$P status
+
+say "giving everything back"
+trap - EXIT
+$P unreserve
+rm -rf "$PARTITION_STATE_DIR"

@@ -16,10 +16,6 @@ use std::path::{Path, PathBuf};
 use crate::cores;
 use crate::ledger::{IrqRecord, Isolation};
 
-const V1_HOUSEKEEPING: &str = "partition-housekeeping";
-const V1_GUESTS: &str = "partition-guests";
-const V2_PARTITION: &str = "partition-guests";
-
 /// Errors undoing isolation.
 #[derive(Debug, thiserror::Error)]
 pub enum IsolationError {
@@ -70,9 +66,10 @@ pub fn cgroup_mounts(mounts: &str) -> (Option<PathBuf>, Option<PathBuf>) {
     (v2, v1)
 }
 
-/// Isolates `reserved`, leaving `housekeeping` to the host. Never fails: what could not be
-/// done is recorded as the reason in [`Isolation::None`].
-pub fn isolate(reserved: &[usize], housekeeping: &[usize]) -> Isolation {
+/// Isolates `reserved`, leaving `housekeeping` to the host. `tag` names our cgroups (one
+/// per state directory). Never fails: what could not be done is recorded as the reason in
+/// [`Isolation::None`].
+pub fn isolate(reserved: &[usize], housekeeping: &[usize], tag: &str) -> Isolation {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let (v2, v1) = cgroup_mounts(&mounts);
     let mut reasons = Vec::new();
@@ -80,7 +77,7 @@ pub fn isolate(reserved: &[usize], housekeeping: &[usize]) -> Isolation {
         let controllers =
             std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         if controllers.split_whitespace().any(|c| c == "cpuset") {
-            match isolate_v2(&root, reserved) {
+            match isolate_v2(&root, reserved, tag) {
                 Ok(i) => return i,
                 Err(e) => reasons.push(format!("cgroup v2: {e}")),
             }
@@ -92,7 +89,7 @@ pub fn isolate(reserved: &[usize], housekeeping: &[usize]) -> Isolation {
         }
     }
     if let Some(root) = v1 {
-        match isolate_v1(&root, reserved, housekeeping) {
+        match isolate_v1(&root, reserved, housekeeping, tag) {
             Ok(i) => return i,
             Err(e) => reasons.push(format!("cgroup v1: {e}")),
         }
@@ -104,9 +101,9 @@ pub fn isolate(reserved: &[usize], housekeeping: &[usize]) -> Isolation {
     }
 }
 
-fn isolate_v2(root: &Path, reserved: &[usize]) -> Result<Isolation, IsolationError> {
+fn isolate_v2(root: &Path, reserved: &[usize], tag: &str) -> Result<Isolation, IsolationError> {
     write(&root.join("cgroup.subtree_control"), "+cpuset")?;
-    let dir = root.join(V2_PARTITION);
+    let dir = root.join(format!("{tag}-guests"));
     if !dir.exists() {
         std::fs::create_dir(&dir).map_err(io(&dir, "mkdir"))?;
     }
@@ -170,10 +167,12 @@ fn isolate_v1(
     root: &Path,
     reserved: &[usize],
     housekeeping: &[usize],
+    tag: &str,
 ) -> Result<Isolation, IsolationError> {
-    let hk = root.join(V1_HOUSEKEEPING);
-    let guests = root.join(V1_GUESTS);
-    // Leftovers of a reservation that crashed half-way: give their tasks back first.
+    let hk = root.join(format!("{tag}-housekeeping"));
+    let guests = root.join(format!("{tag}-guests"));
+    // Leftovers of this state directory's reservation that crashed half-way: give their
+    // tasks back first.
     remove_v1_cpuset(root, &guests)?;
     remove_v1_cpuset(root, &hk)?;
     let mems =

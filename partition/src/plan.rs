@@ -225,6 +225,16 @@ mod tests {
     }
 
     #[test]
+    fn the_example_plan_is_valid() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/systemd/host.toml");
+        let all: Vec<usize> = (0..16).collect();
+        let (plan, dir) = HostPlan::from_file(&p, &all).unwrap();
+        assert_eq!(plan.memory, 8 << 30);
+        assert_eq!(plan.cores, vec![2, 3, 4, 5, 6, 7]);
+        assert_eq!(dir.as_deref(), Some(Path::new("/run/partition")));
+    }
+
+    #[test]
     fn plan_files() {
         let dir = std::env::temp_dir().join(format!("plan-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

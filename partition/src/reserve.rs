@@ -95,13 +95,21 @@ pub struct UnreserveReport {
     pub warnings: Vec<String>,
 }
 
-/// Pool file name in the hugetlbfs mount: unique per state directory.
+/// A name unique to a state directory, for the host objects a reservation creates (the pool
+/// file, cgroups): `partition-<FNV-1a of the path, 12 hex digits>`.
+pub fn state_tag(state_dir: &Path) -> String {
+    let h = state_dir
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("partition-{:012x}", h >> 16)
+}
+
+/// Pool file name in the hugetlbfs mount.
 fn pool_file_name(state_dir: &Path) -> String {
-    let s = state_dir.to_string_lossy();
-    let h = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    format!("partition-pool-{h:016x}")
+    format!("{}-pool", state_tag(state_dir))
 }
 
 /// Undo actions registered by completed steps.
@@ -235,7 +243,7 @@ fn build(
     }
 
     // 4. Cores and IRQs.
-    let isolation = isolation::isolate(&plan.cores, &plan.housekeeping);
+    let isolation = isolation::isolate(&plan.cores, &plan.housekeeping, &state_tag(&state_dir));
     {
         let i = isolation.clone();
         undo.push(move || {
@@ -412,7 +420,7 @@ mod tests {
         let a = pool_file_name(Path::new("/run/partition"));
         let b = pool_file_name(Path::new("/tmp/other"));
         assert_ne!(a, b);
-        assert!(a.starts_with("partition-pool-"));
+        assert!(a.starts_with("partition-") && a.ends_with("-pool"));
         assert_eq!(a, pool_file_name(Path::new("/run/partition")));
     }
 

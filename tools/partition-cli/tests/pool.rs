@@ -189,8 +189,19 @@ impl Drop for Host {
         if now != self.before {
             eprintln!("test left host settings changed; restoring by hand");
             if let Some(root) = cpuset_root() {
-                for d in ["partition-guests", "partition-housekeeping"] {
-                    let p = root.join(d);
+                let ours = std::fs::read_dir(&root)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.is_dir()
+                            && !self
+                                .before
+                                .cpusets
+                                .contains(&p.file_name().unwrap().to_string_lossy().into_owned())
+                    });
+                for p in ours {
                     if let Ok(t) = std::fs::read_to_string(p.join("tasks")) {
                         for tid in t.lines() {
                             let _ = std::fs::write(root.join("tasks"), tid);
