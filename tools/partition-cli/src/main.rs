@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod bench;
 mod verbs;
 use partition::launch::{self, Checked, Ending, Observer};
 use partition::vcpu::StopReason;
@@ -92,12 +93,25 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
     },
+    /// Measure: write benchmark sections into benchmarks/results/<host>.json.
+    ///
+    /// Sections: memsetup (launch to first serial byte, pool vs fresh memory vs QEMU).
+    /// Benchmarks reserve a pool and a core of their own (state directory under the work
+    /// directory) and give them back.
+    Bench(bench::BenchArgs),
     /// Write the built-in probe guest ELF to a file (to boot it under another VMM).
     ProbeImage {
         /// Where to write it.
         #[arg(short, long)]
         output: PathBuf,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackingArg {
+    Anonymous,
+    Prefault,
+    Hugetlb,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -185,9 +199,13 @@ struct LaunchArgs {
     /// Entry protocol.
     #[arg(long, value_enum, default_value = "linux64")]
     boot: Boot,
-    /// Back guest memory with 2 MiB hugetlb pages from the kernel's free pool (without
-    /// --name).
-    #[arg(long, conflicts_with = "name")]
+    /// Memory for a launch without --name: anonymous (faulted in as the guest touches it),
+    /// prefault (anonymous, MAP_POPULATE), hugetlb (2 MiB pages from the kernel's free
+    /// hugepages, MAP_HUGETLB | MAP_POPULATE).
+    #[arg(long, value_enum, default_value = "anonymous", conflicts_with = "name")]
+    backing: BackingArg,
+    /// Same as --backing hugetlb.
+    #[arg(long, conflicts_with_all = ["name", "backing"])]
     hugepages: bool,
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
     #[arg(long)]
@@ -240,10 +258,10 @@ fn launch(a: LaunchArgs) -> ExitCode {
             Boot::Linux64 => boot::regs::BootProtocol::Linux64,
             Boot::Pvh => boot::regs::BootProtocol::Pvh,
         },
-        backing: if a.hugepages {
-            pool::Backing::Hugetlb
-        } else {
-            pool::Backing::Anonymous
+        backing: match (a.hugepages, a.backing) {
+            (true, _) | (_, BackingArg::Hugetlb) => pool::Backing::Hugetlb,
+            (_, BackingArg::Prefault) => pool::Backing::AnonymousPopulated,
+            (_, BackingArg::Anonymous) => pool::Backing::Anonymous,
         },
         pool: a.name.map(|name| PoolRequest {
             name,
@@ -374,6 +392,7 @@ fn main() -> ExitCode {
         Cmd::Status { json, state } => verbs::status(&state.state_dir, json),
         Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
         Cmd::Launch(a) => launch(a),
+        Cmd::Bench(a) => bench::bench(a),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
         Cmd::ProbeImage { output } => match std::fs::write(&output, PROBE_GUEST) {
             Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,180 @@
+//! Benchmarks: harnesses that measure, and the results file they write.
+//!
+//! Nothing here is a test: no assertion decides pass or fail. Each section returns a JSON
+//! object with `completed`, its provenance, its parameters, medians with min-max spread and
+//! the raw runs; `partition bench` merges it into `benchmarks/results/<host>.json`.
+
+pub mod memsetup;
+pub mod results;
+pub mod stats;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The provenance script, embedded so an installed binary carries it.
+pub const PROVENANCE_PY: &str = include_str!("../../scripts/provenance.py");
+
+/// Where benchmarks run.
+#[derive(Clone, Debug)]
+pub struct Env {
+    /// The `partition` binary.
+    pub partition: PathBuf,
+    /// Scratch directory (removed by the caller).
+    pub work: PathBuf,
+    /// The repository (for the commit in provenance), if known.
+    pub repo: Option<PathBuf>,
+    /// `qemu-system-x86_64`, if installed.
+    pub qemu: Option<PathBuf>,
+    /// Measured runs per configuration.
+    pub runs: usize,
+    /// The core partitions run on (reserved by the benchmark).
+    pub core: usize,
+    /// A core left to the host (launchers, QEMU, host-side runs).
+    pub host_core: usize,
+}
+
+/// Host facts for a result (every field may be null).
+pub fn provenance(env: &Env) -> Value {
+    let mut cmd = Command::new("python3");
+    cmd.arg("-").stdin(Stdio::piped()).stdout(Stdio::piped());
+    if let Some(r) = &env.repo {
+        cmd.arg(r);
+    }
+    let out = cmd.spawn().and_then(|mut c| {
+        if let Some(mut i) = c.stdin.take() {
+            use std::io::Write;
+            let _ = i.write_all(PROVENANCE_PY.as_bytes());
+        }
+        c.wait_with_output()
+    });
+    match out {
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| serde_json::json!({ "error": format!("provenance output: {e}") })),
+        Ok(o) => serde_json::json!({ "error": format!("provenance script exited {}", o.status) }),
+        Err(e) => serde_json::json!({ "error": format!("running python3: {e}") }),
+    }
+}
+
+/// One run of a command whose stdout is a guest's serial console.
+#[derive(Debug)]
+pub struct Run {
+    /// From spawn to the first byte on stdout (None if there was none).
+    pub first_byte: Option<Duration>,
+    /// From spawn to exit.
+    pub total: Duration,
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Everything on stdout.
+    pub stdout: String,
+    /// Everything on stderr.
+    pub stderr: String,
+}
+
+/// Runs `cmd`, timing its first stdout byte; kills it after `limit`.
+pub fn timed_run(mut cmd: Command, limit: Duration) -> std::io::Result<Run> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn()?;
+    let mut out = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stdout"))?;
+    let mut err = child
+        .stderr
+        .take()
+        .ok_or_else(|| std::io::Error::other("no stderr"))?;
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let pid = child.id();
+    let watchdog = std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(50));
+            if std::fs::metadata(format!("/proc/{pid}")).is_err() {
+                return;
+            }
+        }
+        // SAFETY: signalling the child we spawned (at worst a pid that already exited).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let mut first = [0u8; 1];
+    let (first_byte, mut stdout) = match out.read(&mut first) {
+        Ok(1) => (
+            Some(start.elapsed()),
+            String::from_utf8_lossy(&first).into_owned(),
+        ),
+        _ => (None, String::new()),
+    };
+    let mut rest = String::new();
+    let _ = out.read_to_string(&mut rest);
+    stdout.push_str(&rest);
+    let status = child.wait()?;
+    let total = start.elapsed();
+    let _ = watchdog.join();
+    Ok(Run {
+        first_byte,
+        total,
+        status,
+        stdout,
+        stderr: err_t.join().unwrap_or_default(),
+    })
+}
+
+/// Milliseconds.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// UTC timestamp.
+pub fn now_utc() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// `key=value` from a `partition: timings ...` line.
+pub fn timing(stderr: &str, key: &str) -> Option<f64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("partition: timings "))?;
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_byte_and_timings() {
+        let mut c = Command::new("sh");
+        c.args([
+            "-c",
+            "sleep 0.05; printf x; echo 'partition: timings memory_ms=1.5 vm_ms=2' >&2; printf yz",
+        ]);
+        let r = timed_run(c, Duration::from_secs(10)).unwrap();
+        assert!(r.status.success());
+        assert_eq!(r.stdout, "xyz");
+        assert!(r.first_byte.unwrap() >= Duration::from_millis(40));
+        assert_eq!(timing(&r.stderr, "memory_ms"), Some(1.5));
+        assert_eq!(timing(&r.stderr, "vm_ms"), Some(2.0));
+        assert_eq!(timing(&r.stderr, "boot_ms"), None);
+        let mut c = Command::new("sleep");
+        c.arg("5");
+        let r = timed_run(c, Duration::from_millis(200)).unwrap();
+        assert!(!r.status.success());
+        assert!(r.first_byte.is_none());
+    }
+}
