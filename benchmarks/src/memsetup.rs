@@ -201,7 +201,9 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         section["qemu_note"] = json!("qemu-system-x86_64 not found: no peer rows");
     }
     let base = HugepageCount::read();
-    let _restore = HugepageCount(base.to_string());
+    // Puts the count back to `base` (the pool's own pages) however the loop ends; it must
+    // go before unreserve, which gives the pool's pages back.
+    let restore = HugepageCount(base.to_string());
     // (source, size) -> (first byte ms, memory ms)
     let mut samples: BTreeMap<(String, u64), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
     let mut failures = Vec::new();
@@ -251,6 +253,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
             }
         }
     }
+    drop(restore);
     let _ = Command::new(&env.partition)
         .env("PARTITION_STATE_DIR", &state)
         .arg("unreserve")
