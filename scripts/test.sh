@@ -11,7 +11,7 @@ need_cargo
 need_kvm
 apt_lists
 # gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch.
-apt_install gcc dpkg
+apt_install gcc dpkg python3
 
 say "cargo fmt --check"
 cargo fmt --all -- --check
@@ -21,8 +21,8 @@ say "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 (cd tools/probe-guest && cargo clippy --release --quiet -- -D warnings)
 
-say "no_std build of the pure boot logic"
-cargo build -p boot --no-default-features --quiet
+say "no_std build of the pure boot and pool logic"
+cargo build -p boot -p pool --no-default-features --quiet
 
 say "cargo test"
 # --show-output: a test that skips or checks less than it would on other hardware says so.
