@@ -16,9 +16,54 @@ fn bits_for(count: u32) -> u32 {
     }
 }
 
+/// CPUID leaf 1 ECX: MONITOR/MWAIT.
+pub const LEAF1_ECX_MONITOR: u32 = 1 << 3;
+/// CPUID 0x40000001 EDX: KVM_HINTS_REALTIME.
+pub const KVM_HINTS_REALTIME: u32 = 1 << 0;
+const KVM_FEATURES_LEAF: u32 = 0x4000_0001;
+
+/// What the idle policy shows the guest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdleCpuid {
+    /// MONITOR/MWAIT bit and the host's leaf 5 (C-state sub-states).
+    pub mwait: bool,
+    /// KVM_HINTS_REALTIME: vCPUs never preempted (dedicated cores).
+    pub hints_realtime: bool,
+}
+
+/// The host CPU's raw leaf 5 (MONITOR/MWAIT sub-states), if it has MONITOR.
+pub fn host_leaf5() -> Option<[u32; 4]> {
+    let l1 = core::arch::x86_64::__cpuid(1);
+    if l1.ecx & LEAF1_ECX_MONITOR == 0 {
+        return None;
+    }
+    let l5 = core::arch::x86_64::__cpuid(5);
+    Some([l5.eax, l5.ebx, l5.ecx, l5.edx])
+}
+
 /// CPUID for vCPU `apic_id` of `count`.
-pub fn for_vcpu(supported: &CpuId, apic_id: u32, count: u32, tsc_khz: Option<u32>) -> CpuId {
+pub fn for_vcpu(
+    supported: &CpuId,
+    apic_id: u32,
+    count: u32,
+    tsc_khz: Option<u32>,
+    idle: IdleCpuid,
+) -> CpuId {
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
+    // MONITOR/MWAIT only when MWAIT exits are disabled; leaf 5 goes with it.
+    entries.retain(|e| e.function != 5);
+    if idle.mwait {
+        if let Some([a, b, c, d]) = host_leaf5() {
+            entries.push(kvm_cpuid_entry2 {
+                function: 5,
+                eax: a,
+                ebx: b,
+                ecx: c,
+                edx: d,
+                ..Default::default()
+            });
+        }
+    }
     let shift = bits_for(count);
     for e in entries.iter_mut() {
         match e.function {
@@ -28,7 +73,13 @@ pub fn for_vcpu(supported: &CpuId, apic_id: u32, count: u32, tsc_khz: Option<u32
                     e.edx |= 1 << 28; // HTT: the count field is valid
                 }
                 e.ecx |= 1 << 31; // running under a hypervisor
+                if idle.mwait {
+                    e.ecx |= LEAF1_ECX_MONITOR;
+                } else {
+                    e.ecx &= !LEAF1_ECX_MONITOR;
+                }
             }
+            KVM_FEATURES_LEAF if idle.hints_realtime => e.edx |= KVM_HINTS_REALTIME,
             0xb | 0x1f => {
                 // Sub-leaf 0: SMT level, one thread per core; sub-leaf 1: core level.
                 e.edx = apic_id;
@@ -145,7 +196,7 @@ mod tests {
             entry(0x4000_0000, 0),
         ])
         .unwrap();
-        let c = for_vcpu(&sup, 3, 4, Some(2_596_000));
+        let c = for_vcpu(&sup, 3, 4, Some(2_596_000), IdleCpuid::default());
         let e = |f, i| {
             *c.as_slice()
                 .iter()
@@ -159,6 +210,37 @@ mod tests {
         assert_eq!(e(0xb, 0).flags & FLAG_INDEX, FLAG_INDEX);
         assert_eq!(e(TIMING_LEAF, 0).eax, 2_596_000);
         assert_eq!(e(0x4000_0000, 0).eax, TIMING_LEAF);
+    }
+
+    #[test]
+    fn idle_bits() {
+        let mut l1 = entry(1, 0);
+        l1.ecx = LEAF1_ECX_MONITOR;
+        let sup = CpuId::from_entries(&[l1, entry(5, 0), entry(KVM_FEATURES_LEAF, 0)]).unwrap();
+        let hidden = for_vcpu(&sup, 0, 1, None, IdleCpuid::default());
+        let get = |c: &CpuId, f| c.as_slice().iter().find(|e| e.function == f).copied();
+        assert_eq!(get(&hidden, 1).unwrap().ecx & LEAF1_ECX_MONITOR, 0);
+        assert!(get(&hidden, 5).is_none());
+        assert_eq!(
+            get(&hidden, KVM_FEATURES_LEAF).unwrap().edx & KVM_HINTS_REALTIME,
+            0
+        );
+        let shown = for_vcpu(
+            &sup,
+            0,
+            1,
+            None,
+            IdleCpuid {
+                mwait: true,
+                hints_realtime: true,
+            },
+        );
+        assert_ne!(get(&shown, 1).unwrap().ecx & LEAF1_ECX_MONITOR, 0);
+        assert_eq!(get(&shown, 5).is_some(), host_leaf5().is_some());
+        assert_ne!(
+            get(&shown, KVM_FEATURES_LEAF).unwrap().edx & KVM_HINTS_REALTIME,
+            0
+        );
     }
 
     #[test]

@@ -25,6 +25,9 @@ use pool::{AnonRam, Backing, GuestRam};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::cores::{self, CoreError};
+use crate::cpuid::IdleCpuid;
+use crate::idle::{IdlePlan, IdlePolicy};
+use crate::kvmstats::Stats;
 use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
@@ -79,6 +82,8 @@ pub struct LaunchConfig {
     pub pool: Option<PoolRequest>,
     /// State directory holding the ledger.
     pub state_dir: PathBuf,
+    /// Idle policy.
+    pub idle: IdlePolicy,
 }
 
 /// A launch from the reservation.
@@ -153,6 +158,9 @@ pub enum LaunchError {
     /// KVM setup failed.
     #[error("{0}")]
     Vm(#[from] VmError),
+    /// The idle policy cannot be had here.
+    #[error("{0}")]
+    Idle(#[from] crate::idle::IdleError),
     /// Building the device buses failed.
     #[error("devices: {0}")]
     Bus(#[from] devices::BusError),
@@ -186,6 +194,7 @@ impl LaunchError {
             | Self::File { .. }
             | Self::TooLarge { .. }
             | Self::Kernel { .. }
+            | Self::Idle(_)
             | Self::Reservation(_) => true,
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             _ => false,
@@ -195,6 +204,8 @@ impl LaunchError {
 
 /// A launch that passed [`check`].
 pub struct Checked {
+    idle: IdlePlan,
+    cmdline: String,
     cores: Vec<usize>,
     layout: MemoryLayout,
     kernel: KernelImage,
@@ -220,6 +231,14 @@ impl Checked {
     /// The kernel's name for messages.
     pub fn kernel_name(&self) -> &str {
         &self.kernel_name
+    }
+    /// The idle plan in force.
+    pub fn idle(&self) -> &IdlePlan {
+        &self.idle
+    }
+    /// The guest's command line, with what the idle policy adds.
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
     }
 }
 
@@ -293,7 +312,13 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
             source: KernelError::NoPvhEntry,
         });
     }
-    boot::check_cmdline(&cfg.cmdline, kernel.cmdline_max())?;
+    let idle = crate::idle::resolve(cfg.idle, &crate::vm::idle_caps()?)?;
+    let cmdline = match (cfg.cmdline.trim().is_empty(), idle.cmdline.is_empty()) {
+        (_, true) => cfg.cmdline.clone(),
+        (true, false) => idle.cmdline.to_string(),
+        (false, false) => format!("{} {}", cfg.cmdline, idle.cmdline),
+    };
+    boot::check_cmdline(&cmdline, kernel.cmdline_max())?;
     let initrd = match &cfg.initrd {
         Some(p) => {
             let rd = read_limited("--initrd", p, MAX_INITRD.min(layout.size()))?;
@@ -314,6 +339,8 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         )?)),
     };
     Ok(Checked {
+        idle,
+        cmdline,
         cores,
         layout,
         kernel,
@@ -345,8 +372,10 @@ pub struct VcpuReport {
     pub index: usize,
     /// Host core.
     pub core: usize,
-    /// Exit counts by reason.
+    /// Exit counts by reason (the exits that reached the VMM).
     pub exits: Vec<(&'static str, u64)>,
+    /// KVM's own halt statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
+    pub kvm: std::collections::BTreeMap<String, u64>,
 }
 
 /// What happened.
@@ -366,6 +395,10 @@ pub struct LaunchReport {
     pub timings: Timings,
     /// For a partition from the pool: its name, extent and how long scrubbing took.
     pub pool: Option<PoolOutcome>,
+    /// The idle plan in force.
+    pub idle: IdlePlan,
+    /// What KVM reported back about it.
+    pub idle_readback: Vec<String>,
 }
 
 /// What a pool-backed launch did with its extent.
@@ -483,6 +516,7 @@ pub fn run(
     let memory = Arc::new(GuestMemory::new(ram, layout)?);
     let t_mem = Instant::now();
     let vm = Vm::new()?;
+    vm.apply_idle(&checked.idle)?;
     vm.map_memory(&memory)?;
     let t_vm = Instant::now();
 
@@ -492,7 +526,7 @@ pub fn run(
         &BootConfig {
             kernel: &checked.kernel,
             initrd: checked.initrd.as_deref(),
-            cmdline: &checked.cfg.cmdline,
+            cmdline: &checked.cmdline,
             cpus: checked.cores.len(),
             protocol: checked.cfg.protocol,
         },
@@ -538,10 +572,19 @@ pub fn run(
     let n = checked.cores.len();
     let mut contexts = Vec::with_capacity(n);
     let mut handles: Vec<VcpuHandle> = Vec::with_capacity(n);
+    let idle_cpuid = IdleCpuid {
+        mwait: checked.idle.expose_mwait,
+        hints_realtime: checked.idle.hints_realtime,
+    };
+    let mut cpuid_back = None;
     for (index, &core) in checked.cores.iter().enumerate() {
         let entry = (index == 0).then_some(&boot.entry);
-        let fd = vm.create_vcpu(index, n, &supported, entry)?;
-        let (counters, kicker, h) = vcpu::handles(index, core);
+        let (fd, back) = vm.create_vcpu(index, n, &supported, entry, idle_cpuid)?;
+        if index == 0 {
+            cpuid_back = back;
+        }
+        let (counters, kicker, mut h) = vcpu::handles(index, core);
+        h.stats = Stats::open(&fd).ok();
         handles.push(h);
         contexts.push(VcpuContext {
             index,
@@ -602,12 +645,16 @@ pub fn run(
     drop(signals);
 
     let first_output = first_byte.get().map(|t: &Instant| t.duration_since(t0));
+    let vcpus = reports(&handles);
+    let idle_readback = readback(&checked.idle, cpuid_back.as_ref(), &vcpus);
     Ok(LaunchReport {
+        idle: checked.idle.clone(),
+        idle_readback,
         ending,
         boot,
         memory: memory.describe(),
         ran_for,
-        vcpus: reports(&handles),
+        vcpus,
         timings: Timings {
             memory: t_mem.duration_since(t0),
             vm: t_vm.duration_since(t_mem),
@@ -626,8 +673,83 @@ fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
             index: h.index,
             core: h.core,
             exits: h.counters.snapshot().to_vec(),
+            kvm: h
+                .stats
+                .as_ref()
+                .map(|s| {
+                    s.read()
+                        .into_iter()
+                        .filter(|(k, _)| k.starts_with("halt_") || k == "exits")
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
         .collect()
+}
+
+/// What KVM's own view says about the idle plan: CPUID as read back, and the vCPUs' halt
+/// statistics. Each line states a fact and whether it matches what was asked.
+fn readback(
+    plan: &IdlePlan,
+    cpuid: Option<&kvm_bindings::CpuId>,
+    vcpus: &[VcpuReport],
+) -> Vec<String> {
+    use crate::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
+    use crate::idle::EXIT_HLT;
+    let mut out = Vec::new();
+    if let Some(c) = cpuid {
+        let find = |f: u32| c.as_slice().iter().find(|e| e.function == f);
+        let mwait = find(1).is_some_and(|e| e.ecx & LEAF1_ECX_MONITOR != 0);
+        let leaf5 = find(5).is_some();
+        let rt = find(0x4000_0001).is_some_and(|e| e.edx & KVM_HINTS_REALTIME != 0);
+        let verdict = |got: bool, want: bool| {
+            if got == want {
+                "as set"
+            } else {
+                "NOT as set: the host changed it"
+            }
+        };
+        out.push(format!(
+            "KVM_GET_CPUID2: MONITOR/MWAIT {} ({}), leaf 5 {} ({}), KVM_HINTS_REALTIME {} ({})",
+            if mwait { "shown" } else { "hidden" },
+            verdict(mwait, plan.expose_mwait),
+            if leaf5 { "present" } else { "absent" },
+            verdict(
+                leaf5,
+                plan.expose_mwait && crate::cpuid::host_leaf5().is_some()
+            ),
+            if rt { "set" } else { "clear" },
+            verdict(rt, plan.hints_realtime),
+        ));
+    }
+    for v in vcpus {
+        let (Some(halts), Some(polls)) =
+            (v.kvm.get("halt_exits"), v.kvm.get("halt_attempted_poll"))
+        else {
+            continue;
+        };
+        let mut line = format!(
+            "vcpu{} stats: halt_exits={halts} halt_attempted_poll={polls} halt_successful_poll={} halt_wakeup={}",
+            v.index,
+            v.kvm.get("halt_successful_poll").copied().unwrap_or(0),
+            v.kvm.get("halt_wakeup").copied().unwrap_or(0),
+        );
+        if plan.disable_exits & EXIT_HLT != 0 && *halts > 0 {
+            line.push_str("; HLT exits were disabled, yet the guest's HLTs exited: this host accepts the setting and ignores it");
+        } else if plan.disable_exits & EXIT_HLT != 0 {
+            line.push_str("; no HLT exits, as set");
+        }
+        match plan.halt_poll_ns {
+            Some(0) if *polls == 0 && *halts > 0 => {
+                line.push_str("; halt polling off: no polls over those halts, as set")
+            }
+            Some(0) if *polls > 0 => line.push_str("; halt polling was set to 0, yet KVM polled"),
+            None if *halts > 0 => line.push_str("; host halt polling in force (shared)"),
+            _ => {}
+        }
+        out.push(line);
+    }
+    out
 }
 
 /// Passes output through and notes when the first byte went by.

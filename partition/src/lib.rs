@@ -6,7 +6,9 @@
 
 pub mod cores;
 pub mod cpuid;
+pub mod idle;
 pub mod isolation;
+pub mod kvmstats;
 pub mod launch;
 pub mod ledger;
 pub mod memory;

@@ -135,7 +135,7 @@ fn claim(
         pid_start: ledger::pid_start_time(pid).unwrap_or(0),
         cores: checked.cores().to_vec(),
         extent: extent.into(),
-        idle: "default".into(),
+        idle: checked.idle().policy.name().into(),
         state: PartitionState::Launching,
         started_at: ledger::now(),
         kernel: checked.kernel_name().to_string(),
@@ -192,6 +192,9 @@ pub struct VcpuStats {
     pub core: usize,
     /// Exit counts by reason.
     pub exits: std::collections::BTreeMap<String, u64>,
+    /// KVM's halt statistics.
+    #[serde(default)]
+    pub kvm: std::collections::BTreeMap<String, u64>,
 }
 
 fn write_stats(path: &Path, vcpus: &[VcpuReport]) {
@@ -203,6 +206,7 @@ fn write_stats(path: &Path, vcpus: &[VcpuReport]) {
                 vcpu: v.index,
                 core: v.core,
                 exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+                kvm: v.kvm.clone(),
             })
             .collect(),
     };

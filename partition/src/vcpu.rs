@@ -321,6 +321,8 @@ pub struct VcpuHandle {
     pub counters: Arc<ExitCounters>,
     /// Stop control.
     pub kicker: Arc<Kicker>,
+    /// KVM's statistics for the vCPU, if the host offers them.
+    pub stats: Option<crate::kvmstats::Stats>,
 }
 
 /// Creates the shared parts of a vCPU.
@@ -332,6 +334,7 @@ pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, Vc
         core,
         counters: counters.clone(),
         kicker: kicker.clone(),
+        stats: None,
     };
     (counters, kicker, h)
 }

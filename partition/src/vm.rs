@@ -10,7 +10,29 @@ use kvm_bindings::{
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::cpuid::IdleCpuid;
+use crate::idle::{IdleCaps, IdlePlan};
 use crate::memory::GuestMemory;
+
+/// `KVM_CAP_X86_DISABLE_EXITS`.
+const CAP_DISABLE_EXITS: u32 = 143;
+/// `KVM_CAP_HALT_POLL`.
+const CAP_HALT_POLL: u32 = 182;
+
+/// Probes what this host's KVM offers for idle policies (without creating a VM).
+pub fn idle_caps() -> Result<IdleCaps, VmError> {
+    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    let disable_exits = kvm.check_extension_raw(CAP_DISABLE_EXITS as _).max(0) as u32;
+    let halt_poll = kvm.check_extension_raw(CAP_HALT_POLL as _) > 0;
+    Ok(IdleCaps {
+        disable_exits,
+        halt_poll,
+        host_mwait: crate::cpuid::host_leaf5().is_some(),
+        host_halt_poll_ns: std::fs::read_to_string("/sys/module/kvm/parameters/halt_poll_ns")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+    })
+}
 
 /// KVM's TSS needs three pages below 4 GiB that are not RAM (VMX only, harmless elsewhere).
 const KVM_TSS_ADDR: usize = 0xfffb_d000;
@@ -97,6 +119,31 @@ impl Vm {
         &self.kvm
     }
 
+    /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
+    pub fn apply_idle(&self, plan: &IdlePlan) -> Result<(), VmError> {
+        if plan.disable_exits != 0 {
+            let mut cap = kvm_bindings::kvm_enable_cap {
+                cap: CAP_DISABLE_EXITS,
+                ..Default::default()
+            };
+            cap.args[0] = plan.disable_exits as u64;
+            self.fd
+                .enable_cap(&cap)
+                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_DISABLE_EXITS)"))?;
+        }
+        if let Some(ns) = plan.halt_poll_ns {
+            let mut cap = kvm_bindings::kvm_enable_cap {
+                cap: CAP_HALT_POLL,
+                ..Default::default()
+            };
+            cap.args[0] = ns as u64;
+            self.fd
+                .enable_cap(&cap)
+                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_HALT_POLL)"))?;
+        }
+        Ok(())
+    }
+
     /// Registers every RAM range of `mem` as a memory slot.
     pub fn map_memory(&self, mem: &GuestMemory) -> Result<(), VmError> {
         for (slot, r) in mem.layout().ram_ranges().iter().enumerate() {
@@ -132,25 +179,27 @@ impl Vm {
     }
 
     /// Creates vCPU `index` of `count` with its CPUID and LAPIC set up; the boot vCPU also
-    /// gets `entry`.
+    /// gets `entry`. Returns the vCPU and the CPUID KVM reports back after setting it.
     pub fn create_vcpu(
         &self,
         index: usize,
         count: usize,
         supported: &CpuId,
         entry: Option<&EntryState>,
-    ) -> Result<VcpuFd, VmError> {
+        idle: IdleCpuid,
+    ) -> Result<(VcpuFd, Option<CpuId>), VmError> {
         let vcpu = self
             .fd
             .create_vcpu(index as u64)
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let tsc_khz = vcpu.get_tsc_khz().ok();
-        let cpuid = crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz);
+        let cpuid = crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz, idle);
         vcpu.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         // Read back: some hosts rewrite what we set.
-        if log::log_enabled!(log::Level::Debug) {
-            if let Ok(back) = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES) {
-                crate::cpuid::log_changes(index, &cpuid, &back);
+        let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).ok();
+        if let Some(b) = &back {
+            if log::log_enabled!(log::Level::Debug) {
+                crate::cpuid::log_changes(index, &cpuid, b);
             }
         }
         let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;
@@ -164,7 +213,7 @@ impl Vm {
             e.apply_sregs(&mut sregs);
             vcpu.set_sregs(&sregs).map_err(kvm_err("KVM_SET_SREGS"))?;
         }
-        Ok(vcpu)
+        Ok((vcpu, back))
     }
 }
 

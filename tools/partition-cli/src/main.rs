@@ -99,6 +99,12 @@ enum Cmd {
     /// Benchmarks reserve a pool and a core of their own (state directory under the work
     /// directory) and give them back.
     Bench(bench::BenchArgs),
+    /// What this host's KVM offers for idle policies, and which policies it can give.
+    Caps {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write the built-in probe guest ELF to a file (to boot it under another VMM).
     ProbeImage {
         /// Where to write it.
@@ -142,6 +148,11 @@ struct ReserveArgs {
     plan: Option<PathBuf>,
     #[command(flatten)]
     state: StateDir,
+}
+
+fn parse_idle(s: &str) -> Result<partition::idle::IdlePolicy, String> {
+    partition::idle::IdlePolicy::parse(s)
+        .ok_or_else(|| "one of auto, mwait, hlt, haltpoll, poll, shared".to_string())
 }
 
 /// `SIZE` or `SIZE@OFFSET`.
@@ -199,6 +210,10 @@ struct LaunchArgs {
     /// Entry protocol.
     #[arg(long, value_enum, default_value = "linux64")]
     boot: Boot,
+    /// Idle policy: auto (the best the host offers), mwait, hlt, haltpoll, poll, shared.
+    /// See `partition caps` for what this host offers; an unavailable one is refused.
+    #[arg(long, value_name = "POLICY", default_value = "auto", value_parser = parse_idle)]
+    idle: partition::idle::IdlePolicy,
     /// Memory for a launch without --name: anonymous (faulted in as the guest touches it),
     /// prefault (anonymous, MAP_POPULATE), hugetlb (2 MiB pages from the kernel's free
     /// hugepages, MAP_HUGETLB | MAP_POPULATE).
@@ -230,6 +245,7 @@ impl Observer for Progress {
             partition::size::format(boot::e820::total(&boot.e820)),
             memory,
         );
+        eprintln!("partition: {}", checked.idle().describe());
     }
 }
 
@@ -268,6 +284,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
             offset: a.memory.offset,
         }),
         state_dir: a.state.state_dir,
+        idle: a.idle,
     };
     let report = match launch::launch(cfg, &Progress) {
         Ok(r) => r,
@@ -311,6 +328,9 @@ fn launch(a: LaunchArgs) -> ExitCode {
             code
         }
     };
+    for line in &report.idle_readback {
+        eprintln!("partition: read back: {line}");
+    }
     if let Some(p) = &report.pool {
         eprintln!(
             "partition: {}: extent {:#x}+{:#x} scrubbed in {:.1} ms and returned to the pool",
@@ -393,6 +413,7 @@ fn main() -> ExitCode {
         Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
         Cmd::Launch(a) => launch(a),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::Caps { json } => verbs::caps(json),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
         Cmd::ProbeImage { output } => match std::fs::write(&output, PROBE_GUEST) {
             Ok(()) => ExitCode::SUCCESS,

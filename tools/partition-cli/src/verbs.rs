@@ -279,3 +279,69 @@ pub fn status(state_dir: &Path, json: bool) -> ExitCode {
         Err(e) => fail(e, false),
     }
 }
+
+pub fn caps(json: bool) -> ExitCode {
+    use partition::idle::{IdlePolicy, exit_bits, resolve};
+    let caps = match partition::vm::idle_caps() {
+        Ok(c) => c,
+        Err(e) => return fail(e, false),
+    };
+    let policies: Vec<serde_json::Value> = IdlePolicy::ALL
+        .iter()
+        .map(|&p| match resolve(p, &caps) {
+            Ok(plan) => serde_json::json!({
+                "policy": p.name(), "offered": true, "resolves_to": plan.policy.name(),
+                "plan": plan.describe(),
+            }),
+            Err(e) => {
+                serde_json::json!({ "policy": p.name(), "offered": false, "why": e.to_string() })
+            }
+        })
+        .collect();
+    if json {
+        let v = serde_json::json!({
+            "disable_exits": caps.disable_exits,
+            "disable_exits_names": exit_bits(caps.disable_exits),
+            "halt_poll": caps.halt_poll,
+            "host_mwait": caps.host_mwait,
+            "host_halt_poll_ns": caps.host_halt_poll_ns,
+            "policies": policies,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    } else {
+        println!(
+            "KVM_CAP_X86_DISABLE_EXITS: {} ({:#x})",
+            exit_bits(caps.disable_exits),
+            caps.disable_exits
+        );
+        println!(
+            "KVM_CAP_HALT_POLL: {}",
+            if caps.halt_poll { "yes" } else { "no" }
+        );
+        println!(
+            "host MONITOR/MWAIT: {}",
+            if caps.host_mwait { "yes" } else { "no" }
+        );
+        println!(
+            "host halt_poll_ns: {}",
+            caps.host_halt_poll_ns
+                .map_or("unknown".into(), |n| n.to_string())
+        );
+        for p in policies {
+            if p["offered"] == true {
+                println!(
+                    "--idle {:9} {}",
+                    p["policy"].as_str().unwrap_or(""),
+                    p["plan"].as_str().unwrap_or("")
+                );
+            } else {
+                println!(
+                    "--idle {:9} refused: {}",
+                    p["policy"].as_str().unwrap_or(""),
+                    p["why"].as_str().unwrap_or("")
+                );
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -10,7 +10,9 @@
 //!
 //! Command line options: `probe.memtest=0` skips the memory test; `probe.seed=N` changes the
 //! pattern seed; `probe.zerocheck=1` first reports whether RAM above 1 MiB (outside the
-//! probe) was all zero at start; `probe.hold=1` stays up (halted) instead of powering off.
+//! probe) was all zero at start; `probe.hold=1` stays up (halted) instead of powering off;
+//! `probe.bench=wake` runs the wake-up benchmarks and `probe.bench=idle` idles for
+//! `probe.idle_seconds` (see wake.rs for their options).
 #![no_std]
 #![no_main]
 
@@ -23,6 +25,7 @@ mod libc;
 mod memtest;
 mod smp;
 mod sys;
+mod wake;
 
 use core::sync::atomic::Ordering;
 
@@ -117,8 +120,11 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     let cpus = madt_cpus.as_ref().or(mp_cpus.as_ref());
     let expected = cpus.map(|c| c.len).unwrap_or(1);
 
+    let (idle_mode, why) = wake::detect(&bi, tsc_khz);
+    say!("idle mode={} ({})", idle_mode.name(), why);
     smp::enable_lapic();
     let bsp = smp::apic_id();
+    BSP_APIC.store(bsp, Ordering::Release);
     let mut started = 1usize;
     if expected > 1 {
         smp::install_trampoline();
@@ -144,6 +150,18 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
 
     let mut failed = started != expected;
 
+    let first_ap = cpus
+        .map(|c| c.ids())
+        .unwrap_or(&[])
+        .iter()
+        .copied()
+        .find(|&id| id != bsp && started > 1);
+    match bi.arg("probe.bench") {
+        Some("wake") => wake::run(&bi, tsc_khz, bsp, first_ap),
+        Some("idle") => wake::idle_window(&bi, tsc_khz),
+        Some(other) => say!("unknown probe.bench={}", other),
+        None => {}
+    }
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);
     }
@@ -251,14 +269,14 @@ fn run_memtest(bi: &BootInfo, seed: u64) -> bool {
     total.errors != 0 || total.bytes == 0
 }
 
+static BSP_APIC: core::sync::atomic::AtomicU32 = core::sync::atomic::AtomicU32::new(0);
+
 /// Entry of an application processor in ring 3.
 #[unsafe(no_mangle)]
 extern "C" fn ap_main(index: u64) -> ! {
     smp::enable_lapic();
     smp::AP_UP[index as usize].store(1, Ordering::Release);
-    loop {
-        sys::halt();
-    }
+    wake::ap_loop(index, BSP_APIC.load(Ordering::Acquire))
 }
 
 #[panic_handler]

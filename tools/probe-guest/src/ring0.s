@@ -24,7 +24,10 @@
     .set SEL_TSS0, 0x30
     .set COM1, 0x3f8
     .set EXIT_PORT, 0xf4
-    .set SYS_COUNT, 13
+    .set SYS_COUNT, 16
+    .set VEC_PING, 0x40
+    .set VEC_PONG, 0x41
+    .set VEC_TIMER, 0x42
 
 # ---------------------------------------------------------------------------------------
 # PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY.
@@ -431,6 +434,111 @@ sys_inw:
     in %dx, %ax
     jmp sys_ret
 
+# Idle waits. Interrupts are off in ring 0 (the #UD gate clears IF) except inside
+# `sti; hlt` / `sti; mwait`, where STI's one-instruction shadow makes the check and the wait
+# atomic: an interrupt that arrived before is still pending and ends the wait at once.
+#
+# r0_wait: RDI = address of a u64, RSI = its old value, R9 = mode (0 hlt, 1 mwait).
+# Returns the TSC at wake-up in RAX. Clobbers RCX, RDX.
+r0_wait:
+1:
+    cmp (%rdi), %rsi
+    jne 3f
+    test %r9, %r9
+    jnz 2f
+    sti
+    hlt
+    cli
+    jmp 1b
+2:
+    mov %rdi, %rax
+    xor %ecx, %ecx
+    xor %edx, %edx
+    monitor
+    cmp (%rdi), %rsi
+    jne 3f
+    xor %eax, %eax
+    xor %ecx, %ecx
+    sti
+    mwait
+    cli
+    jmp 1b
+3:
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    ret
+
+sys_wait:                          # RDI = address, RSI = old value, RDX = mode -> TSC
+    mov %rdx, %r9
+    call r0_wait
+    jmp sys_ret
+
+# IPI ping-pong, both sides in ring 0. RDI = iterations, RSI = peer APIC ID << 24,
+# RDX = flags: bit 0 mwait (else hlt), bit 1 initiator (else responder). The initiator
+# sends PING and waits for PONG, storing each round trip (TSC cycles) in wake_samples;
+# the responder waits for PING and answers PONG.
+sys_pingpong:
+    push %r12
+    push %r13
+    push %r14
+    push %r15
+    mov %rdi, %r12
+    mov %esi, %r13d
+    mov %rdx, %r14
+    mov %rdx, %r9
+    and $1, %r9
+    lea wake_samples(%rip), %r15
+1:
+    test $2, %r14
+    jz 2f
+    lea irq_counts + VEC_PONG * 8(%rip), %rdi
+    mov (%rdi), %rsi
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, %r11
+    mov $0xfee00310, %eax
+    mov %r13d, (%rax)
+    mov $0xfee00300, %eax
+    movl $(0x4000 | VEC_PING), (%rax)
+    call r0_wait
+    sub %r11, %rax
+    mov %rax, (%r15)
+    add $8, %r15
+    jmp 3f
+2:
+    lea irq_counts + VEC_PING * 8(%rip), %rdi
+    mov (%rdi), %rsi
+    call r0_wait
+    mov $0xfee00310, %eax
+    mov %r13d, (%rax)
+    mov $0xfee00300, %eax
+    movl $(0x4000 | VEC_PONG), (%rax)
+3:
+    dec %r12
+    jnz 1b
+    pop %r15
+    pop %r14
+    pop %r13
+    pop %r12
+    jmp sys_ret
+
+# TSC-deadline timer: RDI = deadline, RSI = mode. Arms IA32_TSC_DEADLINE, waits for the
+# timer vector, returns the TSC at wake-up.
+sys_timer_wait:
+    mov %rsi, %r9
+    lea irq_counts + VEC_TIMER * 8(%rip), %r10
+    mov (%r10), %rsi
+    mov $0x6e0, %ecx
+    mov %rdi, %rax
+    mov %rdi, %rdx
+    shr $32, %rdx
+    wrmsr
+    mov %r10, %rdi
+    call r0_wait
+    jmp sys_ret
+
 # ---------------------------------------------------------------------------------------
 # Ring-3 entry stubs.
     .section .text, "ax"
@@ -456,6 +564,7 @@ user_ap_start:
 systab:
     .quad sys_outb, sys_inb, sys_outsb, sys_halt, sys_wrmsr, sys_rdmsr, sys_cpuid
     .quad sys_setif, sys_stop, sys_outl, sys_inl, sys_outw, sys_inw
+    .quad sys_wait, sys_pingpong, sys_timer_wait
 hexdigits:
     .ascii "0123456789abcdef"
 msg_exc:
@@ -519,10 +628,13 @@ pd:
     .endr
 
     .section .bss, "aw", @nobits
-    .balign 8
+    .balign 64
     .global irq_counts
 irq_counts:
     .skip 256 * 8
+    .global wake_samples
+wake_samples:
+    .skip 4096 * 8
 
     .section .noinit, "aw", @nobits
     .balign 4096

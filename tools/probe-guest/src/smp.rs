@@ -51,6 +51,12 @@ pub fn enable_lapic() {
     reg_write(REG_SVR, 0x1ff);
 }
 
+/// Puts the local APIC timer in TSC-deadline mode on `vector` (armed by writing
+/// IA32_TSC_DEADLINE).
+pub fn set_lvt_timer_deadline(vector: u8) {
+    reg_write(0x320, vector as u32 | (0b10 << 17));
+}
+
 /// End of interrupt.
 #[allow(dead_code)]
 pub fn eoi() {

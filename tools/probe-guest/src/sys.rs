@@ -12,9 +12,11 @@ const SYS_HALT: u64 = 3;
 const SYS_WRMSR: u64 = 4;
 const SYS_RDMSR: u64 = 5;
 const SYS_CPUID: u64 = 6;
-#[allow(dead_code)]
 const SYS_SETIF: u64 = 7;
 const SYS_STOP: u64 = 8;
+const SYS_WAIT: u64 = 13;
+const SYS_PINGPONG: u64 = 14;
+const SYS_TIMER_WAIT: u64 = 15;
 
 /// Calls ring-0 service `op`.
 #[inline(always)]
@@ -84,7 +86,6 @@ pub fn cpuid(leaf: u32, sub: u32) -> [u32; 4] {
 }
 
 /// Turns interrupt delivery in ring 3 on or off.
-#[allow(dead_code)]
 pub fn set_interrupts(on: bool) {
     call(SYS_SETIF, on as u64, 0, 0);
 }
@@ -95,6 +96,29 @@ pub fn stop() -> ! {
     loop {
         core::hint::spin_loop();
     }
+}
+
+/// Waits in ring 0 (hlt, or monitor/mwait when `mwait`) until the u64 at `addr` is no
+/// longer `old`; returns the TSC at wake-up.
+pub fn wait(addr: *const u64, old: u64, mwait: bool) -> u64 {
+    call(SYS_WAIT, addr as u64, old, mwait as u64)
+}
+
+/// Ring-0 IPI ping-pong (see ring0.s): `n` rounds with the CPU whose APIC ID is
+/// `peer_apic`; as initiator, round trips land in `wake_samples`.
+pub fn pingpong(n: u64, peer_apic: u32, mwait: bool, initiator: bool) {
+    call(
+        SYS_PINGPONG,
+        n,
+        (peer_apic as u64) << 24,
+        mwait as u64 | (initiator as u64) << 1,
+    );
+}
+
+/// Arms the TSC-deadline timer for `deadline` and waits in ring 0; returns the TSC at
+/// wake-up.
+pub fn timer_wait(deadline: u64, mwait: bool) -> u64 {
+    call(SYS_TIMER_WAIT, deadline, mwait as u64, 0)
 }
 
 /// Time stamp counter (ring 3, native).

@@ -1,0 +1,362 @@
+//! Idle policies: what an idle vCPU of a partition does, and what KVM must be told for it.
+//!
+//! | policy | KVM | guest sees |
+//! |---|---|---|
+//! | `mwait` | disable MWAIT, HLT, PAUSE, CSTATE exits; halt-poll 0 | MONITOR/MWAIT, leaf 5, KVM_HINTS_REALTIME |
+//! | `hlt` | disable HLT, PAUSE exits; halt-poll 0 | plain HLT (`idle=halt`), KVM_HINTS_REALTIME |
+//! | `haltpoll` | HLT exits, halt-poll 0 | KVM_HINTS_REALTIME (cpuidle-haltpoll spins first) |
+//! | `poll` | as haltpoll | `idle=poll` on its command line |
+//! | `shared` | KVM defaults (HLT exits, host halt polling) | plain HLT |
+//!
+//! Capabilities are probed, never assumed; an explicit policy the host cannot give is an
+//! error naming what is missing, never a silent downgrade. `auto` takes the best the host
+//! offers and says why. Resolution is pure, so it is tested with synthetic capabilities.
+
+use std::fmt;
+
+/// `KVM_X86_DISABLE_EXITS_MWAIT`.
+pub const EXIT_MWAIT: u32 = 1;
+/// `KVM_X86_DISABLE_EXITS_HLT`.
+pub const EXIT_HLT: u32 = 2;
+/// `KVM_X86_DISABLE_EXITS_PAUSE`.
+pub const EXIT_PAUSE: u32 = 4;
+/// `KVM_X86_DISABLE_EXITS_CSTATE`.
+pub const EXIT_CSTATE: u32 = 8;
+
+/// Names of disable-exit bits.
+pub fn exit_bits(mask: u32) -> String {
+    let names: Vec<&str> = [
+        (EXIT_MWAIT, "MWAIT"),
+        (EXIT_HLT, "HLT"),
+        (EXIT_PAUSE, "PAUSE"),
+        (EXIT_CSTATE, "CSTATE"),
+    ]
+    .iter()
+    .filter(|(b, _)| mask & b != 0)
+    .map(|(_, n)| *n)
+    .collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join("|")
+    }
+}
+
+/// An idle policy as asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IdlePolicy {
+    /// The best the host offers.
+    #[default]
+    Auto,
+    /// MWAIT passthrough.
+    Mwait,
+    /// HLT without exits.
+    Hlt,
+    /// HLT exits, no host halt polling, guest haltpoll.
+    Haltpoll,
+    /// The guest never idles.
+    Poll,
+    /// KVM defaults.
+    Shared,
+}
+
+impl IdlePolicy {
+    /// All policies, `auto` first.
+    pub const ALL: [IdlePolicy; 6] = [
+        Self::Auto,
+        Self::Mwait,
+        Self::Hlt,
+        Self::Haltpoll,
+        Self::Poll,
+        Self::Shared,
+    ];
+
+    /// Parses a policy name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// The name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Mwait => "mwait",
+            Self::Hlt => "hlt",
+            Self::Haltpoll => "haltpoll",
+            Self::Poll => "poll",
+            Self::Shared => "shared",
+        }
+    }
+}
+
+impl fmt::Display for IdlePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the host's KVM offers for idling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdleCaps {
+    /// `KVM_CAP_X86_DISABLE_EXITS`: the bits it will disable.
+    pub disable_exits: u32,
+    /// `KVM_CAP_HALT_POLL`: per-VM halt polling can be set.
+    pub halt_poll: bool,
+    /// The host CPU has MONITOR/MWAIT (raw CPUID leaf 1 ECX bit 3).
+    pub host_mwait: bool,
+    /// The host's halt_poll_ns module default, if readable.
+    pub host_halt_poll_ns: Option<u64>,
+}
+
+/// Why a policy cannot be had.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdleError {
+    /// The host lacks something the policy needs.
+    #[error("--idle {policy}: this host cannot give it: {missing}")]
+    Missing {
+        /// The policy.
+        policy: IdlePolicy,
+        /// What is missing.
+        missing: String,
+    },
+}
+
+/// What a resolved policy asks of KVM and shows the guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdlePlan {
+    /// The policy in force (never `Auto`).
+    pub policy: IdlePolicy,
+    /// Why (for `auto`, why this one).
+    pub reason: String,
+    /// Exits to disable (0: none).
+    pub disable_exits: u32,
+    /// Per-VM halt polling to set (None: leave the host default).
+    pub halt_poll_ns: Option<u32>,
+    /// Expose MONITOR/MWAIT and leaf 5 in CPUID.
+    pub expose_mwait: bool,
+    /// Set KVM_HINTS_REALTIME (dedicated cores).
+    pub hints_realtime: bool,
+    /// Words to append to the guest's command line.
+    pub cmdline: &'static str,
+}
+
+fn missing(policy: IdlePolicy, what: Vec<String>) -> Result<(), IdleError> {
+    if what.is_empty() {
+        Ok(())
+    } else {
+        Err(IdleError::Missing {
+            policy,
+            missing: what.join("; "),
+        })
+    }
+}
+
+/// Resolves `policy` against `caps`.
+pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleError> {
+    let offered = exit_bits(caps.disable_exits);
+    let policy_reason = match policy {
+        IdlePolicy::Auto => {
+            let (p, why) = if caps.disable_exits & (EXIT_MWAIT | EXIT_HLT) == EXIT_MWAIT | EXIT_HLT
+                && caps.halt_poll
+                && caps.host_mwait
+            {
+                (
+                    IdlePolicy::Mwait,
+                    format!("the host disables {offered} exits and has MONITOR/MWAIT"),
+                )
+            } else if caps.disable_exits & EXIT_HLT != 0 && caps.halt_poll {
+                (
+                    IdlePolicy::Hlt,
+                    format!(
+                        "the host disables {offered} exits{}",
+                        if caps.disable_exits & EXIT_MWAIT == 0 {
+                            ", not MWAIT"
+                        } else {
+                            "; its CPU lacks MONITOR/MWAIT"
+                        }
+                    ),
+                )
+            } else if caps.halt_poll {
+                (
+                    IdlePolicy::Haltpoll,
+                    format!(
+                        "the host disables no HLT exits (offers {offered}) but can turn halt polling off"
+                    ),
+                )
+            } else {
+                (
+                    IdlePolicy::Shared,
+                    "the host offers neither exit disabling nor per-VM halt polling".into(),
+                )
+            };
+            return resolve(p, caps).map(|mut plan| {
+                plan.reason = format!("auto: {why}");
+                plan
+            });
+        }
+        p => p,
+    };
+    let mut need = Vec::new();
+    let want_exits = match policy_reason {
+        IdlePolicy::Mwait => EXIT_MWAIT | EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
+        IdlePolicy::Hlt => EXIT_HLT | EXIT_PAUSE,
+        _ => 0,
+    };
+    let required = match policy_reason {
+        IdlePolicy::Mwait => EXIT_MWAIT | EXIT_HLT,
+        IdlePolicy::Hlt => EXIT_HLT,
+        _ => 0,
+    };
+    if caps.disable_exits & required != required {
+        need.push(format!(
+            "KVM_CAP_X86_DISABLE_EXITS offers {offered}, not {}",
+            exit_bits(required & !caps.disable_exits)
+        ));
+    }
+    if policy_reason == IdlePolicy::Mwait && !caps.host_mwait {
+        need.push("the host CPU has no MONITOR/MWAIT".into());
+    }
+    let dedicated = policy_reason != IdlePolicy::Shared;
+    if dedicated && !caps.halt_poll {
+        need.push("KVM_CAP_HALT_POLL (per-VM halt polling) is not offered".into());
+    }
+    missing(policy_reason, need)?;
+    let disable_exits = want_exits & caps.disable_exits;
+    Ok(IdlePlan {
+        policy: policy_reason,
+        reason: format!("asked for; the host disables {offered} exits"),
+        disable_exits,
+        halt_poll_ns: dedicated.then_some(0),
+        expose_mwait: policy_reason == IdlePolicy::Mwait,
+        hints_realtime: dedicated,
+        // Linux picks cpuidle-haltpoll when it sees KVM_HINTS_REALTIME; `idle=halt` keeps a
+        // guest on plain HLT, which is what the hlt policy is about.
+        cmdline: match policy_reason {
+            IdlePolicy::Poll => "idle=poll",
+            IdlePolicy::Hlt => "idle=halt",
+            _ => "",
+        },
+    })
+}
+
+impl IdlePlan {
+    /// One line for people: what is in force.
+    pub fn describe(&self) -> String {
+        format!(
+            "idle policy {} ({}): {} disabled, halt polling {}, {}{}",
+            self.policy,
+            self.reason,
+            if self.disable_exits == 0 {
+                "no exits".to_string()
+            } else {
+                format!("{} exits", exit_bits(self.disable_exits))
+            },
+            match self.halt_poll_ns {
+                Some(n) => format!("{n} ns"),
+                None => "host default".into(),
+            },
+            if self.expose_mwait {
+                "MONITOR/MWAIT and leaf 5 shown"
+            } else {
+                "MONITOR/MWAIT hidden"
+            },
+            match (self.hints_realtime, self.cmdline) {
+                (true, "") => ", KVM_HINTS_REALTIME".to_string(),
+                (true, c) => format!(", KVM_HINTS_REALTIME, guest cmdline +\"{c}\""),
+                (false, _) => String::new(),
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NESTED: IdleCaps = IdleCaps {
+        disable_exits: EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
+        halt_poll: true,
+        host_mwait: false,
+        host_halt_poll_ns: Some(200_000),
+    };
+    const METAL: IdleCaps = IdleCaps {
+        disable_exits: EXIT_MWAIT | EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
+        halt_poll: true,
+        host_mwait: true,
+        host_halt_poll_ns: Some(200_000),
+    };
+
+    #[test]
+    fn auto_picks_the_best_offered() {
+        let p = resolve(IdlePolicy::Auto, &METAL).unwrap();
+        assert_eq!(p.policy, IdlePolicy::Mwait);
+        assert_eq!(p.disable_exits, 15);
+        assert!(p.expose_mwait && p.hints_realtime);
+        let p = resolve(IdlePolicy::Auto, &NESTED).unwrap();
+        assert_eq!(p.policy, IdlePolicy::Hlt);
+        assert!(p.reason.contains("not MWAIT"), "{}", p.reason);
+        assert_eq!(p.disable_exits, EXIT_HLT | EXIT_PAUSE);
+        let p = resolve(
+            IdlePolicy::Auto,
+            &IdleCaps {
+                halt_poll: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(p.policy, IdlePolicy::Haltpoll);
+        let p = resolve(IdlePolicy::Auto, &IdleCaps::default()).unwrap();
+        assert_eq!(p.policy, IdlePolicy::Shared);
+        assert_eq!(p.halt_poll_ns, None);
+    }
+
+    #[test]
+    fn explicit_policies_never_downgrade() {
+        let e = resolve(IdlePolicy::Mwait, &NESTED).unwrap_err();
+        assert!(e.to_string().contains("not MWAIT"), "{e}");
+        assert!(e.to_string().contains("no MONITOR/MWAIT"), "{e}");
+        let e = resolve(
+            IdlePolicy::Hlt,
+            &IdleCaps {
+                halt_poll: true,
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not HLT"), "{e}");
+        let e = resolve(IdlePolicy::Haltpoll, &IdleCaps::default()).unwrap_err();
+        assert!(e.to_string().contains("KVM_CAP_HALT_POLL"), "{e}");
+        assert!(resolve(IdlePolicy::Shared, &IdleCaps::default()).is_ok());
+    }
+
+    #[test]
+    fn plans_match_the_table() {
+        let h = resolve(IdlePolicy::Hlt, &METAL).unwrap();
+        assert_eq!(
+            (h.disable_exits, h.halt_poll_ns, h.expose_mwait),
+            (EXIT_HLT | EXIT_PAUSE, Some(0), false)
+        );
+        let hp = resolve(IdlePolicy::Haltpoll, &METAL).unwrap();
+        assert_eq!(
+            (hp.disable_exits, hp.halt_poll_ns, hp.hints_realtime),
+            (0, Some(0), true)
+        );
+        let p = resolve(IdlePolicy::Poll, &METAL).unwrap();
+        assert_eq!(p.cmdline, "idle=poll");
+        let s = resolve(IdlePolicy::Shared, &METAL).unwrap();
+        assert_eq!(
+            (s.disable_exits, s.halt_poll_ns, s.hints_realtime),
+            (0, None, false)
+        );
+        assert!(
+            h.describe()
+                .contains("HLT|PAUSE exits disabled, halt polling 0 ns")
+        );
+        assert_eq!(h.cmdline, "idle=halt");
+        for p in IdlePolicy::ALL {
+            assert_eq!(IdlePolicy::parse(p.name()), Some(p));
+        }
+        assert_eq!(IdlePolicy::parse("idle"), None);
+        assert_eq!(exit_bits(14), "HLT|PAUSE|CSTATE");
+    }
+}
