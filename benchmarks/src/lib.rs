@@ -7,6 +7,7 @@
 pub mod memsetup;
 pub mod results;
 pub mod stats;
+pub mod wake;
 
 use std::io::Read;
 use std::path::PathBuf;

@@ -8,10 +8,16 @@ use benchmarks::results::{self, Stored};
 use crate::{EXIT_USAGE, EXIT_VMM_ERROR};
 
 /// Sections, in the order `bench` runs them.
-const SECTIONS: &[(&str, &str)] = &[(
-    "memsetup",
-    "launch to first serial byte and its memory-setup part: pool vs fresh anonymous (prefault) vs fresh hugetlb vs QEMU microvm -mem-prealloc, 256 MiB to 8 GiB",
-)];
+const SECTIONS: &[(&str, &str)] = &[
+    (
+        "memsetup",
+        "launch to first serial byte and its memory-setup part: pool vs fresh anonymous (prefault) vs fresh hugetlb vs QEMU microvm -mem-prealloc, 256 MiB to 8 GiB",
+    ),
+    (
+        "wake",
+        "the price of a fast wakeup per idle policy: timer lateness, IPI and shared-memory ping-pong in a 2-vCPU probe guest vs futex/spin/clock_nanosleep on the bare host; idle busy share and energy; QEMU microvm default and cpu-pm=on",
+    ),
+];
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -21,7 +27,8 @@ pub struct BenchArgs {
     /// List the sections and exit.
     #[arg(long)]
     list: bool,
-    /// Measured runs per configuration (after a discarded warm-up round).
+    /// Measured runs per configuration (memsetup adds a discarded warm-up round; wake
+    /// discards warm-up samples inside each run).
     #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Results file (default: benchmarks/results/<hostname>.json under the current directory).
@@ -93,6 +100,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         );
         let section = match *name {
             "memsetup" => benchmarks::memsetup::run(&env, &sizes),
+            "wake" => benchmarks::wake::run(&env),
             _ => continue,
         };
         let completed = section["completed"].as_bool().unwrap_or(false);
