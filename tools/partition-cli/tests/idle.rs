@@ -1,0 +1,173 @@
+//! Idle policies: a 2-vCPU partition runs every policy the host offers (and the probe idles
+//! the way that policy makes a Linux guest idle), and refuses the others naming what is
+//! missing; what KVM reports back is printed.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+/// The tests here compare process snapshots, so they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn caps() -> serde_json::Value {
+    let out = run(&["caps", "--json"], LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    serde_json::from_str(&out.stdout).unwrap()
+}
+
+fn expected_guest_mode(policy: &str) -> &'static str {
+    match policy {
+        "mwait" => "mwait",
+        "poll" => "spin",
+        "haltpoll" => "haltpoll",
+        _ => "hlt",
+    }
+}
+
+#[test]
+fn every_offered_policy_runs_and_the_others_are_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !kvm_available("every_offered_policy_runs_and_the_others_are_refused") {
+        return;
+    }
+    if host_cores() < 2 {
+        eprintln!("SKIPPED every_offered_policy_runs_and_the_others_are_refused: one core");
+        return;
+    }
+    let caps = caps();
+    let before = host_state();
+    let mut ran = 0;
+    for p in caps["policies"].as_array().unwrap() {
+        let policy = p["policy"].as_str().unwrap();
+        let out = run(
+            &[
+                "launch",
+                "--cores",
+                "0,1",
+                "--memory",
+                "64M",
+                "--probe",
+                "--idle",
+                policy,
+                "--cmdline",
+                "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2",
+            ],
+            LIMIT,
+        );
+        if p["offered"] == false {
+            assert_eq!(out.code(), 2, "{policy}: {}", out.stderr);
+            let why = p["why"].as_str().unwrap();
+            assert!(
+                out.stderr.contains(why),
+                "{policy}: want {why:?} in {}",
+                out.stderr
+            );
+            assert!(out.stderr.contains("cannot give it"), "{}", out.stderr);
+            continue;
+        }
+        ran += 1;
+        assert_eq!(out.code(), 0, "{policy}: {}\n{}", out.stderr, out.stdout);
+        let resolved = p["resolves_to"].as_str().unwrap();
+        assert!(
+            out.stderr.contains(&format!("idle policy {resolved} (")),
+            "{policy}: {}",
+            out.stderr
+        );
+        if policy == "auto" {
+            assert!(out.stderr.contains("(auto: "), "{}", out.stderr);
+        }
+        // The guest idles the way the policy makes a Linux guest idle.
+        let mode = expected_guest_mode(resolved);
+        assert!(
+            out.stdout.contains(&format!("probe: idle mode={mode} ")),
+            "{policy}: want guest idle mode {mode}:\n{}",
+            out.stdout
+        );
+        for test in ["timer", "ipi", "shm"] {
+            let line = out
+                .stdout
+                .lines()
+                .find(|l| l.starts_with(&format!("probe: wake test={test} ")))
+                .unwrap_or_else(|| panic!("{policy}: no {test} line:\n{}", out.stdout));
+            assert!(line.contains(" n=20 "), "{line}");
+            assert!(line.contains("median_ns="), "{line}");
+        }
+        // What KVM said back: CPUID as read back, and the halt statistics.
+        assert!(
+            out.stderr.contains("read back: KVM_GET_CPUID2: "),
+            "{}",
+            out.stderr
+        );
+        let rt = if resolved == "shared" {
+            "KVM_HINTS_REALTIME clear (as set)"
+        } else {
+            "KVM_HINTS_REALTIME set (as set)"
+        };
+        assert!(out.stderr.contains(rt), "{policy}: {}", out.stderr);
+        let stats = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("read back: vcpu0 stats: "))
+            .unwrap_or_else(|| panic!("{policy}: no vcpu stats read back:\n{}", out.stderr));
+        if resolved != "shared" {
+            // Halt polling was set to 0: KVM must not have polled.
+            assert!(
+                stats.contains("halt_attempted_poll=0 "),
+                "{policy}: {stats}"
+            );
+        }
+        if resolved == "poll" {
+            assert!(
+                stats.contains("halt_exits=0 "),
+                "{policy}: a polling guest halted: {stats}"
+            );
+        }
+    }
+    assert!(ran >= 2, "fewer than two policies offered: {caps}");
+    assert_eq!(host_state(), before);
+}
+
+#[test]
+fn a_refused_policy_is_bad_input_and_unknown_ones_too() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = run(
+        &[
+            "launch", "--cores", "0", "--memory", "16M", "--probe", "--idle", "sleepy",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 2);
+    assert!(
+        out.stderr
+            .contains("one of auto, mwait, hlt, haltpoll, poll, shared"),
+        "{}",
+        out.stderr
+    );
+    if !kvm_available("a_refused_policy_is_bad_input_and_unknown_ones_too") {
+        return;
+    }
+    let caps = caps();
+    if let Some(p) = caps["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["offered"] == false)
+    {
+        let policy = p["policy"].as_str().unwrap();
+        let out = run(
+            &[
+                "launch", "--cores", "0", "--memory", "16M", "--probe", "--idle", policy,
+            ],
+            LIMIT,
+        );
+        assert_eq!(out.code(), 2, "{}", out.stderr);
+        assert!(out.stdout.is_empty(), "the guest ran: {}", out.stdout);
+    } else {
+        eprintln!(
+            "NOTE a_refused_policy_is_bad_input_and_unknown_ones_too: this host offers every policy"
+        );
+    }
+}
