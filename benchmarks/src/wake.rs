@@ -302,6 +302,13 @@ impl Series {
 }
 
 fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
+    // Under `hlt` the guest should halt without polling first (a Linux guest would be given
+    // idle=halt): KVM_HINTS_REALTIME alone would make it haltpoll.
+    let cmdline = if policy == "hlt" {
+        format!("{cmdline} probe.idle=hlt")
+    } else {
+        cmdline.to_string()
+    };
     let mut c = Command::new(&env.partition);
     c.env("PARTITION_STATE_DIR", env.work.join("wake-state"))
         .args([
@@ -316,7 +323,7 @@ fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
             "--idle",
             policy,
             "--cmdline",
-            cmdline,
+            &cmdline,
         ]);
     c
 }

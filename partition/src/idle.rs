@@ -3,7 +3,7 @@
 //! | policy | KVM | guest sees |
 //! |---|---|---|
 //! | `mwait` | disable MWAIT, HLT, PAUSE, CSTATE exits; halt-poll 0 | MONITOR/MWAIT, leaf 5, KVM_HINTS_REALTIME |
-//! | `hlt` | disable HLT, PAUSE exits; halt-poll 0 | plain HLT (`idle=halt`), KVM_HINTS_REALTIME |
+//! | `hlt` | disable HLT, PAUSE exits; halt-poll 0 | HLT that no longer exits, KVM_HINTS_REALTIME |
 //! | `haltpoll` | HLT exits, halt-poll 0 | KVM_HINTS_REALTIME (cpuidle-haltpoll spins first) |
 //! | `poll` | as haltpoll | `idle=poll` on its command line |
 //! | `shared` | KVM defaults (HLT exits, host halt polling) | plain HLT |
@@ -229,12 +229,13 @@ pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleErro
         halt_poll_ns: dedicated.then_some(0),
         expose_mwait: policy_reason == IdlePolicy::Mwait,
         hints_realtime: dedicated,
-        // Linux picks cpuidle-haltpoll when it sees KVM_HINTS_REALTIME; `idle=halt` keeps a
-        // guest on plain HLT, which is what the hlt policy is about.
-        cmdline: match policy_reason {
-            IdlePolicy::Poll => "idle=poll",
-            IdlePolicy::Hlt => "idle=halt",
-            _ => "",
+        // Only `poll` changes the guest's command line: without idle=poll it is haltpoll.
+        // The user's command line is otherwise passed exactly as given (a Linux guest that
+        // should HLT without polling first under `hlt` is given `idle=halt` by its owner).
+        cmdline: if policy_reason == IdlePolicy::Poll {
+            "idle=poll"
+        } else {
+            ""
         },
     })
 }
@@ -352,7 +353,7 @@ mod tests {
             h.describe()
                 .contains("HLT|PAUSE exits disabled, halt polling 0 ns")
         );
-        assert_eq!(h.cmdline, "idle=halt");
+        assert_eq!(h.cmdline, "");
         for p in IdlePolicy::ALL {
             assert_eq!(IdlePolicy::parse(p.name()), Some(p));
         }

@@ -22,7 +22,8 @@ fn expected_guest_mode(policy: &str) -> &'static str {
     match policy {
         "mwait" => "mwait",
         "poll" => "spin",
-        "haltpoll" => "haltpoll",
+        // KVM_HINTS_REALTIME on dedicated cores: a Linux guest picks cpuidle-haltpoll.
+        "haltpoll" | "hlt" => "haltpoll",
         _ => "hlt",
     }
 }
@@ -84,6 +85,17 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
         assert!(
             out.stdout.contains(&format!("probe: idle mode={mode} ")),
             "{policy}: want guest idle mode {mode}:\n{}",
+            out.stdout
+        );
+        // The user's command line reaches the guest untouched, except that poll adds idle=poll.
+        let want_cmdline = if resolved == "poll" {
+            "probe: cmdline=probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2 idle=poll"
+        } else {
+            "probe: cmdline=probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2\n"
+        };
+        assert!(
+            out.stdout.replace('\r', "").contains(want_cmdline),
+            "{policy}: command line changed:\n{}",
             out.stdout
         );
         for test in ["timer", "ipi", "shm"] {
