@@ -10,6 +10,7 @@ pub mod pci;
 pub mod power;
 pub mod ratelimit;
 pub mod serial;
+pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError};
 

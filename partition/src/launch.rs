@@ -84,6 +84,10 @@ pub struct LaunchConfig {
     pub state_dir: PathBuf,
     /// Idle policy.
     pub idle: IdlePolicy,
+    /// virtio-blk disks.
+    pub disks: Vec<devices::virtio::block::BlockConfig>,
+    /// Bind each queue's doorbell to an ioeventfd (else: a VM exit per notify).
+    pub ioeventfd: bool,
 }
 
 /// A launch from the reservation.
@@ -158,6 +162,9 @@ pub enum LaunchError {
     /// KVM setup failed.
     #[error("{0}")]
     Vm(#[from] VmError),
+    /// A disk cannot be used.
+    #[error("{0}")]
+    Disk(#[from] crate::disks::DiskError),
     /// The idle policy cannot be had here.
     #[error("{0}")]
     Idle(#[from] crate::idle::IdleError),
@@ -196,6 +203,12 @@ impl LaunchError {
             | Self::Kernel { .. }
             | Self::Idle(_)
             | Self::Reservation(_) => true,
+            Self::Disk(d) => matches!(
+                d,
+                crate::disks::DiskError::Spec { .. }
+                    | crate::disks::DiskError::TooMany
+                    | crate::disks::DiskError::Open(_)
+            ),
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             _ => false,
         }
@@ -204,6 +217,7 @@ impl LaunchError {
 
 /// A launch that passed [`check`].
 pub struct Checked {
+    disks: Vec<devices::virtio::block::VirtioBlock>,
     idle: IdlePlan,
     cmdline: String,
     cores: Vec<usize>,
@@ -313,11 +327,15 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         });
     }
     let idle = crate::idle::resolve(cfg.idle, &crate::vm::idle_caps()?)?;
-    let cmdline = match (cfg.cmdline.trim().is_empty(), idle.cmdline.is_empty()) {
-        (_, true) => cfg.cmdline.clone(),
-        (true, false) => idle.cmdline.to_string(),
-        (false, false) => format!("{} {}", cfg.cmdline, idle.cmdline),
-    };
+    let disks = crate::disks::open(&cfg.disks)?;
+    let extra = [idle.cmdline.to_string(), crate::disks::cmdline(disks.len())];
+    let mut cmdline = cfg.cmdline.clone();
+    for e in extra.iter().filter(|e| !e.is_empty()) {
+        if !cmdline.trim().is_empty() {
+            cmdline.push(' ');
+        }
+        cmdline.push_str(e);
+    }
     boot::check_cmdline(&cmdline, kernel.cmdline_max())?;
     let initrd = match &cfg.initrd {
         Some(p) => {
@@ -339,6 +357,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         )?)),
     };
     Ok(Checked {
+        disks,
         idle,
         cmdline,
         cores,
@@ -399,6 +418,8 @@ pub struct LaunchReport {
     pub idle: IdlePlan,
     /// What KVM reported back about it.
     pub idle_readback: Vec<String>,
+    /// Per-disk queue counters.
+    pub disks: Vec<String>,
 }
 
 /// What a pool-backed launch did with its extent.
@@ -565,7 +586,21 @@ pub fn run(
         Arc::new(Mutex::new(NoPci)),
     )?;
     let pio = Arc::new(pio);
-    let mmio = Arc::new(Bus::new("mmio"));
+    let mut mmio = Bus::new("mmio");
+    // Queue workers go to a core the partition does not use, when there is one.
+    let worker_core = crate::cores::available()
+        .into_iter()
+        .find(|c| !checked.cores.contains(c));
+    let disks = std::mem::take(&mut checked.disks);
+    let attached = crate::disks::attach(
+        &vm,
+        &memory,
+        &mut mmio,
+        disks,
+        checked.cfg.ioeventfd,
+        worker_core,
+    )?;
+    let mmio = Arc::new(mmio);
 
     // vCPUs, created and configured here, run on their own threads.
     let supported = vm.supported_cpuid()?;
@@ -641,6 +676,20 @@ pub fn run(
     });
     let ran_for = spawned.elapsed();
     stop_all(&handles, threads);
+    // Workers write into guest memory: stop them before it goes away.
+    let disk_stats: Vec<String> = attached
+        .iter()
+        .map(|d| {
+            let mut t = d.transport.lock().unwrap_or_else(|e| e.into_inner());
+            t.shutdown();
+            format!(
+                "disk at {:#x} (gsi {}): {}",
+                d.base,
+                d.gsi,
+                t.device().stats()
+            )
+        })
+        .collect();
     serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
     drop(signals);
 
@@ -663,6 +712,7 @@ pub fn run(
             first_output,
         },
         pool: None,
+        disks: disk_stats,
     })
 }
 

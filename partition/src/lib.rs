@@ -6,6 +6,7 @@
 
 pub mod cores;
 pub mod cpuid;
+pub mod disks;
 pub mod idle;
 pub mod isolation;
 pub mod kvmstats;

@@ -222,6 +222,15 @@ struct LaunchArgs {
     /// Same as --backing hugetlb.
     #[arg(long, conflicts_with_all = ["name", "backing"])]
     hugepages: bool,
+    /// A virtio-blk disk: path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N]
+    /// [,core=N][,sqpoll=on][,id=STR]. Repeatable. Announced to the guest on its command
+    /// line (virtio_mmio.device=4K@ADDR:GSI).
+    #[arg(long, value_name = "SPEC")]
+    disk: Vec<String>,
+    /// Let queue doorbells exit to the VMM instead of binding them to ioeventfds (for
+    /// comparison).
+    #[arg(long)]
+    no_ioeventfd: bool,
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
     #[arg(long)]
     timings: bool,
@@ -256,6 +265,16 @@ fn launch(a: LaunchArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    let mut disks = Vec::new();
+    for (i, d) in a.disk.iter().enumerate() {
+        match partition::disks::parse(d, i) {
+            Ok(c) => disks.push(c),
+            Err(e) => {
+                eprintln!("partition: error: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
     let kernel = match a.kernel {
         Some(p) => KernelSource::Path(p),
         None => KernelSource::Builtin {
@@ -285,6 +304,8 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }),
         state_dir: a.state.state_dir,
         idle: a.idle,
+        disks,
+        ioeventfd: !a.no_ioeventfd,
     };
     let report = match launch::launch(cfg, &Progress) {
         Ok(r) => r,
@@ -328,6 +349,9 @@ fn launch(a: LaunchArgs) -> ExitCode {
             code
         }
     };
+    for d in &report.disks {
+        eprintln!("partition: {d}");
+    }
     for line in &report.idle_readback {
         eprintln!("partition: read back: {line}");
     }

@@ -20,6 +20,7 @@ mod bootinfo;
 mod clock;
 #[macro_use]
 mod console;
+mod blk;
 mod firmware;
 mod libc;
 mod memtest;
@@ -162,6 +163,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         Some(other) => say!("unknown probe.bench={}", other),
         None => {}
     }
+    failed |= blk::run(&bi, tsc_khz);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);
     }

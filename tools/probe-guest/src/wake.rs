@@ -106,6 +106,16 @@ pub fn mode() -> Mode {
     }
 }
 
+/// How many times vector `v` was taken.
+pub fn irq_count(v: usize) -> u64 {
+    count(v)
+}
+
+/// Address of vector `v`'s counter (for `sys::wait`).
+pub fn irq_count_addr(v: usize) -> *const u64 {
+    count_addr(v)
+}
+
 fn count(v: usize) -> u64 {
     // SAFETY: irq_counts is the ring-0 counter array; reading it is always fine.
     unsafe { peek((&raw const irq_counts as *const u64).add(v) as u64) }

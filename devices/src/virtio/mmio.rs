@@ -1,0 +1,524 @@
+//! virtio-mmio, version 2 ("modern"): the register window of one device.
+//!
+//! Registers are 32-bit; config space starts at 0x100 and is byte-addressable. Queue setup
+//! is accepted only while the queue is not ready and the driver is not running; features
+//! must include VERSION_1 and be a subset of the offer before FEATURES_OK sticks; at
+//! DRIVER_OK every ready queue is checked against guest memory before the device starts.
+//! Writing 0 to Status resets the device (its workers stop). A device that found a queue
+//! violation shows DEVICE_NEEDS_RESET in Status.
+
+use std::sync::Arc;
+
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use super::queue::Queue;
+use super::{Activation, F_VERSION_1, VirtioDevice, VirtioInterrupt};
+use crate::ratelimit::RateLimiter;
+use crate::{BusDevice, VmEvent, warn_ratelimited};
+
+/// Size of one device's window.
+pub const WINDOW: u64 = 0x1000;
+/// Offset of QueueNotify (where ioeventfds are bound).
+pub const QUEUE_NOTIFY: u64 = 0x50;
+const MAGIC: u32 = 0x7472_6976; // "virt"
+const VENDOR: u32 = 0x4e52_5450; // "PTRN"
+const STATUS_ACK: u32 = 1;
+const STATUS_DRIVER: u32 = 2;
+const STATUS_DRIVER_OK: u32 = 4;
+const STATUS_FEATURES_OK: u32 = 8;
+const STATUS_NEEDS_RESET: u32 = 64;
+const STATUS_FAILED: u32 = 128;
+
+/// One virtio device's MMIO window.
+pub struct MmioTransport {
+    device: Box<dyn VirtioDevice>,
+    mem: GuestMemoryMmap,
+    interrupt: Arc<VirtioInterrupt>,
+    doorbells: Vec<Arc<EventFd>>,
+    queues: Vec<Queue>,
+    status: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    queue_sel: u32,
+    config_generation: u32,
+    activated: bool,
+    exit_notified: Vec<bool>,
+    log: RateLimiter,
+}
+
+impl MmioTransport {
+    /// A window for `device`. `doorbells` has one eventfd per queue: the device's workers
+    /// wait on them; an ioeventfd makes KVM write them, otherwise QueueNotify does.
+    pub fn new(
+        device: Box<dyn VirtioDevice>,
+        mem: GuestMemoryMmap,
+        interrupt: Arc<VirtioInterrupt>,
+        doorbells: Vec<Arc<EventFd>>,
+    ) -> Self {
+        let queues: Vec<Queue> = device.queue_sizes().into_iter().map(Queue::new).collect();
+        let n = queues.len();
+        Self {
+            device,
+            mem,
+            interrupt,
+            doorbells,
+            queues,
+            status: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            queue_sel: 0,
+            config_generation: 0,
+            activated: false,
+            exit_notified: vec![false; n],
+            log: RateLimiter::new(5, std::time::Duration::from_secs(1)),
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &dyn VirtioDevice {
+        self.device.as_ref()
+    }
+
+    /// Stops the device (teardown).
+    pub fn shutdown(&mut self) {
+        self.device.reset();
+    }
+
+    fn queue(&mut self) -> Option<&mut Queue> {
+        if self.status & STATUS_DRIVER_OK != 0 {
+            return None;
+        }
+        let q = self.queues.get_mut(self.queue_sel as usize)?;
+        (!q.ready).then_some(q)
+    }
+
+    fn reset(&mut self) {
+        self.device.reset();
+        for q in &mut self.queues {
+            q.reset();
+        }
+        self.status = 0;
+        self.driver_features = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.queue_sel = 0;
+        self.activated = false;
+        self.interrupt.ack(u32::MAX);
+    }
+
+    fn set_status(&mut self, v: u32) {
+        if v == 0 {
+            self.reset();
+            return;
+        }
+        // Bits are only ever added, and FAILED stops everything.
+        if v & !self.status
+            & !(STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK | STATUS_FAILED)
+            != 0
+            || v & self.status != self.status
+        {
+            warn_ratelimited!(
+                self.log,
+                "virtio-mmio: status {v:#x} after {:#x} ignored",
+                self.status
+            );
+            return;
+        }
+        let new = v & !self.status;
+        if new & STATUS_FEATURES_OK != 0 {
+            let offered = self.device.features();
+            if self.driver_features & !offered != 0 || self.driver_features & F_VERSION_1 == 0 {
+                warn_ratelimited!(
+                    self.log,
+                    "virtio-mmio: driver features {:#x} refused (offered {offered:#x}, VERSION_1 required)",
+                    self.driver_features
+                );
+                // FEATURES_OK does not stick; the driver sees that and gives up.
+                self.status = v & !STATUS_FEATURES_OK & !STATUS_DRIVER_OK;
+                return;
+            }
+        }
+        if new & STATUS_DRIVER_OK != 0 {
+            if self.status & STATUS_FEATURES_OK == 0 && v & STATUS_FEATURES_OK == 0 {
+                warn_ratelimited!(
+                    self.log,
+                    "virtio-mmio: DRIVER_OK without FEATURES_OK ignored"
+                );
+                return;
+            }
+            self.status = v;
+            self.activate();
+            return;
+        }
+        self.status = v;
+    }
+
+    fn activate(&mut self) {
+        let features = self.driver_features;
+        let mut queues = Vec::new();
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            q.event_idx = features & super::F_EVENT_IDX != 0;
+            q.indirect = features & super::F_INDIRECT_DESC != 0;
+            if q.ready && !q.is_valid(&self.mem) {
+                log::error!("virtio-mmio: queue {i} is set up outside guest memory or badly sized");
+                self.status |= STATUS_NEEDS_RESET;
+                self.interrupt.trigger(super::INT_CONFIG);
+                return;
+            }
+            queues.push(q.clone());
+        }
+        let a = Activation {
+            mem: self.mem.clone(),
+            queues,
+            features,
+            interrupt: self.interrupt.clone(),
+            doorbells: self.doorbells.clone(),
+        };
+        match self.device.activate(a) {
+            Ok(()) => self.activated = true,
+            Err(e) => {
+                log::error!("virtio-mmio: activating the device failed: {e}");
+                self.status |= STATUS_NEEDS_RESET;
+                self.interrupt.trigger(super::INT_CONFIG);
+            }
+        }
+    }
+
+    fn read_reg(&self, offset: u64) -> u32 {
+        let q = self.queues.get(self.queue_sel as usize);
+        match offset {
+            0x000 => MAGIC,
+            0x004 => 2,
+            0x008 => self.device.device_type(),
+            0x00c => VENDOR,
+            0x010 => match self.device_features_sel {
+                0 => self.device.features() as u32,
+                1 => (self.device.features() >> 32) as u32,
+                _ => 0,
+            },
+            0x034 => q.map_or(0, |q| q.max_size as u32),
+            0x044 => q.map_or(0, |q| q.ready as u32),
+            0x060 => self.interrupt.status(),
+            0x070 => {
+                self.status
+                    | if self.device.needs_reset() {
+                        STATUS_NEEDS_RESET
+                    } else {
+                        0
+                    }
+            }
+            0x0fc => self.config_generation,
+            _ => 0,
+        }
+    }
+
+    fn write_reg(&mut self, offset: u64, v: u32) {
+        let lo = |old: u64| (old & !0xffff_ffff) | v as u64;
+        let hi = |old: u64| (old & 0xffff_ffff) | ((v as u64) << 32);
+        match offset {
+            0x014 => self.device_features_sel = v,
+            0x020 => {
+                if self.status & STATUS_FEATURES_OK == 0 {
+                    match self.driver_features_sel {
+                        0 => self.driver_features = lo(self.driver_features),
+                        1 => self.driver_features = hi(self.driver_features),
+                        _ => {}
+                    }
+                }
+            }
+            0x024 => self.driver_features_sel = v,
+            0x030 => self.queue_sel = v,
+            0x038 => {
+                if let Some(q) = self.queue() {
+                    // Validated at DRIVER_OK (a power of two within max_size).
+                    q.size = v.min(u16::MAX as u32) as u16;
+                }
+            }
+            0x044 => {
+                if let Some(q) = self.queues.get_mut(self.queue_sel as usize) {
+                    if self.status & STATUS_DRIVER_OK == 0 {
+                        q.ready = v == 1;
+                    }
+                }
+            }
+            QUEUE_NOTIFY => self.notify(v),
+            0x064 => self.interrupt.ack(v),
+            0x070 => self.set_status(v),
+            0x080 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.desc_table = lo(q.desc_table)),
+            0x084 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.desc_table = hi(q.desc_table)),
+            0x090 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.avail_ring = lo(q.avail_ring)),
+            0x094 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.avail_ring = hi(q.avail_ring)),
+            0x0a0 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.used_ring = lo(q.used_ring)),
+            0x0a4 => self
+                .queue()
+                .into_iter()
+                .for_each(|q| q.used_ring = hi(q.used_ring)),
+            _ => warn_ratelimited!(
+                self.log,
+                "virtio-mmio: write {v:#x} to register {offset:#x} ignored"
+            ),
+        }
+    }
+
+    /// A doorbell that came as a VM exit (no ioeventfd matched).
+    fn notify(&mut self, index: u32) {
+        let i = index as usize;
+        let Some(evt) = self.doorbells.get(i) else {
+            warn_ratelimited!(
+                self.log,
+                "virtio-mmio: notify for queue {index}, which does not exist"
+            );
+            return;
+        };
+        if !self.exit_notified[i] {
+            self.exit_notified[i] = true;
+            log::debug!(
+                "virtio-mmio: queue {i}'s doorbell arrived through a VM exit (no ioeventfd)"
+            );
+        }
+        let _ = evt.write(1);
+    }
+}
+
+impl BusDevice for MmioTransport {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= 0x100 {
+            self.device.read_config(offset - 0x100, data);
+            return;
+        }
+        if data.len() != 4 || offset % 4 != 0 {
+            data.fill(0);
+            return;
+        }
+        data.copy_from_slice(&self.read_reg(offset).to_le_bytes());
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> Option<VmEvent> {
+        if offset >= 0x100 {
+            self.device.write_config(offset - 0x100, data);
+            self.config_generation = self.config_generation.wrapping_add(1);
+            return None;
+        }
+        if data.len() != 4 || offset % 4 != 0 {
+            warn_ratelimited!(
+                self.log,
+                "virtio-mmio: {}-byte write at {offset:#x} ignored",
+                data.len()
+            );
+            return None;
+        }
+        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        self.write_reg(offset, v);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::queue::tests::mem;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Log {
+        activations: u32,
+        resets: u32,
+        queues: Vec<Queue>,
+    }
+
+    struct Fake(Arc<Mutex<Log>>);
+    impl VirtioDevice for Fake {
+        fn device_type(&self) -> u32 {
+            42
+        }
+        fn features(&self) -> u64 {
+            F_VERSION_1 | super::super::F_EVENT_IDX | 1
+        }
+        fn queue_sizes(&self) -> Vec<u16> {
+            vec![16, 8]
+        }
+        fn read_config(&self, offset: u64, data: &mut [u8]) {
+            data.fill(offset as u8);
+        }
+        fn write_config(&mut self, _: u64, _: &[u8]) {}
+        fn activate(&mut self, a: Activation) -> Result<(), String> {
+            let mut l = self.0.lock().unwrap();
+            l.activations += 1;
+            l.queues = a.queues;
+            Ok(())
+        }
+        fn reset(&mut self) {
+            self.0.lock().unwrap().resets += 1;
+        }
+        fn needs_reset(&self) -> bool {
+            false
+        }
+        fn stats(&self) -> String {
+            String::new()
+        }
+    }
+
+    struct NoIrq;
+    impl crate::Interrupt for NoIrq {
+        fn trigger(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn transport() -> (MmioTransport, Arc<Mutex<Log>>, Vec<Arc<EventFd>>) {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let bells: Vec<_> = (0..2)
+            .map(|_| Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()))
+            .collect();
+        let t = MmioTransport::new(
+            Box::new(Fake(log.clone())),
+            mem(),
+            Arc::new(VirtioInterrupt::new(Box::new(NoIrq))),
+            bells.clone(),
+        );
+        (t, log, bells)
+    }
+
+    fn w(t: &mut MmioTransport, off: u64, v: u32) {
+        t.write(off, &v.to_le_bytes());
+    }
+    fn r(t: &mut MmioTransport, off: u64) -> u32 {
+        let mut d = [0u8; 4];
+        t.read(off, &mut d);
+        u32::from_le_bytes(d)
+    }
+
+    fn setup_queue(t: &mut MmioTransport, sel: u32, size: u32, base: u64) {
+        w(t, 0x030, sel);
+        w(t, 0x038, size);
+        w(t, 0x080, base as u32);
+        w(t, 0x090, (base + 0x1000) as u32);
+        w(t, 0x0a0, (base + 0x2000) as u32);
+        w(t, 0x044, 1);
+    }
+
+    #[test]
+    fn the_driver_dance() {
+        let (mut t, log, bells) = transport();
+        assert_eq!((r(&mut t, 0), r(&mut t, 4), r(&mut t, 8)), (MAGIC, 2, 42));
+        w(&mut t, 0x014, 1);
+        assert_eq!(r(&mut t, 0x010), 1); // VERSION_1 is bit 32
+        w(&mut t, 0x070, STATUS_ACK | STATUS_DRIVER);
+        w(&mut t, 0x024, 1);
+        w(&mut t, 0x020, 1);
+        w(&mut t, 0x024, 0);
+        w(&mut t, 0x020, 1 << 29);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        assert_ne!(r(&mut t, 0x070) & STATUS_FEATURES_OK, 0);
+        w(&mut t, 0x030, 0);
+        assert_eq!(r(&mut t, 0x034), 16);
+        setup_queue(&mut t, 0, 8, 0x10000);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK,
+        );
+        {
+            let l = log.lock().unwrap();
+            assert_eq!(l.activations, 1);
+            assert!(l.queues[0].ready && l.queues[0].event_idx);
+            assert_eq!((l.queues[0].size, l.queues[0].avail_ring), (8, 0x11000));
+            assert!(!l.queues[1].ready);
+        }
+        // Queue setup is frozen once running.
+        w(&mut t, 0x030, 1);
+        w(&mut t, 0x038, 4);
+        assert_eq!(t.queues[1].size, 8);
+        // Notify through the window reaches the queue's doorbell.
+        w(&mut t, QUEUE_NOTIFY, 0);
+        assert_eq!(bells[0].read().unwrap(), 1);
+        w(&mut t, QUEUE_NOTIFY, 7); // no such queue: ignored
+        // Config space is byte-addressable.
+        let mut b = [0u8; 2];
+        t.read(0x108, &mut b);
+        assert_eq!(b, [8, 8]);
+        // Reset.
+        w(&mut t, 0x070, 0);
+        assert_eq!(r(&mut t, 0x070), 0);
+        assert_eq!(log.lock().unwrap().resets, 1);
+        assert!(!t.queues[0].ready);
+    }
+
+    #[test]
+    fn bad_drivers_do_not_get_far() {
+        let (mut t, log, _) = transport();
+        // Features without VERSION_1, or not offered: FEATURES_OK does not stick.
+        w(&mut t, 0x070, STATUS_ACK | STATUS_DRIVER);
+        w(&mut t, 0x020, 1);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        assert_eq!(r(&mut t, 0x070) & STATUS_FEATURES_OK, 0);
+        w(&mut t, 0x024, 1);
+        w(&mut t, 0x020, 1 | 0x80);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        assert_eq!(r(&mut t, 0x070) & STATUS_FEATURES_OK, 0);
+        // DRIVER_OK without FEATURES_OK does nothing.
+        w(&mut t, 0x070, STATUS_ACK | STATUS_DRIVER | STATUS_DRIVER_OK);
+        assert_eq!(log.lock().unwrap().activations, 0);
+        // A queue outside memory at DRIVER_OK: NEEDS_RESET, not activation.
+        let (mut t, log, _) = transport();
+        w(&mut t, 0x070, STATUS_ACK | STATUS_DRIVER);
+        w(&mut t, 0x024, 1);
+        w(&mut t, 0x020, 1);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        w(&mut t, 0x030, 0);
+        w(&mut t, 0x038, 8);
+        w(&mut t, 0x080, 0xffff_0000);
+        w(&mut t, 0x084, 0xffff);
+        w(&mut t, 0x044, 1);
+        w(
+            &mut t,
+            0x070,
+            STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK,
+        );
+        assert_eq!(log.lock().unwrap().activations, 0);
+        assert_ne!(r(&mut t, 0x070) & STATUS_NEEDS_RESET, 0);
+        // Odd-sized and unaligned register accesses are ignored.
+        let mut d = [0xffu8; 2];
+        t.read(0x000, &mut d);
+        assert_eq!(d, [0, 0]);
+        t.write(0x070, &[0]);
+        assert_ne!(r(&mut t, 0x070), 0);
+        // Out-of-range queue select reads as absent.
+        w(&mut t, 0x030, 99);
+        assert_eq!(r(&mut t, 0x034), 0);
+    }
+}

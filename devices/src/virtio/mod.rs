@@ -1,0 +1,96 @@
+//! virtio over MMIO: the transport, the split virtqueue, and the block device.
+
+pub mod block;
+pub mod mmio;
+pub mod queue;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::Interrupt;
+
+/// `VIRTIO_F_VERSION_1`.
+pub const F_VERSION_1: u64 = 1 << 32;
+/// `VIRTIO_RING_F_INDIRECT_DESC`.
+pub const F_INDIRECT_DESC: u64 = 1 << 28;
+/// `VIRTIO_RING_F_EVENT_IDX`.
+pub const F_EVENT_IDX: u64 = 1 << 29;
+/// InterruptStatus: used buffer notification.
+pub const INT_VRING: u32 = 1;
+/// InterruptStatus: configuration change (also: the device needs a reset).
+pub const INT_CONFIG: u32 = 2;
+/// Device type: block.
+pub const TYPE_BLOCK: u32 = 2;
+
+/// A device's interrupt: the InterruptStatus register and the line (an irqfd).
+pub struct VirtioInterrupt {
+    status: AtomicU32,
+    line: Box<dyn Interrupt + Sync>,
+}
+
+impl VirtioInterrupt {
+    /// An interrupt on `line`.
+    pub fn new(line: Box<dyn Interrupt + Sync>) -> Self {
+        Self {
+            status: AtomicU32::new(0),
+            line,
+        }
+    }
+
+    /// Sets `bits` in InterruptStatus and raises the line.
+    pub fn trigger(&self, bits: u32) {
+        self.status.fetch_or(bits, Ordering::AcqRel);
+        if let Err(e) = self.line.trigger() {
+            log::warn!("virtio: raising the interrupt failed: {e}");
+        }
+    }
+
+    /// InterruptStatus.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::Acquire)
+    }
+
+    /// InterruptACK.
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::AcqRel);
+    }
+}
+
+/// What a device gets when the driver sets DRIVER_OK.
+pub struct Activation {
+    /// Guest memory.
+    pub mem: GuestMemoryMmap,
+    /// The queues as the driver set them up.
+    pub queues: Vec<queue::Queue>,
+    /// Negotiated features.
+    pub features: u64,
+    /// The device's interrupt.
+    pub interrupt: std::sync::Arc<VirtioInterrupt>,
+    /// One doorbell eventfd per queue (an ioeventfd, or written by the transport).
+    pub doorbells: Vec<std::sync::Arc<EventFd>>,
+}
+
+/// A virtio device behind the MMIO transport. Register logic lives in the transport; the
+/// device owns its config space and what runs once it is activated.
+pub trait VirtioDevice: Send {
+    /// Device type.
+    fn device_type(&self) -> u32;
+    /// Features offered.
+    fn features(&self) -> u64;
+    /// Largest size of each queue.
+    fn queue_sizes(&self) -> Vec<u16>;
+    /// Reads config space.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Writes config space (devices may ignore it).
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// Starts serving the queues.
+    fn activate(&mut self, a: Activation) -> Result<(), String>;
+    /// Stops serving (reset, or teardown); waits for in-flight work.
+    fn reset(&mut self);
+    /// Whether the device found a queue violation and needs a reset.
+    fn needs_reset(&self) -> bool;
+    /// One line of counters for teardown.
+    fn stats(&self) -> String;
+}

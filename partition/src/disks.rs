@@ -1,0 +1,270 @@
+//! Disks: parsing `--disk` and attaching virtio-blk devices to a VM.
+//!
+//! Each disk gets a 4 KiB virtio-mmio window from 0xd000_0000 up and a GSI from 5 up, is
+//! announced on the guest's command line as `virtio_mmio.device=4K@ADDR:GSI`, has its
+//! interrupt on an irqfd, and each of its queues' QueueNotify bound to an ioeventfd
+//! (datamatch = queue index) so doorbells never leave the kernel. With `--no-ioeventfd`
+//! the doorbell is an MMIO exit the transport turns into the same eventfd write.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use boot::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
+use devices::Bus;
+use devices::virtio::VirtioInterrupt;
+use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
+use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY};
+use kvm_ioctls::IoEventAddress;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::memory::GuestMemory;
+use crate::vm::Vm;
+
+/// First GSI handed to disks (COM1 has 4).
+pub const FIRST_GSI: u32 = 5;
+/// Most disks (GSIs 5..=23 on the IOAPIC).
+pub const MAX_DISKS: usize = 8;
+
+/// Errors parsing or attaching disks.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// `--disk` does not parse.
+    #[error("--disk {spec:?}: {why}")]
+    Spec {
+        /// The argument.
+        spec: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// Too many disks.
+    #[error("at most {MAX_DISKS} disks")]
+    TooMany,
+    /// The backing cannot be used.
+    #[error("{0}")]
+    Open(#[from] devices::virtio::block::disk::DiskError),
+    /// KVM refused an ioeventfd or irqfd.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: kvm_ioctls::Error,
+    },
+    /// eventfd creation.
+    #[error("eventfd: {0}")]
+    EventFd(std::io::Error),
+    /// The bus refused the window.
+    #[error("{0}")]
+    Bus(#[from] devices::BusError),
+    /// Setting up the interrupt line.
+    #[error("{0}")]
+    Vm(#[from] crate::vm::VmError),
+}
+
+fn on_off(spec: &str, key: &str, v: &str) -> Result<bool, DiskError> {
+    match v {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(DiskError::Spec {
+            spec: spec.into(),
+            why: format!("{key}={v}: use on or off"),
+        }),
+    }
+}
+
+/// Parses `path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N][,core=N][,sqpoll=on][,id=STR]`.
+pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
+    let err = |why: String| DiskError::Spec {
+        spec: spec.into(),
+        why,
+    };
+    let mut cfg = BlockConfig {
+        path: PathBuf::new(),
+        read_only: false,
+        direct: false,
+        queues: 1,
+        poll: Duration::ZERO,
+        worker_core: None,
+        sqpoll: false,
+        id: format!("partition-disk{index}"),
+    };
+    let mut have_path = false;
+    for item in spec.split(',') {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| err(format!("{item:?} is not key=value")))?;
+        match k {
+            "path" if !v.is_empty() => {
+                cfg.path = PathBuf::from(v);
+                have_path = true;
+            }
+            "readonly" => cfg.read_only = on_off(spec, k, v)?,
+            "direct" => cfg.direct = on_off(spec, k, v)?,
+            "sqpoll" => cfg.sqpoll = on_off(spec, k, v)?,
+            "queues" => {
+                cfg.queues = v
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|q| (1..=MAX_QUEUES).contains(q))
+                    .ok_or_else(|| err(format!("queues={v}: 1 to {MAX_QUEUES}")))?
+            }
+            "poll_us" => {
+                let us = v
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|u| *u <= 1_000_000)
+                    .ok_or_else(|| err(format!("poll_us={v}: 0 to 1000000")))?;
+                cfg.poll = Duration::from_micros(us);
+            }
+            "core" => {
+                cfg.worker_core = Some(
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|c| crate::cores::available().contains(c))
+                        .ok_or_else(|| err(format!("core={v}: not an online core")))?,
+                )
+            }
+            "id" if v.len() <= 20 && v.is_ascii() => cfg.id = v.to_string(),
+            "id" => return Err(err("id: at most 20 ASCII characters".into())),
+            _ => {
+                return Err(err(format!(
+                    "unknown or empty key {k:?} (path, readonly, direct, queues, poll_us, core, sqpoll, id)"
+                )));
+            }
+        }
+    }
+    if !have_path {
+        return Err(err("path=FILE is required".into()));
+    }
+    Ok(cfg)
+}
+
+/// A disk attached to a VM.
+pub struct AttachedDisk {
+    /// Its window.
+    pub transport: Arc<Mutex<MmioTransport>>,
+    /// Window base.
+    pub base: u64,
+    /// Its GSI.
+    pub gsi: u32,
+}
+
+/// Opens every disk (so a bad one is reported before anything else is created).
+pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
+    if configs.len() > MAX_DISKS {
+        return Err(DiskError::TooMany);
+    }
+    configs
+        .iter()
+        .map(|c| VirtioBlock::new(c.clone()).map_err(DiskError::from))
+        .collect()
+}
+
+/// The command-line words announcing `n` disks.
+pub fn cmdline(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            format!(
+                "virtio_mmio.device=4K@{:#x}:{}",
+                VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE,
+                FIRST_GSI + i as u32
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Puts `disks` on `bus`, with doorbells and interrupts wired through KVM.
+pub fn attach(
+    vm: &Vm,
+    mem: &GuestMemory,
+    bus: &mut Bus,
+    disks: Vec<VirtioBlock>,
+    ioeventfd: bool,
+    worker_core: Option<usize>,
+) -> Result<Vec<AttachedDisk>, DiskError> {
+    use devices::virtio::VirtioDevice;
+    let mut out = Vec::new();
+    for (i, mut d) in disks.into_iter().enumerate() {
+        let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE;
+        let gsi = FIRST_GSI + i as u32;
+        d.set_default_core(worker_core);
+        let mut doorbells = Vec::new();
+        for q in 0..d.queue_sizes().len() {
+            let evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DiskError::EventFd)?);
+            if ioeventfd {
+                vm.fd()
+                    .register_ioevent(&evt, &IoEventAddress::Mmio(base + QUEUE_NOTIFY), q as u32)
+                    .map_err(|source| DiskError::Kvm {
+                        what: "KVM_IOEVENTFD",
+                        source,
+                    })?;
+                log::debug!(
+                    "virtio-blk{i} queue {q}: doorbell at {:#x} (datamatch {q}) is answered by the kernel",
+                    base + QUEUE_NOTIFY
+                );
+            }
+            doorbells.push(evt);
+        }
+        let irq = vm.irq_line(gsi)?;
+        let interrupt = Arc::new(VirtioInterrupt::new(Box::new(irq)));
+        let t = Arc::new(Mutex::new(MmioTransport::new(
+            Box::new(d),
+            mem.mem().clone(),
+            interrupt,
+            doorbells,
+        )));
+        bus.insert(&format!("virtio-blk{i}"), base, VIRTIO_MMIO_SIZE, t.clone())?;
+        out.push(AttachedDisk {
+            transport: t,
+            base,
+            gsi,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_disk_specs() {
+        let c = parse(
+            "path=/tmp/x.img,readonly=on,direct=on,queues=2,poll_us=50,sqpoll=off,id=abc",
+            3,
+        )
+        .unwrap();
+        assert_eq!(c.path, PathBuf::from("/tmp/x.img"));
+        assert!(c.read_only && c.direct && !c.sqpoll);
+        assert_eq!(
+            (c.queues, c.poll, c.id.as_str()),
+            (2, Duration::from_micros(50), "abc")
+        );
+        let d = parse("path=/tmp/y", 1).unwrap();
+        assert_eq!(
+            (d.queues, d.poll, d.id.as_str()),
+            (1, Duration::ZERO, "partition-disk1")
+        );
+        for bad in [
+            "",
+            "readonly=on",
+            "path=",
+            "path=/x,queues=0",
+            "path=/x,queues=99",
+            "path=/x,poll_us=-1",
+            "path=/x,readonly=maybe",
+            "path=/x,colour=red",
+            "path=/x,core=4096",
+            "path=/x,id=012345678901234567890",
+            "path=/x,junk",
+        ] {
+            assert!(parse(bad, 0).is_err(), "{bad}");
+        }
+        assert_eq!(
+            cmdline(2),
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
+        );
+    }
+}
