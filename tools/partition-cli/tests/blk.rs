@@ -1,0 +1,237 @@
+//! virtio-blk end to end: the probe guest reads a 64 MiB image of known content through
+//! every doorbell and backend mode and gets the checksum the host computes; its writes land
+//! in the host file; a read-only disk refuses them; bad `--disk` arguments are refused.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const SIZE: usize = 64 << 20;
+const SEED: u64 = 0x1357_9bdf_0246_8ace;
+
+/// The image: word at byte offset `o` is the memtest pattern of `o` under SEED.
+fn image(path: &Path) {
+    let mut b = Vec::with_capacity(SIZE);
+    for o in (0..SIZE as u64).step_by(8) {
+        b.extend_from_slice(&pattern(o, SEED).to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
+/// The probe's checksum of a byte string (tools/probe-guest/src/blk.rs).
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes
+        .chunks_exact(8)
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, w| {
+            (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
+
+fn field(out: &str, prefix: &str, key: &str) -> String {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in:\n{out}"));
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        .to_string()
+}
+
+fn launch(extra: &[&str], cmdline: &str) -> Output {
+    let mut args = vec![
+        "launch", "--cores", "0", "--memory", "64M", "--probe", "--idle", "shared",
+    ];
+    args.extend_from_slice(extra);
+    let cl = format!("probe.memtest=0 {cmdline}");
+    args.extend_from_slice(&["--cmdline", &cl]);
+    run(&args, LIMIT)
+}
+
+#[test]
+fn every_mode_reads_the_image_exactly() {
+    if !kvm_available("every_mode_reads_the_image_exactly") {
+        return;
+    }
+    let dir = Scratch::new("blk-read");
+    let img = dir.path("disk.img");
+    image(&img);
+    let want = format!("{:#018x}", checksum(&std::fs::read(&img).unwrap()));
+    let disk = format!("path={}", img.display());
+    let cases: Vec<(&str, Vec<String>, &str)> = vec![
+        (
+            "exit notify",
+            vec!["--no-ioeventfd".into(), "--disk".into(), disk.clone()],
+            "",
+        ),
+        ("ioeventfd", vec!["--disk".into(), disk.clone()], ""),
+        (
+            "ioeventfd + polling",
+            vec!["--disk".into(), format!("{disk},poll_us=100")],
+            "",
+        ),
+        (
+            "O_DIRECT",
+            vec!["--disk".into(), format!("{disk},direct=on")],
+            "",
+        ),
+        (
+            "read-only",
+            vec!["--disk".into(), format!("{disk},readonly=on")],
+            "",
+        ),
+        (
+            "two queues",
+            vec!["--disk".into(), format!("{disk},queues=2")],
+            "",
+        ),
+        (
+            "no EVENT_IDX",
+            vec!["--disk".into(), disk.clone()],
+            "probe.blk_event_idx=0",
+        ),
+        (
+            "indirect descriptors",
+            vec!["--disk".into(), disk.clone()],
+            "probe.blk_indirect=1",
+        ),
+    ];
+    for (what, extra, opts) in cases {
+        let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let out = launch(
+            &refs,
+            &format!("probe.blk=read,fence probe.blk_n=20 {opts}"),
+        );
+        assert_eq!(out.code(), 0, "{what}: {}\n{}", out.stderr, out.stdout);
+        assert_eq!(
+            field(&out.stdout, "probe: blk read ", "bytes"),
+            SIZE.to_string(),
+            "{what}"
+        );
+        assert_eq!(
+            field(&out.stdout, "probe: blk read ", "checksum"),
+            want,
+            "{what}"
+        );
+        assert!(
+            out.stdout.contains("probe: blk id=partition-disk0"),
+            "{what}: {}",
+            out.stdout
+        );
+        assert!(
+            out.stderr
+                .contains("disk at 0xd0000000 (gsi 5): q0: requests="),
+            "{what}: {}",
+            out.stderr
+        );
+        let dev = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("probe: blk dev "))
+            .unwrap();
+        if what == "indirect descriptors" {
+            assert!(dev.contains("indirect=true"), "{dev}");
+        }
+        if what == "no EVENT_IDX" {
+            assert!(dev.contains("event_idx=false"), "{dev}");
+        }
+        if what == "exit notify" {
+            // Every request rang through a VM exit.
+            let st = out
+                .stderr
+                .lines()
+                .find(|l| l.contains("q0: requests="))
+                .unwrap();
+            assert!(st.contains("doorbells="), "{st}");
+        }
+    }
+}
+
+#[test]
+fn writes_land_in_the_host_file_and_read_only_refuses_them() {
+    if !kvm_available("writes_land_in_the_host_file_and_read_only_refuses_them") {
+        return;
+    }
+    let dir = Scratch::new("blk-write");
+    let img = dir.path("disk.img");
+    image(&img);
+    let before = std::fs::read(&img).unwrap();
+    let disk = format!("path={}", img.display());
+    let out = launch(&["--disk", &disk], "probe.blk=write");
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    assert_eq!(
+        field(&out.stdout, "probe: blk write ", "flushed_and_read_back"),
+        "true"
+    );
+    let after = std::fs::read(&img).unwrap();
+    let first = SIZE - (1 << 20);
+    assert_eq!(
+        after[..first],
+        before[..first],
+        "bytes outside the written range changed"
+    );
+    for (i, w) in after[first..].chunks_exact(8).enumerate() {
+        let o = (first + 8 * i) as u64;
+        let want = pattern(o, 0x5752_4954_4521_0002);
+        assert_eq!(
+            u64::from_le_bytes(w.try_into().unwrap()),
+            want,
+            "word at {o:#x}"
+        );
+    }
+    // Read-only: the guest's writes fail (it exits with a failure status), the file stays.
+    image(&img);
+    let out = launch(
+        &["--disk", &format!("{disk},readonly=on")],
+        "probe.blk=write",
+    );
+    assert_eq!(out.code(), 4, "{}\n{}", out.stderr, out.stdout);
+    assert_eq!(
+        field(&out.stdout, "probe: blk write ", "flushed_and_read_back"),
+        "false"
+    );
+    assert_eq!(std::fs::read(&img).unwrap(), before);
+    assert!(out.stderr.contains("refused="), "{}", out.stderr);
+}
+
+#[test]
+fn bad_disk_arguments_exit_2() {
+    let dir = Scratch::new("blk-bad");
+    let odd = dir.file("odd.img", &[0u8; 1000]);
+    let cases = [
+        (
+            "path=/nonexistent/disk.img".to_string(),
+            "disk /nonexistent/disk.img",
+        ),
+        (
+            format!("path={}", odd.display()),
+            "not a positive multiple of 512",
+        ),
+        ("path=/tmp".to_string(), "/tmp"),
+        ("readonly=on".to_string(), "path=FILE is required"),
+        ("path=/x,queues=0".to_string(), "queues=0"),
+        ("path=/x,poll_us=abc".to_string(), "poll_us=abc"),
+        ("path=/x,bogus=1".to_string(), "unknown or empty key"),
+    ];
+    let before = host_state();
+    for (spec, want) in cases {
+        let out = run(
+            &[
+                "launch", "--cores", "0", "--memory", "16M", "--probe", "--disk", &spec,
+            ],
+            LIMIT,
+        );
+        assert_eq!(out.code(), 2, "{spec}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(want),
+            "{spec}: want {want:?} in {}",
+            out.stderr
+        );
+        assert!(out.stdout.is_empty(), "{spec}: the guest ran");
+    }
+    assert_eq!(host_state().hugepages_total, before.hugepages_total);
+}
