@@ -4,6 +4,7 @@
 //! object with `completed`, its provenance, its parameters, medians with min-max spread and
 //! the raw runs; `partition bench` merges it into `benchmarks/results/<host>.json`.
 
+pub mod blk;
 pub mod memsetup;
 pub mod results;
 pub mod stats;
@@ -76,12 +77,27 @@ pub struct Run {
 }
 
 /// Runs `cmd`, timing its first stdout byte; kills it after `limit`.
-pub fn timed_run(mut cmd: Command, limit: Duration) -> std::io::Result<Run> {
+pub fn timed_run(cmd: Command, limit: Duration) -> std::io::Result<Run> {
+    timed_run_with(cmd, limit, |_| Ok(()))
+}
+
+/// As [`timed_run`], calling `after_spawn` with the child's pid before reading its output
+/// (to pin its threads, say); the child is killed if the hook fails.
+pub fn timed_run_with(
+    mut cmd: Command,
+    limit: Duration,
+    after_spawn: impl FnOnce(u32) -> Result<(), String>,
+) -> std::io::Result<Run> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let start = Instant::now();
     let mut child = cmd.spawn()?;
+    if let Err(e) = after_spawn(child.id()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(std::io::Error::other(e));
+    }
     let mut out = child
         .stdout
         .take()

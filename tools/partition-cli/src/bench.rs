@@ -17,6 +17,10 @@ const SECTIONS: &[(&str, &str)] = &[
         "wake",
         "the price of a fast wakeup per idle policy: timer lateness, IPI and shared-memory ping-pong in a 2-vCPU probe guest vs futex/spin/clock_nanosleep on the bare host; idle busy share and energy; QEMU microvm default and cpu-pm=on",
     ),
+    (
+        "blk",
+        "4 KiB reads at depth 1 (and depth 32, GET_ID fences, a 64 MiB sequential read): host pread/io_uring warm and O_DIRECT vs the probe guest over exit notify, ioeventfd, ioeventfd+polling, O_DIRECT vs QEMU microvm virtio-blk (io_uring, iothread+polling)",
+    ),
 ];
 
 #[derive(clap::Args)]
@@ -101,6 +105,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         let section = match *name {
             "memsetup" => benchmarks::memsetup::run(&env, &sizes),
             "wake" => benchmarks::wake::run(&env),
+            "blk" => benchmarks::blk::run(&env),
             _ => continue,
         };
         let completed = section["completed"].as_bool().unwrap_or(false);

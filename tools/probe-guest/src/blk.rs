@@ -82,6 +82,9 @@ struct Blk {
     indirect: bool,
     avail_idx: u16,
     last_used: u16,
+    /// Whether the next completions should interrupt (else the driver polls the used ring
+    /// and tells the device not to bother, as Linux's virtqueue_disable_cb does).
+    want_irq: bool,
 }
 
 fn rd(base: u64, off: u64) -> u32 {
@@ -227,6 +230,7 @@ impl Blk {
             indirect: want & F_INDIRECT != 0,
             avail_idx: 0,
             last_used: 0,
+            want_irq: true,
         })
     }
 
@@ -280,9 +284,19 @@ impl Blk {
             Self::set_desc(Self::desc_at(head as usize + 2), status, 1, WRITE, 0);
         }
         let old = self.avail_idx;
-        // SAFETY: avail ring of our static: ring[old % QSIZE] at index 2 + slot.
+        // SAFETY: avail ring of our static: flags at 0, ring[old % QSIZE] at index 2 + slot,
+        // used_event after the ring.
         unsafe {
             let a = &raw mut RINGS.avail as *mut u16;
+            // Interrupt suppression: VRING_AVAIL_F_NO_INTERRUPT without EVENT_IDX; with it,
+            // used_event at the next entry (interrupts on) or half the index space away (off).
+            a.write_volatile(if self.want_irq { 0 } else { 1 });
+            let event = if self.want_irq {
+                self.last_used
+            } else {
+                self.last_used.wrapping_add(0x8000)
+            };
+            a.add(2 + QSIZE as usize).write_volatile(event);
             a.add(2 + (old % QSIZE) as usize).write_volatile(head);
             fence(Ordering::Release);
             self.avail_idx = old.wrapping_add(1);
@@ -312,13 +326,7 @@ impl Blk {
     /// Waits for the next used entry; returns (slot, status byte).
     fn reap(&mut self, irq: bool) -> (usize, u8) {
         if irq {
-            // Ask for an interrupt at the next used entry, then wait for it.
-            // SAFETY: used_event lives after the avail ring, ours.
-            unsafe {
-                (&raw mut RINGS.avail as *mut u16)
-                    .add(2 + QSIZE as usize)
-                    .write_volatile(self.last_used);
-            }
+            // post() asked for an interrupt at the next used entry; wait for it.
             fence(Ordering::SeqCst);
             while Self::used_idx() == self.last_used {
                 let c = crate::wake::irq_count(IRQ_VECTOR);
@@ -362,6 +370,7 @@ impl Blk {
         device_writes: bool,
         irq: bool,
     ) -> u8 {
+        self.want_irq = irq;
         self.post(0, kind, sector, data, len, device_writes);
         self.reap(irq).1
     }
@@ -420,7 +429,17 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
         say!("blk FAILED: probe.blk given but no virtio_mmio.device= on the command line");
         return true;
     }
-    let (base, irq) = list.items[0];
+    // The first block device: a VMM (QEMU's microvm, for one) may announce other kinds too.
+    let Some(&(base, irq)) = list.items[..list.len]
+        .iter()
+        .find(|&&(a, _)| rd(a, 0) == MAGIC && rd(a, 8) == 2)
+    else {
+        say!(
+            "blk FAILED: no virtio-mmio block device among {} announced",
+            list.len
+        );
+        return true;
+    };
     let mut d = match Blk::init(base, irq, bi) {
         Ok(d) => d,
         Err(e) => {
@@ -551,6 +570,7 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
             "qd32" => {
                 let mut rng = Rng(0xfeed_f00d_dead_beef);
                 let total = (n * 4).max(SLOTS * 4);
+                d.want_irq = false;
                 let start = rdtsc();
                 let mut posted = 0;
                 let mut done = 0;

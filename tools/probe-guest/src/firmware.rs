@@ -158,22 +158,23 @@ pub fn mptable_cpus() -> Option<CpuList> {
         if len < 44 || !checksum_ok(table, len) {
             return None;
         }
-        let count = peek::<u16>(table + 34);
+        // Walk the entries by the table length, as Linux does: some firmware (qboot, which
+        // QEMU's microvm runs) leaves the header's entry count at zero.
         let mut cpus = CpuList::new();
         let mut o = 44;
-        for _ in 0..count {
-            if o >= len {
+        while o < len {
+            let size = match peek::<u8>(table + o) {
+                0 => 20,
+                1..=4 => 8,
+                _ => break,
+            };
+            if o + size > len {
                 break;
             }
-            let t: u8 = peek(table + o);
-            if t == 0 {
-                if peek::<u8>(table + o + 3) & 1 != 0 {
-                    cpus.push(peek::<u8>(table + o + 1) as u32);
-                }
-                o += 20;
-            } else {
-                o += 8;
+            if size == 20 && peek::<u8>(table + o + 3) & 1 != 0 {
+                cpus.push(peek::<u8>(table + o + 1) as u32);
             }
+            o += size;
         }
         Some(cpus)
     }

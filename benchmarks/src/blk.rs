@@ -1,0 +1,756 @@
+//! `blk`: a 4 KiB read at queue depth 1, from the bare host and through the VMM's virtio-blk
+//! path, against QEMU on the same guest and the same file.
+//!
+//! The file is a 64 MiB image of known content made for the run (on the file system of the
+//! scratch directory). Rows, all on that one file:
+//! - host `pread` and host io_uring at depth 1: warm (the file read once into the page cache
+//!   first), and cold with O_DIRECT (the backing device serves every read);
+//! - our probe guest with the exit notify path (`--no-ioeventfd`), with ioeventfd, with
+//!   ioeventfd + a polling worker (`poll_us`), and polled with `direct=on` (cold);
+//! - the same probe guest under `qemu-system-x86_64 -M microvm` with a virtio-blk-device on
+//!   `aio=io_uring`, with an iothread that polls (`poll-max-ns`), and that with
+//!   `cache.direct=on` (cold).
+//!
+//! Every guest row runs the probe's `read` (the whole image, checksum compared with the
+//! host's), `lat` (random 4 KiB reads at depth 1, first with the guest polling the used ring,
+//! then waiting for the interrupt), `fence` (GET_ID requests that move no data) and `qd32`.
+//! Requests at depth 1 are `GAP_US` apart, on the host too, so a request meets a device
+//! that has gone quiet (a worker polls across the gap only if its `poll_us` is longer).
+//! The vCPU runs on the reserved core and everything else (our queue worker, QEMU's main
+//! loop and iothread) on the host core: QEMU is started paused and its vCPU thread pinned
+//! before it runs. Rows alternate in an order rotated every round; each row is the median
+//! of the per-run medians with the min-max spread.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Read, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::stats::{Summary, spreads_overlap, summary};
+use crate::{Env, now_utc, provenance, timed_run, timed_run_with};
+
+const IMAGE_BYTES: u64 = 64 << 20;
+const SAMPLES: usize = 1000;
+const GAP_US: u64 = 50;
+const POLL_US: u64 = 200;
+const BLOCK: usize = 4096;
+
+/// Our VMM's configurations: (name, --disk options beyond path, ioeventfd, cache state).
+const OURS: [(&str, &str, bool, &str); 4] = [
+    ("exit", "", false, "warm"),
+    ("ioeventfd", "", true, "warm"),
+    ("ioeventfd+poll", ",poll_us=200", true, "warm"),
+    (
+        "ioeventfd+poll direct",
+        ",poll_us=200,direct=on",
+        true,
+        "cold",
+    ),
+];
+
+/// QEMU's configurations: (name, cache state).
+const QEMU: [(&str, &str); 3] = [
+    ("qemu io_uring", "warm"),
+    ("qemu iothread+poll", "warm"),
+    ("qemu iothread+poll direct", "cold"),
+];
+
+const WARM: &str = "warm: the image is in the host page cache (read once before the rows; \
+                    the guest's own full read comes first in every run)";
+const COLD: &str = "cold: O_DIRECT, the host page cache is bypassed and the backing device \
+                    serves every read";
+
+/// The word hash the probe guest reports for its `read` test.
+pub fn probe_hash(data: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in data.chunks_exact(8) {
+        let w = u64::from_le_bytes(w.try_into().unwrap_or([0; 8]));
+        h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Writes the image and returns the probe's checksum of it.
+pub fn make_image(path: &Path, bytes: u64) -> std::io::Result<u64> {
+    let mut rng = XorShift(0x0b1c_0b1c_5eed_0001);
+    let mut w = BufWriter::new(File::create(path)?);
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for _ in 0..bytes / 8 {
+        let v = rng.next();
+        h = (h ^ v).wrapping_mul(0x0000_0100_0000_01b3);
+        w.write_all(&v.to_le_bytes())?;
+    }
+    w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok(h)
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A BLOCK-sized buffer aligned for O_DIRECT, carved out of a larger Vec.
+struct Aligned(Vec<u8>, usize);
+impl Aligned {
+    fn new() -> Self {
+        let v = vec![0u8; 2 * BLOCK];
+        let off = v.as_ptr().align_offset(BLOCK);
+        Self(v, off)
+    }
+    fn buf(&mut self) -> &mut [u8] {
+        &mut self.0[self.1..self.1 + BLOCK]
+    }
+}
+
+fn open(path: &Path, direct: bool) -> std::io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path)
+}
+
+/// Random 4 KiB reads at depth 1 with `pread`, `GAP_US` apart; ns per read.
+pub fn host_pread(path: &Path, direct: bool, n: usize, gap: Duration) -> std::io::Result<Vec<f64>> {
+    let f = open(path, direct)?;
+    let blocks = f.metadata()?.len() / BLOCK as u64;
+    let mut rng = XorShift(0x1234_5678_9abc_def1);
+    let mut a = Aligned::new();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let off = rng.next() % blocks.max(1) * BLOCK as u64;
+        spin(gap);
+        let t0 = Instant::now();
+        let got = f.read_at(a.buf(), off)?;
+        out.push(t0.elapsed().as_secs_f64() * 1e9);
+        if got != BLOCK {
+            return Err(std::io::Error::other(format!("short read {got} at {off}")));
+        }
+    }
+    Ok(out)
+}
+
+/// The same through io_uring: one read submitted and waited for at a time.
+pub fn host_uring(path: &Path, direct: bool, n: usize, gap: Duration) -> std::io::Result<Vec<f64>> {
+    use io_uring::{IoUring, opcode, types};
+    use std::os::fd::AsRawFd;
+    let f = open(path, direct)?;
+    let blocks = f.metadata()?.len() / BLOCK as u64;
+    let mut ring = IoUring::new(8)?;
+    let mut rng = XorShift(0x1234_5678_9abc_def1);
+    let mut a = Aligned::new();
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let off = rng.next() % blocks.max(1) * BLOCK as u64;
+        let buf = a.buf();
+        let e = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.as_mut_ptr(), BLOCK as u32)
+            .offset(off)
+            .build()
+            .user_data(1);
+        spin(gap);
+        let t0 = Instant::now();
+        // SAFETY: the buffer and the file outlive the request, which is waited for below
+        // before either is touched again.
+        unsafe { ring.submission().push(&e) }
+            .map_err(|_| std::io::Error::other("submission queue full"))?;
+        ring.submit_and_wait(1)?;
+        let res = ring
+            .completion()
+            .next()
+            .map(|c| c.result())
+            .unwrap_or(-libc::EIO);
+        out.push(t0.elapsed().as_secs_f64() * 1e9);
+        if res != BLOCK as i32 {
+            return Err(std::io::Error::other(format!(
+                "io_uring read {res} at {off}"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// What one probe run reported.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProbeBlk {
+    /// `test/mode` -> (median, p99) ns.
+    pub lat: BTreeMap<String, (f64, f64)>,
+    /// Depth-32 IOPS.
+    pub qd32_iops: Option<f64>,
+    /// Whole-image read: (bytes, checksum, MB/s).
+    pub read: Option<(u64, u64, f64)>,
+    /// The probe said "result ok".
+    pub ok: bool,
+}
+
+/// Parses a probe guest's console.
+pub fn parse_probe(stdout: &str) -> ProbeBlk {
+    let mut r = ProbeBlk::default();
+    let mut tsc_khz = None;
+    let kv = |rest: &str, k: &str| -> Option<String> {
+        rest.split_whitespace()
+            .find_map(|w| Some(w.strip_prefix(k)?.strip_prefix('=')?.to_string()))
+    };
+    for l in stdout.lines() {
+        let Some(rest) = l.strip_prefix("probe: ") else {
+            continue;
+        };
+        if rest.starts_with("tsc_khz=") {
+            tsc_khz = kv(rest, "tsc_khz").and_then(|v| v.parse::<f64>().ok());
+        } else if let Some(rest) = rest.strip_prefix("blk test=") {
+            let test = rest.split_whitespace().next().unwrap_or("");
+            let num = |k: &str| kv(rest, k).and_then(|v| v.parse::<f64>().ok());
+            if test == "qd32" {
+                r.qd32_iops = num("iops");
+            } else if let (Some(mode), Some(m), Some(p)) =
+                (kv(rest, "mode"), num("median_ns"), num("p99_ns"))
+            {
+                r.lat.insert(format!("{test}/{mode}"), (m, p));
+            }
+        } else if let Some(rest) = rest.strip_prefix("blk read ") {
+            let bytes = kv(rest, "bytes").and_then(|v| v.parse::<u64>().ok());
+            let sum = kv(rest, "checksum")
+                .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok());
+            let cycles = kv(rest, "tsc_cycles").and_then(|v| v.parse::<f64>().ok());
+            if let (Some(b), Some(s)) = (bytes, sum) {
+                let mbs = match (cycles, tsc_khz) {
+                    (Some(c), Some(k)) if c > 0.0 => b as f64 / (c / (k * 1e3)) / 1e6,
+                    _ => f64::NAN,
+                };
+                r.read = Some((b, s, mbs));
+            }
+        } else if rest.starts_with("result ok") {
+            r.ok = true;
+        }
+    }
+    r
+}
+
+fn probe_cmdline() -> String {
+    format!(
+        "probe.memtest=0 probe.blk=read,lat,fence,qd32 probe.blk_n={SAMPLES} probe.blk_gap_us={GAP_US}"
+    )
+}
+
+fn ours_cmd(env: &Env, image: &Path, opts: &str, ioeventfd: bool) -> Command {
+    let mut c = Command::new(&env.partition);
+    c.env("PARTITION_STATE_DIR", env.work.join("blk-state"))
+        .env("RUST_LOG", "partition::disks=debug")
+        .args([
+            "launch",
+            "--cores",
+            &env.core.to_string(),
+            "--memory",
+            "64M",
+        ])
+        .args(["--probe", "--cmdline", &probe_cmdline(), "--disk"])
+        .arg(format!("path={}{opts}", image.display()));
+    if !ioeventfd {
+        c.arg("--no-ioeventfd");
+    }
+    c
+}
+
+fn qemu_cmd(env: &Env, probe: &Path, image: &Path, name: &str, qmp: &Path) -> Command {
+    let mut c = Command::new(
+        env.qemu
+            .clone()
+            .unwrap_or_else(|| "qemu-system-x86_64".into()),
+    );
+    c.args(["-M", "microvm,acpi=off", "-enable-kvm"])
+        .args(["-cpu", "host,-arch-capabilities", "-smp", "1", "-m", "64M"])
+        .args(["-name", "blkbench,debug-threads=on", "-S"])
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+        .arg("-kernel")
+        .arg(probe)
+        .args(["-append", &probe_cmdline()])
+        .args(["-nodefaults", "-no-user-config", "-nographic"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(["-global", "virtio-mmio.force-legacy=false"]);
+    let direct = if name.ends_with("direct") {
+        ",cache.direct=on"
+    } else {
+        ""
+    };
+    c.arg("-drive").arg(format!(
+        "id=d0,file={},format=raw,if=none,aio=io_uring{direct}",
+        image.display()
+    ));
+    if name.contains("iothread") {
+        c.args([
+            "-object",
+            &format!("iothread,id=io1,poll-max-ns={}", POLL_US * 1000),
+        ])
+        .args(["-device", "virtio-blk-device,drive=d0,iothread=io1"]);
+    } else {
+        c.args(["-device", "virtio-blk-device,drive=d0"]);
+    }
+    c
+}
+
+fn set_affinity(tid: i32, core: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: sets one bit of a valid set (CPU_SET bounds-checks the index).
+    unsafe { libc::CPU_SET(core, &mut set) };
+    // SAFETY: applies a valid set to a thread id; a stale id only fails.
+    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+}
+
+/// QEMU was started paused (`-S`): pin its vCPU thread to `vcpu_core` and every other
+/// thread to `other_core`, then let it run through QMP.
+fn pin_and_start_qemu(
+    pid: u32,
+    qmp: &Path,
+    vcpu_core: usize,
+    other_core: usize,
+) -> Result<(), String> {
+    use std::os::unix::net::UnixStream;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut s = loop {
+        match UnixStream::connect(qmp) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("QMP socket {}: {e}", qmp.display())),
+        }
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    // Reads until a line answers the command (events such as RESUME may come first).
+    let reply = |s: &mut UnixStream, what: &str, key: &str| -> Result<String, String> {
+        let mut acc = Vec::new();
+        let mut b = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(&acc).into_owned();
+            if let Some(l) = text
+                .lines()
+                .find(|l| l.contains(key) || l.contains("\"error\""))
+                .filter(|_| text.ends_with('\n'))
+            {
+                return Ok(l.to_string());
+            }
+            let n = s.read(&mut b).map_err(|e| format!("QMP {what}: {e}"))?;
+            if n == 0 {
+                return Err(format!("QMP {what}: closed"));
+            }
+            acc.extend_from_slice(&b[..n]);
+        }
+    };
+    reply(&mut s, "greeting", "\"QMP\"")?;
+    s.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
+        .map_err(|e| e.to_string())?;
+    reply(&mut s, "capabilities", "\"return\"")?;
+    let mut vcpu = false;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
+    for t in tasks.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let is_vcpu = comm.trim().starts_with("CPU ") && comm.contains("/KVM");
+        vcpu |= is_vcpu;
+        if !set_affinity(tid, if is_vcpu { vcpu_core } else { other_core }) {
+            return Err(format!("pinning QEMU thread {tid}"));
+        }
+    }
+    if !vcpu {
+        return Err("no QEMU vCPU thread (\"CPU 0/KVM\") found".into());
+    }
+    s.write_all(b"{\"execute\":\"cont\"}\n")
+        .map_err(|e| e.to_string())?;
+    let r = reply(&mut s, "cont", "\"return\"")?;
+    if !r.contains("\"return\"") {
+        return Err(format!("QMP cont: {}", r.trim()));
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Series {
+    values: BTreeMap<String, Vec<f64>>,
+    p99: BTreeMap<String, Vec<f64>>,
+    failures: Vec<String>,
+    readback: Vec<String>,
+    command: String,
+}
+
+impl Series {
+    fn add(&mut self, k: &str, v: f64) {
+        self.values.entry(k.into()).or_default().push(v);
+    }
+    fn summary(&self, k: &str) -> Option<Summary> {
+        self.values.get(k).and_then(|v| summary(v))
+    }
+    fn metric(&self, k: &str, unit: &str) -> Value {
+        match self.summary(k) {
+            Some(s) => json!({
+                "median": s.median, "spread": [s.min, s.max], "runs": s.n, "unit": unit,
+                "p99_median": self.p99.get(k).and_then(|v| summary(v)).map(|p| p.median),
+                "per_run": self.values.get(k),
+            }),
+            None => Value::Null,
+        }
+    }
+    fn runs(&self, k: &str) -> usize {
+        self.values.get(k).map_or(0, Vec::len)
+    }
+}
+
+fn record_guest(s: &mut Series, r: std::io::Result<crate::Run>, ok_code: i32, expect: u64) {
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            s.failures.push(e.to_string());
+            return;
+        }
+    };
+    let p = parse_probe(&r.stdout);
+    let sum_ok = p
+        .read
+        .is_some_and(|(b, h, _)| b == IMAGE_BYTES && h == expect);
+    if r.status.code() != Some(ok_code) || !p.ok || !sum_ok {
+        let tail: Vec<&str> = r
+            .stdout
+            .lines()
+            .chain(r.stderr.lines())
+            .filter(|l| l.contains("FAILED") || l.contains("error") || l.contains("blk read"))
+            .take(4)
+            .collect();
+        s.failures.push(format!(
+            "exit {:?}, result ok {}, checksum ok {}: {}",
+            r.status.code(),
+            p.ok,
+            sum_ok,
+            tail.join(" | ")
+        ));
+        return;
+    }
+    for (k, (m, p99)) in &p.lat {
+        s.add(k, *m);
+        s.p99.entry(k.clone()).or_default().push(*p99);
+    }
+    if let Some(i) = p.qd32_iops {
+        s.add("qd32_iops", i);
+    }
+    if let Some((_, _, mbs)) = p.read {
+        s.add("read_mb_s", mbs);
+    }
+    if s.readback.is_empty() {
+        s.readback = r
+            .stderr
+            .lines()
+            .filter(|l| l.contains("answered by the kernel"))
+            .map(|l| l.trim().to_string())
+            .collect();
+    }
+}
+
+fn pretty(c: &Command) -> String {
+    std::iter::once(c.get_program())
+        .chain(c.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn faster(fast: Option<Summary>, slow: Option<Summary>) -> Option<bool> {
+    let (f, s) = (fast?, slow?);
+    Some(f.median < s.median && !spreads_overlap(&f, &s))
+}
+
+/// Runs the section.
+pub fn run(env: &Env) -> Value {
+    let mut section = json!({
+        "completed": false,
+        "started_at": now_utc(),
+        "provenance": provenance(env),
+        "params": {
+            "runs": env.runs, "image_bytes": IMAGE_BYTES, "samples_per_run": SAMPLES,
+            "discarded_warmup_samples_guest": SAMPLES / 10, "gap_between_requests_us": GAP_US,
+            "worker_poll_us": POLL_US, "qemu_poll_max_ns": POLL_US * 1000,
+            "vcpu_core": env.core, "host_core": env.host_core,
+            "guest": "probe guest, 1 vCPU, 64 MiB; virtio-blk 1 queue of 128, EVENT_IDX negotiated, no INDIRECT_DESC",
+        },
+        "method": "see benchmarks/src/blk.rs and docs/block.md: rows alternate, rotated per round; \
+                   each row is the median of per-run medians (min-max spread over runs)",
+    });
+    let image = env.work.join("blk.img");
+    let expect = match make_image(&image, IMAGE_BYTES) {
+        Ok(h) => h,
+        Err(e) => {
+            section["reason"] = json!(format!("making {}: {e}", image.display()));
+            return section;
+        }
+    };
+    section["image"] =
+        json!({ "path_fs": fs_type(&image), "probe_checksum": format!("{expect:#018x}") });
+    let probe = env.work.join("probe.elf");
+    let _ = Command::new(&env.partition)
+        .args(["probe-image", "-o"])
+        .arg(&probe)
+        .output();
+    // Warm the page cache for the warm rows.
+    let mut warm = Vec::new();
+    let _ = File::open(&image).and_then(|mut f| f.read_to_end(&mut warm));
+    drop(warm);
+
+    let gap = Duration::from_micros(GAP_US);
+    let mut host = Series::default();
+    let mut ours: BTreeMap<&str, Series> = OURS.iter().map(|c| (c.0, Series::default())).collect();
+    let mut qemu: BTreeMap<&str, Series> = BTreeMap::new();
+    if env.qemu.is_some() {
+        qemu = QEMU.iter().map(|c| (c.0, Series::default())).collect();
+    }
+    let mut jobs: Vec<&str> = vec!["host"];
+    jobs.extend(OURS.iter().map(|c| c.0));
+    jobs.extend(qemu.keys().copied());
+    let qmp = env.work.join("qmp.sock");
+    for round in 0..env.runs {
+        let mut order = jobs.clone();
+        let n = order.len();
+        order.rotate_left(round % n);
+        for job in order {
+            if job == "host" {
+                for (k, r) in [
+                    ("pread warm", host_pread(&image, false, SAMPLES, gap)),
+                    ("io_uring warm", host_uring(&image, false, SAMPLES, gap)),
+                    ("pread direct", host_pread(&image, true, SAMPLES, gap)),
+                    ("io_uring direct", host_uring(&image, true, SAMPLES, gap)),
+                ] {
+                    match r {
+                        Ok(v) => {
+                            if let Some(s) = summary(&v[SAMPLES / 10..]) {
+                                host.add(k, s.median);
+                                host.p99.entry(k.into()).or_default().push(s.p99);
+                            }
+                        }
+                        Err(e) => host.failures.push(format!("{k}: {e}")),
+                    }
+                }
+            } else if let Some(&(_, opts, ioeventfd, _)) = OURS.iter().find(|c| c.0 == job) {
+                let c = ours_cmd(env, &image, opts, ioeventfd);
+                let s = ours.get_mut(job).expect("present");
+                s.command = pretty(&c);
+                record_guest(s, timed_run(c, Duration::from_secs(120)), 0, expect);
+            } else {
+                let _ = std::fs::remove_file(&qmp);
+                let c = qemu_cmd(env, &probe, &image, job, &qmp);
+                let s = qemu.get_mut(job).expect("present");
+                s.command = pretty(&c);
+                let (core, host_core) = (env.core, env.host_core);
+                let r = timed_run_with(c, Duration::from_secs(120), |pid| {
+                    pin_and_start_qemu(pid, &qmp, core, host_core)
+                });
+                record_guest(s, r, 1, expect);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&qmp);
+
+    let host_row = |k: &str, cold: bool| {
+        json!({
+            "name": format!("host {k}"), "cache": if cold { COLD } else { WARM },
+            "lat4k": host.metric(k, "ns"),
+        })
+    };
+    section["host"] = json!([
+        host_row("pread warm", false),
+        host_row("io_uring warm", false),
+        host_row("pread direct", true),
+        host_row("io_uring direct", true),
+    ]);
+    section["host_failures"] = json!(host.failures);
+    let guest_row = |name: &str, cache: &str, s: &Series| {
+        json!({
+            "name": name,
+            "cache": if cache == "cold" { COLD } else { WARM },
+            "lat4k_guest_polls": s.metric("lat4k/poll", "ns"),
+            "lat4k_guest_waits_for_irq": s.metric("lat4k/irq", "ns"),
+            "fence_guest_polls": s.metric("fence/poll", "ns"),
+            "fence_guest_waits_for_irq": s.metric("fence/irq", "ns"),
+            "qd32_iops": s.metric("qd32_iops", "IOPS"),
+            "seq_read_64m": s.metric("read_mb_s", "MB/s"),
+            "readback": s.readback,
+            "command": s.command,
+            "failures": s.failures,
+        })
+    };
+    section["ours"] = json!(
+        OURS.iter()
+            .map(|c| guest_row(c.0, c.3, &ours[c.0]))
+            .collect::<Vec<_>>()
+    );
+    section["qemu"] = if env.qemu.is_some() {
+        json!(
+            QEMU.iter()
+                .map(|c| guest_row(c.0, c.1, &qemu[c.0]))
+                .collect::<Vec<_>>()
+        )
+    } else {
+        json!("qemu-system-x86_64 not found: no peer rows")
+    };
+
+    // The orderings seed 002 found, and the comparison with QEMU.
+    let o = |k: &str, m: &str| ours.get(k).and_then(|s| s.summary(m));
+    // The best warm row for the given completion styles (both: the best a guest can get).
+    let best = |set: &BTreeMap<&str, Series>, metrics: &[&str]| {
+        set.iter()
+            .filter(|(k, _)| !k.ends_with("direct"))
+            .flat_map(|(k, s)| {
+                metrics
+                    .iter()
+                    .filter_map(move |m| s.summary(m).map(|x| (format!("{k} ({m})"), x)))
+            })
+            .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    };
+    let ordering = |claim: &str, fast: Option<Summary>, slow: Option<Summary>| {
+        let shown = faster(fast, slow);
+        json!({
+            "claim": claim,
+            "fast_median_ns": fast.map(|s| s.median), "slow_median_ns": slow.map(|s| s.median),
+            "shown": shown,
+            "note": match shown {
+                Some(true) => "shown beyond the spread",
+                Some(false) => "not shown on this host",
+                None => "not measured",
+            },
+        })
+    };
+    let mut orderings = vec![
+        ordering(
+            "ioeventfd beats the exit path (4 KiB depth 1, guest polls the used ring)",
+            o("ioeventfd", "lat4k/poll"),
+            o("exit", "lat4k/poll"),
+        ),
+        ordering(
+            "polling beats ioeventfd alone (4 KiB depth 1, guest polls the used ring)",
+            o("ioeventfd+poll", "lat4k/poll"),
+            o("ioeventfd", "lat4k/poll"),
+        ),
+    ];
+    let mut vs_qemu = Vec::new();
+    for m in [
+        &["lat4k/poll", "lat4k/irq"][..],
+        &["lat4k/poll"][..],
+        &["lat4k/irq"][..],
+    ] {
+        if let (Some((on, os)), Some((qn, qs))) = (best(&ours, m), best(&qemu, m)) {
+            vs_qemu.push(json!({
+                "completion": if m.len() == 2 { "either (the best a guest can get)" } else if m[0].ends_with("poll") { "guest polls the used ring" } else { "guest waits for the interrupt" },
+                "cache": "warm",
+                "ours_best": on, "ours_median_ns": os.median, "ours_spread_ns": [os.min, os.max],
+                "qemu_best": qn, "qemu_median_ns": qs.median, "qemu_spread_ns": [qs.min, qs.max],
+                "ours_over_qemu": os.median / qs.median,
+                "ours_no_worse": os.median <= qs.median,
+            }));
+        }
+    }
+    orderings.push(ordering(
+        "polled O_DIRECT: ours vs QEMU's iothread+poll with cache.direct=on (cold)",
+        o("ioeventfd+poll direct", "lat4k/poll"),
+        qemu.get("qemu iothread+poll direct")
+            .and_then(|s| s.summary("lat4k/poll")),
+    ));
+    section["orderings"] = json!(orderings);
+    section["ours_vs_qemu_best"] = json!(vs_qemu);
+
+    let complete = |s: &Series| s.failures.is_empty() && s.runs("lat4k/poll") == env.runs;
+    let all = host.failures.is_empty()
+        && host.runs("pread warm") == env.runs
+        && ours.values().all(complete)
+        && env.qemu.is_some()
+        && qemu.values().all(complete);
+    section["completed"] = json!(all);
+    if !all {
+        let mut why: Vec<String> = host.failures.clone();
+        for (k, s) in ours.iter().chain(qemu.iter()) {
+            if !complete(s) {
+                why.push(format!(
+                    "{k}: {} of {} runs; {:?}",
+                    s.runs("lat4k/poll"),
+                    env.runs,
+                    s.failures
+                ));
+            }
+        }
+        if env.qemu.is_none() {
+            why.push("qemu-system-x86_64 not installed: the peer rows are required".into());
+        }
+        section["reason"] = json!(why.join("; "));
+    }
+    let _ = std::fs::remove_file(&image);
+    section["finished_at"] = json!(now_utc());
+    section
+}
+
+fn fs_type(p: &Path) -> Value {
+    Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(p)
+        .output()
+        .ok()
+        .map(|o| json!(String::from_utf8_lossy(&o.stdout).trim()))
+        .unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_probe_blk_lines() {
+        let out = "probe: tsc_khz=2000000 source=cpuid\n\
+                   probe: blk read bytes=67108864 checksum=0x1f6eb51930d313b0 tsc_cycles=100000000\n\
+                   probe: blk test=lat4k mode=poll n=500 median_ns=2674 p99_ns=3045 min_ns=1 max_ns=2\n\
+                   probe: blk test=fence mode=irq n=500 median_ns=9 p99_ns=10 min_ns=1 max_ns=2\n\
+                   probe: blk test=qd32 n=2000 ns=3397510 iops=588666 mb_per_s=2411\n\
+                   probe: result ok status=0\n";
+        let p = parse_probe(out);
+        assert!(p.ok);
+        assert_eq!(p.lat["lat4k/poll"], (2674.0, 3045.0));
+        assert_eq!(p.lat["fence/irq"], (9.0, 10.0));
+        assert_eq!(p.qd32_iops, Some(588666.0));
+        let (b, h, mbs) = p.read.unwrap();
+        assert_eq!((b, h), (67108864, 0x1f6e_b519_30d3_13b0));
+        // 64 MiB in 50 ms.
+        assert!((mbs - 1342.177).abs() < 0.01, "{mbs}");
+        let bad = parse_probe("probe: blk test=lat4k mode=poll median_ns=x p99_ns=1\n");
+        assert!(bad.lat.is_empty() && !bad.ok && bad.read.is_none());
+    }
+
+    #[test]
+    fn image_checksum_matches_the_probe_hash() {
+        let dir = std::env::temp_dir().join(format!("blk-bench-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("img");
+        let h = make_image(&p, 1 << 20).unwrap();
+        let data = std::fs::read(&p).unwrap();
+        assert_eq!(data.len(), 1 << 20);
+        assert_eq!(probe_hash(&data), h);
+        assert_ne!(probe_hash(&data[8..]), h);
+        let v = host_pread(&p, false, 20, Duration::ZERO).unwrap();
+        assert_eq!(v.len(), 20);
+        let u = host_uring(&p, false, 20, Duration::ZERO).unwrap();
+        assert!(u.iter().all(|x| *x > 0.0));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
