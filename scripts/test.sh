@@ -10,8 +10,9 @@ need_root "$@"
 need_cargo
 need_kvm
 apt_lists
-# gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch.
-apt_install gcc dpkg python3
+# gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch; QEMU runs
+# the probe as the benchmarks' peer does.
+apt_install gcc dpkg python3 qemu-system-x86
 
 say "cargo fmt --check"
 cargo fmt --all -- --check
