@@ -1,15 +1,44 @@
 #!/usr/bin/env bash
-# Every benchmark, one command: build, then `partition bench` writes its sections (with
-# provenance) into benchmarks/results/<hostname>.json. Extra arguments go to
-# `partition bench` (--only SECTION, --list, --runs N).
+# Every benchmark, one command: build, fetch the cross-check tools, build the Linux guest
+# image where this host can run it, then `partition bench` writes its sections (with
+# provenance) into benchmarks/results/<hostname>.json and the report beside it
+# (<hostname>.md and <hostname>-ratios.svg). Extra arguments go to `partition bench`
+# (--only SECTION,..., --list, --runs N, --report).
 #
-#   scripts/bench.sh [--only memsetup] [--runs 5]        (as root)
+#   scripts/bench.sh [--only host,probe] [--runs 5]        (as root)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 need_root "$@"
 need_cargo
 need_kvm
-apt_install gcc qemu-system-x86 python3
+apt_lists
+apt_install gcc qemu-system-x86 python3 rt-tests stress-ng fio
 cargo build --release --quiet -p partition-cli
+
+# lmbench for the crosscheck section: Debian ships it in non-free, which this host's apt
+# sources may not list. Fetch the package with a private source list and unpack it under
+# target/ without installing anything.
+lm=target/tmp/lmbench
+lmbin=$lm/root/usr/lib/lmbench/bin/x86_64-linux-gnu
+if [ ! -x "$lmbin/lat_syscall" ]; then
+    say "fetching lmbench (Debian non-free) into $lm"
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+    mkdir -p "$lm/lists/partial" "$lm/deb"
+    echo "deb http://deb.debian.org/debian $codename non-free" > "$lm/sources.list"
+    aptx=(-o Dir::Etc::SourceList="$PWD/$lm/sources.list" -o Dir::Etc::SourceParts=/dev/null
+          -o Dir::State::Lists="$PWD/$lm/lists" -o Dir::Cache="$PWD/$lm/cache")
+    apt-get "${aptx[@]}" update -q >&2
+    (cd "$lm/deb" && apt-get "${aptx[@]}" download lmbench >&2)
+    dpkg-deb -x "$lm"/deb/lmbench_*.deb "$lm/root"
+fi
+export PARTITION_LMBENCH=$PWD/$lmbin
+
+# The Linux guest image for the guest section, where a Linux guest can run here.
+if [ -e /sys/module/kvm_pvm ]; then
+    say "not building the guest image: /dev/kvm is the nested kvm_pvm module, where a Linux guest cannot boot (the guest section says so)"
+else
+    scripts/guest-image.sh >/dev/null
+fi
+
 exec ./target/release/partition bench "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: build the VMM, reserve a small hugepage pool and
-# one core, launch the built-in probe guest from them, print what it measured, and give
-# everything back.
+# one core, launch the built-in probe guest from them, print what it measured, give
+# everything back; then a quick look at the hot paths (`partition bench --quick`: the bare
+# host's, the probe guest's exit paths, and its memory staircase against the host's).
 #
 #   scripts/demo.sh        (as root)
 set -euo pipefail
@@ -37,3 +38,6 @@ say "giving everything back"
 trap - EXIT
 $P unreserve
 rm -rf "$PARTITION_STATE_DIR"
+
+say "a quick look at what running here costs (partition bench --quick; scripts/bench.sh is the full run)"
+$P bench --quick

@@ -17,10 +17,12 @@ apt_install gcc dpkg python3 qemu-system-x86
 say "cargo fmt --check"
 cargo fmt --all -- --check
 (cd tools/probe-guest && cargo fmt -- --check)
+(cd benchmarks/hotpaths && cargo fmt -- --check)
 
 say "cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 (cd tools/probe-guest && cargo clippy --release --quiet -- -D warnings)
+(cd benchmarks/hotpaths && cargo clippy --release --all-targets --quiet -- -D warnings)
 
 say "no_std build of the pure boot and pool logic"
 cargo build -p boot -p pool --no-default-features --quiet
@@ -28,3 +30,4 @@ cargo build -p boot -p pool --no-default-features --quiet
 say "cargo test"
 # --show-output: a test that skips or checks less than it would on other hardware says so.
 cargo test --workspace -- --show-output
+(cd benchmarks/hotpaths && cargo test --release -- --show-output)

@@ -318,7 +318,7 @@ fn set_affinity(tid: i32, core: usize) -> bool {
 
 /// QEMU was started paused (`-S`): pin its vCPU thread to `vcpu_core` and every other
 /// thread to `other_core`, then let it run through QMP.
-fn pin_and_start_qemu(
+pub(crate) fn pin_and_start_qemu(
     pid: u32,
     qmp: &Path,
     vcpu_core: usize,

@@ -5,7 +5,12 @@
 //! the raw runs; `partition bench` merges it into `benchmarks/results/<host>.json`.
 
 pub mod blk;
+pub mod crosscheck;
+pub mod hotpaths;
 pub mod memsetup;
+pub mod probe;
+pub mod quick;
+pub mod report;
 pub mod results;
 pub mod stats;
 pub mod wake;
@@ -37,6 +42,50 @@ pub struct Env {
     pub core: usize,
     /// A core left to the host (launchers, QEMU, host-side runs).
     pub host_core: usize,
+    /// The Linux guest image directory (scripts/guest-image.sh), if known.
+    pub guest_image: Option<PathBuf>,
+    /// lmbench's binaries (the crosscheck section), if known.
+    pub lmbench: Option<PathBuf>,
+}
+
+/// Whether /dev/kvm is the nested kvm_pvm module (DESIGN.md, environment facts): guests we
+/// write run, a Linux kernel dies in early boot.
+pub fn nested_pvm() -> bool {
+    std::path::Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// The kernel's count of 2 MiB hugepages, put back to the value it holds when dropped.
+pub struct HugepageCount(pub String);
+
+impl HugepageCount {
+    fn path() -> &'static str {
+        "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
+    }
+    /// The current count.
+    pub fn read() -> u64 {
+        std::fs::read_to_string(Self::path())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+    /// Asks for `n` pages; returns what the kernel gave.
+    pub fn set(n: u64) -> u64 {
+        let _ = std::fs::write(Self::path(), n.to_string());
+        Self::read()
+    }
+    /// Adds `pages` free hugepages until the guard drops; None (and nothing changed) if the
+    /// kernel cannot find them.
+    pub fn grow(pages: u64) -> Option<Self> {
+        let base = Self::read();
+        let guard = Self(base.to_string());
+        (Self::set(base + pages) >= base + pages).then_some(guard)
+    }
+}
+
+impl Drop for HugepageCount {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::path(), &self.0);
+    }
 }
 
 /// Host facts for a result (every field may be null).

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::stats::summary;
-use crate::{Env, ms, now_utc, provenance, timed_run, timing};
+use crate::{Env, HugepageCount, ms, now_utc, provenance, timed_run, timing};
 
 /// The memory sources compared.
 pub const SOURCES: [&str; 4] = ["pool", "anon-prefault", "hugetlb", "qemu"];
@@ -33,30 +33,6 @@ const HUGEPAGE: u64 = 2 << 20;
 /// Sizes measured.
 pub fn default_sizes() -> Vec<u64> {
     vec![256 << 20, 1 << 30, 4 << 30, 8 << 30]
-}
-
-struct HugepageCount(String);
-
-impl HugepageCount {
-    fn path() -> &'static str {
-        "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages"
-    }
-    fn read() -> u64 {
-        std::fs::read_to_string(Self::path())
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-    fn set(n: u64) -> u64 {
-        let _ = std::fs::write(Self::path(), n.to_string());
-        Self::read()
-    }
-}
-
-impl Drop for HugepageCount {
-    fn drop(&mut self) {
-        let _ = std::fs::write(Self::path(), &self.0);
-    }
 }
 
 fn launch_cmd(env: &Env, state: &Path, source: &str, size: u64, probe: &Path) -> Command {

@@ -32,7 +32,8 @@ const SAMPLES: usize = 200;
 const WARMUP: usize = 20;
 const IDLE_SECONDS: u64 = 2;
 
-fn pin(core: usize) {
+/// Pins the calling thread to `core`.
+pub fn pin(core: usize) {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sets one bit of a valid set (CPU_SET bounds-checks the index).

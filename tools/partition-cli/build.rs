@@ -1,5 +1,7 @@
-//! Builds the probe guest (tools/probe-guest, a freestanding crate with its own profile and
-//! linker script) with a nested cargo and hands its ELF to the CLI, which embeds it.
+//! Builds the two programs the CLI embeds, each a separate cargo workspace with its own
+//! profile, by a nested cargo: the probe guest (tools/probe-guest, freestanding, its own
+//! linker script) and hotpaths (benchmarks/hotpaths, a static binary for hosts and Linux
+//! guests). The probe shares hotpaths' memory chase (`src/chase.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,27 +20,18 @@ fn watch(dir: &Path) {
     }
 }
 
-fn main() {
-    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let probe = manifest.join("../probe-guest");
-    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    let target = out.join("probe-target");
+/// `cargo build --release` in `dir` into `target`, in a clean environment: the outer
+/// build's flags, wrappers (clippy) and target directory must not leak in.
+fn nested_build(dir: &Path, target: &Path, offline: bool) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    watch(&probe);
-
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&probe)
-        .args([
-            "build",
-            "--release",
-            "--offline",
-            "--locked",
-            "--target-dir",
-        ])
-        .arg(&target)
-        // A clean environment: the outer build's flags, wrappers (clippy) and target
-        // directory must not leak into the freestanding build.
+    cmd.current_dir(dir)
+        .args(["build", "--release", "--locked", "--target-dir"])
+        .arg(target)
         .env_clear();
+    if offline {
+        cmd.arg("--offline");
+    }
     for var in [
         "PATH",
         "HOME",
@@ -51,8 +44,31 @@ fn main() {
             cmd.env(var, v);
         }
     }
-    let status = cmd.status().expect("running cargo for the probe guest");
-    assert!(status.success(), "building tools/probe-guest failed");
-    let elf = target.join("release/probe-guest");
-    std::fs::copy(&elf, out.join("probe-guest.elf")).expect("copying the probe guest ELF");
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo in {}: {e}", dir.display()));
+    assert!(status.success(), "building {} failed", dir.display());
+}
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let probe = manifest.join("../probe-guest");
+    let hotpaths = manifest.join("../../benchmarks/hotpaths");
+    watch(&probe);
+    watch(&hotpaths);
+
+    let target = out.join("probe-target");
+    nested_build(&probe, &target, true);
+    std::fs::copy(
+        target.join("release/probe-guest"),
+        out.join("probe-guest.elf"),
+    )
+    .expect("copying the probe guest ELF");
+
+    // hotpaths depends on libc from crates.io: not offline.
+    let target = out.join("hotpaths-target");
+    nested_build(&hotpaths, &target, false);
+    std::fs::copy(target.join("release/hotpaths"), out.join("hotpaths"))
+        .expect("copying the hotpaths binary");
 }

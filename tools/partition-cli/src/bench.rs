@@ -1,17 +1,31 @@
-//! `partition bench`: run benchmark sections and merge them into the results file.
+//! `partition bench`: run benchmark sections, merge them into the results file, and write
+//! the report beside it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use benchmarks::results::{self, Stored};
+use serde_json::Value;
 
 use crate::{EXIT_USAGE, EXIT_VMM_ERROR};
 
 /// Sections, in the order `bench` runs them.
 const SECTIONS: &[(&str, &str)] = &[
     (
-        "memsetup",
-        "launch to first serial byte and its memory-setup part: pool vs fresh anonymous (prefault) vs fresh hugetlb vs QEMU microvm -mem-prealloc, 256 MiB to 8 GiB",
+        "host",
+        "the hotpaths suite (lmbench's loops: syscalls, signals, context switch, pipe, AF_UNIX, fork/exec, memory latency and bandwidth) on the bare host, pinned to the partition's cores; alternates with `guest`",
+    ),
+    (
+        "guest",
+        "the same suite in a Linux partition on those cores, per idle policy (needs scripts/guest-image.sh; on a host that cannot run Linux guests it says why)",
+    ),
+    (
+        "probe",
+        "the VMM's own paths from the probe guest (CPUID, port and MMIO exits, ioeventfd doorbell) and its memory-latency staircase against the same chase on the host; ours with and without ioeventfd, and QEMU microvm",
+    ),
+    (
+        "crosscheck",
+        "our bare-host figures against lmbench, stress-ng, cyclictest and fio run in the same session",
     ),
     (
         "wake",
@@ -21,16 +35,27 @@ const SECTIONS: &[(&str, &str)] = &[
         "blk",
         "4 KiB reads at depth 1 (and depth 32, GET_ID fences, a 64 MiB sequential read): host pread/io_uring warm and O_DIRECT vs the probe guest over exit notify, ioeventfd, ioeventfd+polling, O_DIRECT vs QEMU microvm virtio-blk (io_uring, iothread+polling)",
     ),
+    (
+        "memsetup",
+        "launch to first serial byte and its memory-setup part: pool vs fresh anonymous (prefault) vs fresh hugetlb vs QEMU microvm -mem-prealloc, 256 MiB to 8 GiB",
+    ),
 ];
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Run only these sections (comma-separated).
+    /// Run only these sections (comma-separated; see --list).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// List the sections and exit.
     #[arg(long)]
     list: bool,
+    /// A minute's look, printed and not stored: the host's hot paths, the probe guest's
+    /// exit paths and its memory staircase against the host's.
+    #[arg(long, conflicts_with_all = ["only", "report"])]
+    quick: bool,
+    /// Only rewrite the report (<results>.md and its chart) from the results file.
+    #[arg(long)]
+    report: bool,
     /// Measured runs per configuration (memsetup adds a discarded warm-up round; wake
     /// discards warm-up samples inside each run).
     #[arg(long, default_value_t = 5)]
@@ -41,6 +66,30 @@ pub struct BenchArgs {
     /// memsetup sizes, largest last (default 256M,1G,4G,8G).
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
     sizes: Vec<String>,
+    /// The Linux guest image for `guest` (default: benchmarks/cache/guest-image/current,
+    /// which scripts/guest-image.sh makes).
+    #[arg(long, value_name = "DIR")]
+    guest_image: Option<PathBuf>,
+    /// lmbench's binaries for `crosscheck` (scripts/bench.sh unpacks Debian's package).
+    #[arg(long, value_name = "DIR", env = "PARTITION_LMBENCH")]
+    lmbench: Option<PathBuf>,
+}
+
+fn write_report(results: &std::path::Path) -> bool {
+    match benchmarks::report::write(results) {
+        Ok((md, svg)) => {
+            eprintln!(
+                "partition: bench: report {} and chart {}",
+                md.display(),
+                svg.display()
+            );
+            true
+        }
+        Err(e) => {
+            eprintln!("partition: bench: report: {e}");
+            false
+        }
+    }
 }
 
 pub fn bench(a: BenchArgs) -> ExitCode {
@@ -77,6 +126,13 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     }
     let cwd = std::env::current_dir().unwrap_or_default();
     let results = a.results.unwrap_or_else(|| results::default_path(&cwd));
+    if a.report {
+        return if write_report(&results) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_VMM_ERROR)
+        };
+    }
     let cores = partition::cores::available();
     if cores.len() < 2 {
         eprintln!("partition: error: benchmarks reserve a core and need another for the host");
@@ -92,47 +148,87 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         runs: a.runs,
         core: *cores.last().unwrap_or(&1),
         host_core: cores[0],
+        guest_image: Some(
+            a.guest_image
+                .unwrap_or_else(|| cwd.join("benchmarks/cache/guest-image/current")),
+        ),
+        lmbench: a.lmbench,
     };
+    if a.quick {
+        let r = benchmarks::quick::run(&env);
+        let _ = std::fs::remove_dir_all(&work);
+        return match r {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("partition: bench --quick: {e}");
+                ExitCode::from(EXIT_VMM_ERROR)
+            }
+        };
+    }
+    let wanted = |n: &str| a.only.is_empty() || a.only.iter().any(|s| s == n);
     let mut code = ExitCode::SUCCESS;
+    let mut done_host_guest = false;
     for (name, _) in SECTIONS {
-        if !a.only.is_empty() && !a.only.iter().any(|s| s == name) {
+        if !wanted(name) {
             continue;
         }
         eprintln!(
             "partition: bench {name}: running ({} runs per configuration)",
             a.runs
         );
-        let section = match *name {
-            "memsetup" => benchmarks::memsetup::run(&env, &sizes),
-            "wake" => benchmarks::wake::run(&env),
-            "blk" => benchmarks::blk::run(&env),
+        let sections: Vec<(&str, Value)> = match *name {
+            "host" | "guest" => {
+                if done_host_guest {
+                    continue;
+                }
+                done_host_guest = true;
+                benchmarks::hotpaths::run(&env, wanted("host"), wanted("guest"))
+            }
+            "probe" => vec![("probe", benchmarks::probe::run(&env))],
+            "crosscheck" => vec![("crosscheck", benchmarks::crosscheck::run(&env))],
+            "memsetup" => vec![("memsetup", benchmarks::memsetup::run(&env, &sizes))],
+            "wake" => vec![("wake", benchmarks::wake::run(&env))],
+            "blk" => vec![("blk", benchmarks::blk::run(&env))],
             _ => continue,
         };
-        let completed = section["completed"].as_bool().unwrap_or(false);
-        match results::store_section(&results, name, section) {
-            Ok(Stored::Written) => eprintln!(
-                "partition: bench {name}: {} written to {}",
-                if completed {
-                    "completed,"
-                } else {
-                    "INCOMPLETE,"
-                },
-                results.display()
-            ),
-            Ok(Stored::KeptEarlier) => eprintln!(
-                "partition: bench {name}: did not complete; the earlier completed result in {} was kept",
-                results.display()
-            ),
-            Err(e) => {
-                eprintln!("partition: bench {name}: {e}");
+        for (name, section) in sections {
+            let completed = section["completed"].as_bool().unwrap_or(false);
+            let reason = section["reason"].as_str().unwrap_or("").to_string();
+            let limited = !completed && section["host_limitation"] == true;
+            match results::store_section(&results, name, section) {
+                Ok(Stored::Written) => eprintln!(
+                    "partition: bench {name}: {} written to {}",
+                    if completed {
+                        "completed,"
+                    } else {
+                        "INCOMPLETE,"
+                    },
+                    results.display()
+                ),
+                Ok(Stored::KeptEarlier) => eprintln!(
+                    "partition: bench {name}: did not complete; the earlier completed result in {} was kept",
+                    results.display()
+                ),
+                Err(e) => {
+                    eprintln!("partition: bench {name}: {e}");
+                    code = ExitCode::from(EXIT_VMM_ERROR);
+                }
+            }
+            if limited {
+                eprintln!("partition: bench {name}: not possible on this host: {reason}");
+            } else if !completed {
+                eprintln!("partition: bench {name}: not complete: {reason}");
                 code = ExitCode::from(EXIT_VMM_ERROR);
             }
         }
-        if !completed {
-            code = ExitCode::from(EXIT_VMM_ERROR);
-        }
     }
     let _ = std::fs::remove_dir_all(&work);
+    if !write_report(&results) {
+        code = ExitCode::from(EXIT_VMM_ERROR);
+    }
     code
 }
 

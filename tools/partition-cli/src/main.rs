@@ -18,6 +18,8 @@ use partition::{Console, KernelSource, LaunchConfig, PoolRequest};
 
 /// The probe guest, built from tools/probe-guest by build.rs.
 static PROBE_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe-guest.elf"));
+/// The hotpaths benchmark (benchmarks/hotpaths), a static binary, built by build.rs.
+pub static HOTPATHS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hotpaths"));
 
 const EXIT_VMM_ERROR: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -108,6 +110,13 @@ enum Cmd {
     /// Write the built-in probe guest ELF to a file (to boot it under another VMM).
     ProbeImage {
         /// Where to write it.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Write the built-in hotpaths benchmark (a static binary) to a file: for a guest
+    /// image (scripts/guest-image.sh), or to run by hand (`hotpaths --help`).
+    HotpathsBinary {
+        /// Where to write it (made executable).
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -439,12 +448,21 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Caps { json } => verbs::caps(json),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
-        Cmd::ProbeImage { output } => match std::fs::write(&output, PROBE_GUEST) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("partition: error: {}: {e}", output.display());
-                ExitCode::from(EXIT_VMM_ERROR)
-            }
-        },
+        Cmd::ProbeImage { output } => write_out(&output, PROBE_GUEST, 0o644),
+        Cmd::HotpathsBinary { output } => write_out(&output, HOTPATHS, 0o755),
+    }
+}
+
+/// Writes an embedded program to `path` with `mode`.
+fn write_out(path: &std::path::Path, bytes: &[u8], mode: u32) -> ExitCode {
+    use std::os::unix::fs::PermissionsExt;
+    let r = std::fs::write(path, bytes)
+        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)));
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("partition: error: {}: {e}", path.display());
+            ExitCode::from(EXIT_VMM_ERROR)
+        }
     }
 }

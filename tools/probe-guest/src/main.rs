@@ -12,7 +12,9 @@
 //! pattern seed; `probe.zerocheck=1` first reports whether RAM above 1 MiB (outside the
 //! probe) was all zero at start; `probe.hold=1` stays up (halted) instead of powering off;
 //! `probe.bench=wake` runs the wake-up benchmarks and `probe.bench=idle` idles for
-//! `probe.idle_seconds` (see wake.rs for their options).
+//! `probe.idle_seconds` (see wake.rs for their options); `probe.bench=paths` times the
+//! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
+//! the first virtio-blk device (blk.rs).
 #![no_std]
 #![no_main]
 
@@ -24,6 +26,7 @@ mod blk;
 mod firmware;
 mod libc;
 mod memtest;
+mod paths;
 mod smp;
 mod sys;
 mod wake;
@@ -160,6 +163,16 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     match bi.arg("probe.bench") {
         Some("wake") => wake::run(&bi, tsc_khz, bsp, first_ap),
         Some("idle") => wake::idle_window(&bi, tsc_khz),
+        Some("paths") => {
+            // The largest free RAM range above 1 MiB for the memory chase.
+            let mut best: Option<(u64, u64)> = None;
+            ram_ranges(&bi, 0x10_0000, |a, b| {
+                if best.is_none_or(|(x, y)| b - a > y - x) {
+                    best = Some((a.next_multiple_of(4096), b));
+                }
+            });
+            paths::run(&bi, tsc_khz, best)
+        }
         Some(other) => say!("unknown probe.bench={}", other),
         None => {}
     }

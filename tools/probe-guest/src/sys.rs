@@ -17,6 +17,7 @@ const SYS_STOP: u64 = 8;
 const SYS_WAIT: u64 = 13;
 const SYS_PINGPONG: u64 = 14;
 const SYS_TIMER_WAIT: u64 = 15;
+const SYS_NULL: u64 = 16;
 
 /// Calls ring-0 service `op`.
 #[inline(always)]
@@ -37,6 +38,11 @@ fn call(op: u64, a: u64, b: u64, c: u64) -> u64 {
         );
     }
     ret
+}
+
+/// The service dispatch and nothing else: a trap into ring 0 and back.
+pub fn null() -> u64 {
+    call(SYS_NULL, 0, 0, 0)
 }
 
 /// `out` a byte.

@@ -1,0 +1,442 @@
+//! `host` and `guest`: the hotpaths suite (benchmarks/hotpaths) on the bare host and in a
+//! Linux partition on the same cores, per idle policy, rounds alternating.
+//!
+//! The host side runs the static binary pinned to the partition's cores (`--cpus C,H`:
+//! the process on C, second processes on C or H). The guest side boots the image
+//! `scripts/guest-image.sh` builds (its init runs the same binary with `--cpus 0,1`; vCPU 0
+//! is pinned to C, vCPU 1 to H) on 1 GiB of hugepage memory, once per idle policy the host
+//! offers. Each hotpaths run is itself lmbench's median of 11 repetitions per benchmark;
+//! rows give the median over rounds with the min-max spread.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::stats::summary;
+use crate::{Env, HugepageCount, now_utc, provenance, timed_run};
+
+/// One hotpaths result row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    /// Benchmark name.
+    pub name: String,
+    /// Unit (us, ns, MB/s).
+    pub unit: String,
+    /// Median of the run's repetitions (of its runs, if it ran several).
+    pub value: f64,
+}
+
+/// A hotpaths JSON document: its rows and its errors.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Rows in the order the suite printed them.
+    pub rows: Vec<Row>,
+    /// Benchmark -> error.
+    pub errors: BTreeMap<String, String>,
+    /// The whole document.
+    pub raw: Value,
+}
+
+/// Parses hotpaths' JSON (the first line that parses as its document).
+pub fn parse(text: &str) -> Option<Report> {
+    let doc: Value = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .filter(|v| v["suite"] == "hotpaths")?;
+    let rows = doc["results"]
+        .as_array()?
+        .iter()
+        .filter_map(|r| {
+            Some(Row {
+                name: r["name"].as_str()?.to_string(),
+                unit: r["unit"].as_str()?.to_string(),
+                value: r["median"].as_f64()?,
+            })
+        })
+        .collect();
+    let errors = doc["errors"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Report {
+        rows,
+        errors,
+        raw: doc,
+    })
+}
+
+/// The hotpaths output between the guest init's markers.
+pub fn between_markers(console: &str) -> Option<&str> {
+    let start = console.find("HOTPATHS-BEGIN")?;
+    let end = console[start..].find("HOTPATHS-END")? + start;
+    Some(&console[start + "HOTPATHS-BEGIN".len()..end])
+}
+
+/// Writes the embedded hotpaths binary into the work directory.
+pub fn binary(env: &Env) -> Result<PathBuf, String> {
+    let p = env.work.join("hotpaths");
+    let out = Command::new(&env.partition)
+        .args(["hotpaths-binary", "-o"])
+        .arg(&p)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(p)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Runs hotpaths on the host with `args`; the parsed report.
+pub fn run_host(bin: &Path, args: &[&str], dir: &Path) -> Result<Report, String> {
+    let mut c = Command::new(bin);
+    c.args(args).arg("--json").arg("--dir").arg(dir);
+    let r = timed_run(c, Duration::from_secs(600)).map_err(|e| e.to_string())?;
+    let rep = parse(&r.stdout).ok_or_else(|| {
+        format!(
+            "hotpaths exited {:?} without a report: {}",
+            r.status.code(),
+            r.stderr.trim()
+        )
+    })?;
+    if !rep.errors.is_empty() {
+        return Err(format!("hotpaths errors: {:?}", rep.errors));
+    }
+    Ok(rep)
+}
+
+/// Values per benchmark across runs.
+#[derive(Default)]
+pub struct Series {
+    /// name -> (unit, values).
+    pub values: BTreeMap<String, (String, Vec<f64>)>,
+    /// Names in first-seen order.
+    pub order: Vec<String>,
+    /// What went wrong.
+    pub failures: Vec<String>,
+}
+
+impl Series {
+    /// Adds one run's rows.
+    pub fn add(&mut self, rep: &Report) {
+        for r in &rep.rows {
+            if !self.values.contains_key(&r.name) {
+                self.order.push(r.name.clone());
+            }
+            self.values
+                .entry(r.name.clone())
+                .or_insert_with(|| (r.unit.clone(), Vec::new()))
+                .1
+                .push(r.value);
+        }
+    }
+    /// Rows: name, unit, median, spread, runs, per-run values.
+    pub fn rows(&self) -> Value {
+        json!(
+            self.order
+                .iter()
+                .filter_map(|n| {
+                    let (unit, v) = &self.values[n];
+                    let s = summary(v)?;
+                    Some(json!({
+                        "name": n, "unit": unit, "median": s.median,
+                        "spread": [s.min, s.max], "runs": s.n, "per_run": v,
+                    }))
+                })
+                .collect::<Vec<_>>()
+        )
+    }
+    /// Runs recorded for `name`.
+    pub fn runs(&self, name: &str) -> usize {
+        self.values.get(name).map_or(0, |v| v.1.len())
+    }
+}
+
+/// The guest image in `dir`: the kernel (the ELF `vmlinux`, which boots without
+/// decompressing itself, else `bzImage`) and `initramfs.cpio.gz`.
+pub fn image_files(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let k = [dir.join("vmlinux"), dir.join("bzImage")]
+        .into_iter()
+        .find(|k| k.is_file())?;
+    let i = dir.join("initramfs.cpio.gz");
+    i.is_file().then_some((k, i))
+}
+
+fn guest_cmd(env: &Env, policy: &str, kernel: &Path, initrd: &Path, args: &str) -> Command {
+    let mut c = Command::new(&env.partition);
+    c.env("PARTITION_STATE_DIR", env.work.join("guest-state"))
+        .args([
+            "launch",
+            "--cores",
+            &format!("{},{}", env.core, env.host_core),
+        ])
+        .args(["--memory", "1G", "--backing", "hugetlb", "--idle", policy])
+        .arg("--kernel")
+        .arg(kernel)
+        .arg("--initrd")
+        .arg(initrd)
+        .args([
+            "--cmdline",
+            &format!(
+                "console=ttyS0 earlyprintk=serial,ttyS0 panic=-1 hotpaths.args={}",
+                args.replace(' ', "+")
+            ),
+        ]);
+    c
+}
+
+/// What a failed guest run showed: exit status and the last lines of both streams.
+fn guest_failure(r: &crate::Run) -> String {
+    let tail = |s: &str| {
+        let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
+        v[v.len().saturating_sub(4)..].join(" | ")
+    };
+    format!(
+        "exit {:?}; console: {}; vmm: {}",
+        r.status.code(),
+        tail(&r.stdout),
+        tail(&r.stderr)
+    )
+}
+
+/// Runs `host` and/or `guest`, alternating: (section name, section) for each wanted.
+pub fn run(env: &Env, want_host: bool, want_guest: bool) -> Vec<(&'static str, Value)> {
+    let started = now_utc();
+    let prov = provenance(env);
+    let cpus = format!("{},{}", env.core, env.host_core);
+    let host_args = ["--runs", "1", "--cpus", &cpus];
+    let mut host = Series::default();
+    let mut host_section = json!({
+        "completed": false, "started_at": started, "provenance": prov.clone(),
+        "params": { "runs": env.runs, "cpus": [env.core, env.host_core],
+                    "pinning": "the process on the first CPU; second processes of *_1core on it too, of *_2cores on the second",
+                    "hotpaths_args": host_args },
+        "method": "hotpaths (lmbench's loops and timing: each value is the median of 11 timed repetitions of at least 5 ms after a discarded warm-up, less the empty loop), once per round; rows are the median over rounds with the min-max spread; rounds alternate with the guest runs",
+    });
+    let mut guest_section = json!({
+        "completed": false, "started_at": started, "provenance": prov,
+        "params": { "runs": env.runs, "vcpus_on_cores": [env.core, env.host_core], "memory": "1 GiB, 2 MiB hugepages",
+                    "hotpaths_args": "--runs 1 --cpus 0,1" },
+    });
+    let bin = match binary(env) {
+        Ok(b) => b,
+        Err(e) => {
+            host_section["reason"] = json!(format!("writing the hotpaths binary: {e}"));
+            guest_section["reason"] = host_section["reason"].clone();
+            return vec![("host", host_section), ("guest", guest_section)];
+        }
+    };
+
+    // The guest: an image, and the policies this host offers.
+    let image = env.guest_image.as_deref().and_then(image_files);
+    let caps: Value = Command::new(&env.partition)
+        .args(["caps", "--json"])
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or(Value::Null);
+    let policies: Vec<String> = caps["policies"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|p| p["offered"] == true)
+                .filter_map(|p| p["policy"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut guests: BTreeMap<String, Series> = BTreeMap::new();
+    let mut guest_notes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut guest_blocked: Option<String> = None;
+    if want_guest {
+        match &image {
+            None => {
+                guest_blocked = Some(format!(
+                    "no guest image at {}: scripts/guest-image.sh builds it{}",
+                    env.guest_image
+                        .as_deref()
+                        .map_or("benchmarks/cache/guest-image/current".into(), |p| p
+                            .display()
+                            .to_string()),
+                    if crate::nested_pvm() {
+                        "; on this host it could not run anyway: /dev/kvm is the nested kvm_pvm module, where a Linux kernel dies in early boot"
+                    } else {
+                        ""
+                    }
+                ))
+            }
+            Some(_) => {
+                for p in &policies {
+                    guests.insert(p.clone(), Series::default());
+                }
+            }
+        }
+    }
+    let hugepages = if want_guest && !guests.is_empty() {
+        let g = HugepageCount::grow(512);
+        if g.is_none() {
+            guest_blocked = Some("the kernel could not find 512 free 2 MiB hugepages".into());
+            guests.clear();
+        }
+        g
+    } else {
+        None
+    };
+
+    let mut jobs: Vec<String> = Vec::new();
+    if want_host {
+        jobs.push("host".into());
+    }
+    jobs.extend(guests.keys().cloned());
+    let mut crashed: Option<String> = None;
+    for round in 0..env.runs {
+        let mut order = jobs.clone();
+        let n = order.len().max(1);
+        order.rotate_left(round % n);
+        for job in order {
+            if job == "host" {
+                match run_host(&bin, &host_args, &env.work) {
+                    Ok(r) => host.add(&r),
+                    Err(e) => host.failures.push(e),
+                }
+                continue;
+            }
+            let Some((kernel, initrd)) = &image else {
+                continue;
+            };
+            if crashed.is_some() {
+                continue; // the kernel crashed once: it will under every policy
+            }
+            let s = guests.get_mut(&job).expect("present");
+            if !s.failures.is_empty() {
+                continue; // failed once: the reason is recorded, do not repeat it
+            }
+            let c = guest_cmd(env, &job, kernel, initrd, "--runs 1 --cpus 0,1");
+            match timed_run(c, Duration::from_secs(600)) {
+                Ok(r) => match between_markers(&r.stdout).and_then(parse) {
+                    Some(rep) if rep.errors.is_empty() => {
+                        s.add(&rep);
+                        let notes = guest_notes.entry(job.clone()).or_default();
+                        if notes.is_empty() {
+                            notes.extend(
+                                r.stdout
+                                    .lines()
+                                    .filter(|l| l.starts_with("guest: "))
+                                    .map(String::from),
+                            );
+                        }
+                    }
+                    Some(rep) => s
+                        .failures
+                        .push(format!("hotpaths errors: {:?}", rep.errors)),
+                    None => {
+                        let why = guest_failure(&r);
+                        if r.status.code() == Some(3) {
+                            crashed = Some(format!("--idle {job}: {why}"));
+                        }
+                        s.failures.push(why);
+                    }
+                },
+                Err(e) => s.failures.push(e.to_string()),
+            }
+        }
+    }
+    drop(hugepages);
+
+    let mut out = Vec::new();
+    if want_host {
+        let complete = host.failures.is_empty()
+            && !host.order.is_empty()
+            && host.order.iter().all(|n| host.runs(n) == env.runs);
+        host_section["rows"] = host.rows();
+        host_section["failures"] = json!(host.failures);
+        host_section["completed"] = json!(complete);
+        if !complete {
+            host_section["reason"] = json!(format!("host runs failed: {:?}", host.failures));
+        }
+        host_section["finished_at"] = json!(now_utc());
+        out.push(("host", host_section));
+    }
+    if want_guest {
+        let rows: Vec<Value> = guests
+            .iter()
+            .map(|(p, s)| {
+                json!({ "policy": p, "rows": s.rows(), "failures": s.failures,
+                        "guest_lines": guest_notes.get(p) })
+            })
+            .collect();
+        if let Some(c) = &crashed {
+            guest_blocked = Some(format!(
+                "the guest kernel crashed, so no policy was measured (the first crash is shown; the others were not tried): {c}"
+            ));
+        }
+        let complete = guest_blocked.is_none()
+            && !guests.is_empty()
+            && guests
+                .values()
+                .all(|s| s.failures.is_empty() && s.runs("null_syscall") == env.runs);
+        guest_section["policies"] = json!(rows);
+        guest_section["completed"] = json!(complete);
+        if let Some(img) = &image {
+            guest_section["image"] = json!({
+                "kernel": img.0, "initramfs": img.1,
+                "inputs": std::fs::read_to_string(img.0.with_file_name("inputs")).ok(),
+            });
+        }
+        if !complete {
+            let why = guest_blocked.unwrap_or_else(|| {
+                guests
+                    .iter()
+                    .filter(|(_, s)| !s.failures.is_empty())
+                    .map(|(p, s)| format!("--idle {p}: {}", s.failures.join("; ")))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            });
+            let why = if crate::nested_pvm() && crashed.is_some() {
+                format!(
+                    "a Linux guest cannot run on this host: /dev/kvm is the nested kvm_pvm module, whose ring-0 emulator stops Linux in early boot; {why}"
+                )
+            } else {
+                why
+            };
+            guest_section["reason"] = json!(why);
+            // Not a failure of ours: this host cannot run a Linux guest at all.
+            guest_section["host_limitation"] =
+                json!(crate::nested_pvm() && (crashed.is_some() || image.is_none()));
+        }
+        guest_section["finished_at"] = json!(now_utc());
+        out.push(("guest", guest_section));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_reports_and_markers() {
+        let doc = r#"{"suite":"hotpaths","version":1,"results":[{"name":"null_syscall","unit":"us","median":0.19,"min":0.19,"max":0.2,"per_run":[0.19]},{"name":"mem_lat_512","unit":"ns","median":1.2,"min":1.2,"max":1.2,"per_run":[1.2]}],"errors":{"fork_exec":"boom"}}"#;
+        let console = format!("guest: kernel 6.1\nHOTPATHS-BEGIN\n{doc}\nHOTPATHS-END status=0\n");
+        let inner = between_markers(&console).unwrap();
+        let r = parse(inner).unwrap();
+        assert_eq!(r.rows.len(), 2);
+        assert_eq!(r.rows[0].name, "null_syscall");
+        assert_eq!(r.rows[1].unit, "ns");
+        assert_eq!(r.errors["fork_exec"], "boom");
+        assert!(parse("not json\n{\"suite\":\"other\"}").is_none());
+        assert!(between_markers("HOTPATHS-BEGIN only").is_none());
+        let mut s = Series::default();
+        s.add(&r);
+        s.add(&r);
+        assert_eq!(s.runs("null_syscall"), 2);
+        assert_eq!(s.rows()[0]["median"], 0.19);
+    }
+}

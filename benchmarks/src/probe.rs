@@ -1,0 +1,365 @@
+//! `probe`: the VMM's own paths from the probe guest (`probe.bench=paths`): CPUID, the
+//! probe's ring-0 trap, a port read (an exit to our userspace serial device), an MMIO read
+//! (an exit to our userspace virtio-mmio transport), a doorbell write (answered by an
+//! ioeventfd in the kernel, or with `--no-ioeventfd` an exit), and the memory-latency
+//! staircase in ring 3 against the same chase (hotpaths' `chase.rs`) on the host.
+//!
+//! Our partition runs on the benchmark core with 640 MiB of 2 MiB hugetlb pages (the pool's
+//! page size) taken from the kernel for the section and given back after it. It is not
+//! launched from a reservation: reserving the core would move every other task off it,
+//! and the host side must run on that same core between guest runs. The same probe runs
+//! under QEMU's microvm as the peer (its vCPU pinned to the same core, its memory
+//! preallocated). Rounds alternate host, ours, ours without ioeventfd and QEMU, rotated
+//! each round.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::hotpaths::{self, Series};
+use crate::stats::summary;
+use crate::{Env, now_utc, provenance, timed_run, timed_run_with};
+
+const GUEST_MB: u64 = 640;
+/// Staircase points: 512 B to 256 MiB, doubling.
+const STAIRS: usize = 20;
+
+/// What one probe run reported: test -> median ns, and size -> ns per load.
+#[derive(Debug, Default, PartialEq)]
+pub struct Paths {
+    /// Path timings: name -> (median, min, max) ns over repetitions.
+    pub tests: BTreeMap<String, (f64, f64, f64)>,
+    /// Working set -> ns per load.
+    pub mem: BTreeMap<u64, f64>,
+    /// The probe said "paths end" and "result ok".
+    pub ok: bool,
+}
+
+/// Parses the probe's `paths` lines.
+pub fn parse(stdout: &str) -> Paths {
+    let mut p = Paths::default();
+    let mut ended = false;
+    let mut result = false;
+    for l in stdout.lines() {
+        let Some(rest) = l.strip_prefix("probe: ") else {
+            continue;
+        };
+        let kv = |k: &str| {
+            rest.split_whitespace()
+                .find_map(|w| w.strip_prefix(k)?.strip_prefix('=')?.parse::<f64>().ok())
+        };
+        if let Some(t) = rest.strip_prefix("paths test=") {
+            let name = t.split_whitespace().next().unwrap_or("").to_string();
+            if let (Some(m), Some(a), Some(b)) = (kv("median_ns"), kv("min_ns"), kv("max_ns")) {
+                p.tests.insert(name, (m, a, b));
+            }
+        } else if rest.starts_with("paths mem_lat ") {
+            if let (Some(s), Some(ns)) = (kv("size"), kv("ns")) {
+                p.mem.insert(s as u64, ns);
+            }
+        } else if rest.starts_with("paths end") {
+            ended = true;
+        } else if rest.starts_with("result ok") {
+            result = true;
+        }
+    }
+    p.ok = ended && result;
+    p
+}
+
+#[derive(Default)]
+struct Runs {
+    tests: BTreeMap<String, Vec<f64>>,
+    mem: BTreeMap<u64, Vec<f64>>,
+    failures: Vec<String>,
+    command: String,
+}
+
+impl Runs {
+    fn add(&mut self, p: &Paths) {
+        for (k, v) in &p.tests {
+            self.tests.entry(k.clone()).or_default().push(v.0);
+        }
+        for (k, v) in &p.mem {
+            self.mem.entry(*k).or_default().push(*v);
+        }
+    }
+    fn tests_json(&self) -> Value {
+        json!(
+            self.tests
+                .iter()
+                .filter_map(|(k, v)| {
+                    let s = summary(v)?;
+                    Some((
+                        k.clone(),
+                        json!({ "median_ns": s.median, "spread_ns": [s.min, s.max], "runs": s.n }),
+                    ))
+                })
+                .collect::<serde_json::Map<_, _>>()
+        )
+    }
+    fn median(&self, k: &str) -> Option<f64> {
+        self.tests.get(k).and_then(|v| summary(v)).map(|s| s.median)
+    }
+}
+
+fn record(s: &mut Runs, r: std::io::Result<crate::Run>, ok_code: i32) {
+    match r {
+        Ok(r) => {
+            let p = parse(&r.stdout);
+            if r.status.code() == Some(ok_code) && p.ok {
+                s.add(&p);
+            } else {
+                let tail: Vec<&str> = r
+                    .stdout
+                    .lines()
+                    .chain(r.stderr.lines())
+                    .filter(|l| l.contains("FATAL") || l.contains("error") || l.contains("FAILED"))
+                    .take(3)
+                    .collect();
+                s.failures.push(format!(
+                    "exit {:?}, paths complete {}: {}",
+                    r.status.code(),
+                    p.ok,
+                    tail.join(" | ")
+                ));
+            }
+        }
+        Err(e) => s.failures.push(e.to_string()),
+    }
+}
+
+fn pretty(c: &Command) -> String {
+    std::iter::once(c.get_program())
+        .chain(c.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Our launch of the probe for the paths benchmark.
+pub fn ours_cmd(env: &Env, state: &Path, disk: &Path, ioeventfd: bool, extra: &str) -> Command {
+    let mut c = Command::new(&env.partition);
+    c.env("PARTITION_STATE_DIR", state)
+        .args(["launch", "--cores", &env.core.to_string()])
+        .args(["--memory", &format!("{GUEST_MB}M"), "--backing", "hugetlb"])
+        .arg("--probe")
+        .arg("--disk")
+        .arg(format!("path={}", disk.display()))
+        .args([
+            "--cmdline",
+            &format!("probe.memtest=0 probe.bench=paths {extra}"),
+        ]);
+    if !ioeventfd {
+        c.arg("--no-ioeventfd");
+    }
+    c
+}
+
+fn qemu_cmd(env: &Env, probe: &Path, disk: &Path, qmp: &Path) -> Command {
+    let mut c = Command::new(
+        env.qemu
+            .clone()
+            .unwrap_or_else(|| "qemu-system-x86_64".into()),
+    );
+    c.args(["-M", "microvm,acpi=off", "-enable-kvm"])
+        .args(["-cpu", "host,-arch-capabilities", "-smp", "1"])
+        .args(["-m", &format!("{GUEST_MB}M"), "-mem-prealloc"])
+        .args(["-name", "paths,debug-threads=on", "-S", "-qmp"])
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
+        .arg("-kernel")
+        .arg(probe)
+        .args(["-append", "probe.memtest=0 probe.bench=paths"])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-nographic",
+            "-serial",
+            "stdio",
+        ])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(["-global", "virtio-mmio.force-legacy=false"])
+        .arg("-drive")
+        .arg(format!("id=d0,file={},format=raw,if=none", disk.display()))
+        .args(["-device", "virtio-blk-device,drive=d0"]);
+    c
+}
+
+/// Runs the section.
+pub fn run(env: &Env) -> Value {
+    let mut section = json!({
+        "completed": false,
+        "started_at": now_utc(),
+        "provenance": provenance(env),
+        "params": { "runs": env.runs, "core": env.core, "guest_memory_mb": GUEST_MB,
+                    "guest_memory": "2 MiB hugetlb pages", "host_chase_memory": "transparent huge pages (madvise)",
+                    "calls_per_repetition": 2000,
+                    "repetitions": 11 },
+        "method": "probe.bench=paths: per path, 11 timed repetitions of 2000 calls after a discarded one, median; the memory chase is hotpaths' chase.rs in ring 3 (the host runs hotpaths --only mem_lat on the same core); rows are medians over rounds with min-max spread; rounds alternate the host, ours (ioeventfd), ours --no-ioeventfd and QEMU microvm",
+    });
+    let fail = |mut s: Value, why: String| {
+        s["reason"] = json!(why);
+        s["finished_at"] = json!(now_utc());
+        s
+    };
+    let bin = match hotpaths::binary(env) {
+        Ok(b) => b,
+        Err(e) => return fail(section, format!("writing the hotpaths binary: {e}")),
+    };
+    let probe = env.work.join("probe.elf");
+    let _ = Command::new(&env.partition)
+        .args(["probe-image", "-o"])
+        .arg(&probe)
+        .output();
+    let disk = env.work.join("paths-disk.img");
+    if let Err(e) = std::fs::File::create(&disk).and_then(|f| f.set_len(1 << 20)) {
+        return fail(section, format!("{}: {e}", disk.display()));
+    }
+    let state = env.work.join("probe-state");
+    let Some(hugepages) = crate::HugepageCount::grow(GUEST_MB / 2) else {
+        return fail(
+            section,
+            format!(
+                "the kernel could not find {} free 2 MiB hugepages",
+                GUEST_MB / 2
+            ),
+        );
+    };
+
+    let mut host = Series::default();
+    let mut ours = Runs::default();
+    let mut exit = Runs::default();
+    let mut qemu = Runs::default();
+    let qmp = env.work.join("paths-qmp.sock");
+    let mut jobs = vec!["host", "ours", "ours-exit"];
+    if env.qemu.is_some() {
+        jobs.push("qemu");
+    }
+    for round in 0..env.runs {
+        let mut order = jobs.clone();
+        order.rotate_left(round % jobs.len());
+        for job in order {
+            match job {
+                "host" => {
+                    let cpu = env.core.to_string();
+                    match hotpaths::run_host(
+                        &bin,
+                        &["--cpus", &cpu, "--only", "mem_lat", "--runs", "1"],
+                        &env.work,
+                    ) {
+                        Ok(r) => host.add(&r),
+                        Err(e) => host.failures.push(e),
+                    }
+                }
+                "ours" => {
+                    let c = ours_cmd(env, &state, &disk, true, "");
+                    ours.command = pretty(&c);
+                    record(&mut ours, timed_run(c, Duration::from_secs(300)), 0);
+                }
+                "ours-exit" => {
+                    let c = ours_cmd(env, &state, &disk, false, "probe.paths_max_mem=0");
+                    exit.command = pretty(&c);
+                    record(&mut exit, timed_run(c, Duration::from_secs(300)), 0);
+                }
+                _ => {
+                    let _ = std::fs::remove_file(&qmp);
+                    let c = qemu_cmd(env, &probe, &disk, &qmp);
+                    qemu.command = pretty(&c);
+                    let (core, hc) = (env.core, env.host_core);
+                    let r = timed_run_with(c, Duration::from_secs(300), |pid| {
+                        crate::blk::pin_and_start_qemu(pid, &qmp, core, hc)
+                    });
+                    record(&mut qemu, r, 1);
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&qmp);
+    drop(hugepages);
+
+    // The exits, and the staircase against the host.
+    let pio = |r: &Runs| {
+        r.median("pio_in").or_else(|| {
+            Some(r.median("pio_in_service")? - r.median("service")?).map(|d| d.max(0.0))
+        })
+    };
+    section["ours"] = json!({ "paths_ns": ours.tests_json(), "pio_exit_ns": pio(&ours),
+                               "command": ours.command, "failures": ours.failures });
+    section["ours_no_ioeventfd"] = json!({ "paths_ns": exit.tests_json(), "pio_exit_ns": pio(&exit),
+                                           "command": exit.command, "failures": exit.failures });
+    section["qemu"] = if env.qemu.is_some() {
+        json!({ "paths_ns": qemu.tests_json(), "pio_exit_ns": pio(&qemu),
+                "command": qemu.command, "failures": qemu.failures })
+    } else {
+        json!("qemu-system-x86_64 not found: no peer rows")
+    };
+    section["pio_note"] = json!(
+        "pio_in is `in` executed in ring 3 (IOPL 3). Where the hypervisor refuses ring-3 port I/O (#GP; the nested kvm_pvm host does), the probe times pio_in_service (the same `in` through its ring-0 service) and pio_exit_ns is pio_in_service - service."
+    );
+    let mut stairs = Vec::new();
+    for (size, v) in &ours.mem {
+        let g = summary(v);
+        let h = host
+            .values
+            .get(&format!("mem_lat_{size}"))
+            .and_then(|(_, v)| summary(v));
+        let q = qemu.mem.get(size).and_then(|v| summary(v));
+        stairs.push(json!({
+            "bytes": size,
+            "guest_ns": g.map(|s| s.median), "guest_spread": g.map(|s| [s.min, s.max]),
+            "host_ns": h.map(|s| s.median), "host_spread": h.map(|s| [s.min, s.max]),
+            "guest_over_host": match (g, h) { (Some(g), Some(h)) if h.median > 0.0 => json!(g.median / h.median), _ => Value::Null },
+            "qemu_ns": q.map(|s| s.median),
+        }));
+    }
+    section["mem_lat"] = json!(stairs);
+    section["host_failures"] = json!(host.failures);
+    let full = |r: &Runs| {
+        r.failures.is_empty() && r.tests.get("cpuid").is_some_and(|v| v.len() == env.runs)
+    };
+    let complete = full(&ours)
+        && full(&exit)
+        && host.failures.is_empty()
+        && host.runs("mem_lat_512") == env.runs
+        && ours.mem.len() == STAIRS;
+    section["completed"] = json!(complete);
+    if !complete {
+        section["reason"] = json!(format!(
+            "ours: {:?}; --no-ioeventfd: {:?}; host: {:?}; staircase points {}",
+            ours.failures,
+            exit.failures,
+            host.failures,
+            ours.mem.len()
+        ));
+    }
+    if !qemu.failures.is_empty() {
+        section["qemu_note"] = json!(format!("QEMU runs failed: {:?}", qemu.failures));
+    }
+    let _ = std::fs::remove_file(&disk);
+    section["finished_at"] = json!(now_utc());
+    section
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_paths_lines() {
+        let out = "probe: paths start n=2000 tries=11\n\
+                   probe: paths test=cpuid n=2000 median_ns=2980 min_ns=969 max_ns=4219\n\
+                   probe: paths test=mmio_read n=2000 median_ns=23163 min_ns=19102 max_ns=39386\n\
+                   probe: paths mem_lat size=512 ns=1.232\n\
+                   probe: paths mem_lat size=268435456 ns=307.297\n\
+                   probe: paths end\nprobe: result ok status=0\n";
+        let p = parse(out);
+        assert!(p.ok);
+        assert_eq!(p.tests["cpuid"], (2980.0, 969.0, 4219.0));
+        assert_eq!(p.mem[&512], 1.232);
+        assert_eq!(p.mem[&268435456], 307.297);
+        assert!(!parse("probe: paths test=cpuid median_ns=1 min_ns=1 max_ns=1\n").ok);
+    }
+}

@@ -1,0 +1,697 @@
+//! The report a person reads: `benchmarks/results/<host>.md` with the guest/host ratio
+//! table beside the seeds' published ratios, the probe's paths and memory staircase, the
+//! other sections' headlines and the cross-checks; and `<host>-ratios.svg`, the ratios
+//! drawn with plotters. Both are made from the results file alone, after every
+//! `partition bench` (or by `partition bench --report`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde_json::Value;
+
+/// Seed 000's table (KVM guest at default idle against multikernel on the same machine):
+/// (row, our hotpaths names, native us, KVM us, KVM/native).
+pub const SEED: &[(&str, &[&str], f64, f64, f64)] = &[
+    ("Null syscall", &["null_syscall"], 0.070, 0.099, 1.42),
+    ("read()", &["read"], 0.099, 0.124, 1.26),
+    ("write()", &["write"], 0.082, 0.114, 1.39),
+    ("stat()", &["stat"], 0.354, 0.379, 1.07),
+    ("open()/close()", &["open_close"], 0.554, 0.586, 1.06),
+    (
+        "Signal handler install",
+        &["sig_install"],
+        0.123,
+        0.159,
+        1.29,
+    ),
+    ("Signal handler catch", &["sig_catch"], 0.770, 0.881, 1.14),
+    (
+        "Context switch (2 procs)",
+        &["ctx_switch_2cores", "ctx_switch_1core"],
+        1.37,
+        3.42,
+        2.50,
+    ),
+    (
+        "Pipe latency",
+        &["pipe_2cores", "pipe_1core"],
+        3.24,
+        7.06,
+        2.18,
+    ),
+    (
+        "AF_UNIX stream latency",
+        &["unix_2cores", "unix_1core"],
+        4.81,
+        7.48,
+        1.55,
+    ),
+    ("fork + exit", &["fork_exit"], 115.0, 123.0, 1.07),
+    ("fork + /bin/sh", &["fork_sh"], 730.0, 761.0, 1.04),
+];
+
+/// Where the report and chart of a results file go.
+pub fn paths(results: &Path) -> (PathBuf, PathBuf) {
+    let stem = results
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "results".into());
+    (
+        results.with_file_name(format!("{stem}.md")),
+        results.with_file_name(format!("{stem}-ratios.svg")),
+    )
+}
+
+fn host_value(doc: &Value, name: &str) -> Option<(f64, f64, f64)> {
+    let r = doc["sections"]["host"]["rows"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == name)?;
+    Some((
+        r["median"].as_f64()?,
+        r["spread"][0].as_f64()?,
+        r["spread"][1].as_f64()?,
+    ))
+}
+
+/// (policy, value) for a guest benchmark, per measured policy.
+fn guest_values(doc: &Value, name: &str) -> Vec<(String, f64)> {
+    doc["sections"]["guest"]["policies"]
+        .as_array()
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| {
+                    let v = p["rows"].as_array()?.iter().find(|r| r["name"] == name)?["median"]
+                        .as_f64()?;
+                    Some((p["policy"].as_str()?.to_string(), v))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn fmt_us(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn completed(doc: &Value, s: &str) -> Option<bool> {
+    doc["sections"].get(s).map(|v| v["completed"] == true)
+}
+
+fn status(doc: &Value, s: &str) -> String {
+    match doc["sections"].get(s) {
+        None => "not run".into(),
+        Some(v) if v["completed"] == true => {
+            format!("completed {}", v["finished_at"].as_str().unwrap_or(""))
+        }
+        Some(v) => format!(
+            "**not complete**: {}",
+            v["reason"].as_str().unwrap_or("no reason recorded")
+        ),
+    }
+}
+
+/// The Markdown report.
+pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
+    let mut o = String::new();
+    let s = &doc["sections"];
+    let prov = ["host", "probe", "blk", "wake", "memsetup"]
+        .iter()
+        .find_map(|k| s.get(*k).map(|v| &v["provenance"]))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let _ = writeln!(o, "# Benchmark report: {host}\n");
+    let _ = writeln!(
+        o,
+        "Made by `partition bench` from `{host}.json` (every number below is in it, with its \
+         runs and provenance); regenerate with `partition bench --report`. Method: \
+         `docs/benchmarks.md`.\n"
+    );
+    let p = |k: &str| {
+        prov.pointer(k)
+            .map(|v| v.to_string().trim_matches('"').to_string())
+    };
+    let _ = writeln!(
+        o,
+        "Host: {} · kernel {} · KVM module {} · nested: {} · commit {}\n",
+        p("/cpu/model").unwrap_or_else(|| "?".into()),
+        p("/kernel/release").unwrap_or_else(|| "?".into()),
+        p("/kvm/vendor_module").unwrap_or_else(|| "?".into()),
+        p("/nested").unwrap_or_else(|| "?".into()),
+        p("/rust/commit")
+            .or_else(|| p("/commit"))
+            .unwrap_or_else(|| "?".into()),
+    );
+    let _ = writeln!(o, "| section | state |\n|---|---|");
+    for k in [
+        "host",
+        "guest",
+        "probe",
+        "wake",
+        "blk",
+        "memsetup",
+        "crosscheck",
+    ] {
+        let _ = writeln!(o, "| {k} | {} |", status(doc, k).replace('|', "/"));
+    }
+
+    // The headline table.
+    let policies: Vec<String> = s["guest"]["policies"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["policy"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let guest_ok = completed(doc, "guest") == Some(true);
+    let _ = writeln!(
+        o,
+        "\n## Hot paths: the guest against the bare host, beside the seed\n"
+    );
+    if !guest_ok {
+        let _ = writeln!(
+            o,
+            "The guest columns are empty: {}\n",
+            s["guest"]["reason"]
+                .as_str()
+                .unwrap_or("the guest section has not been run")
+        );
+    }
+    let _ = write!(
+        o,
+        "| path | seed native | seed KVM | seed KVM/native | host (µs) |"
+    );
+    for p in &policies {
+        let _ = write!(o, " guest `{p}` | guest/host `{p}` |");
+    }
+    let _ = writeln!(o);
+    let _ = write!(o, "|---|---|---|---|---|");
+    for _ in &policies {
+        let _ = write!(o, "---|---|");
+    }
+    let _ = writeln!(o);
+    for (row, names, nat, kvm, ratio) in SEED {
+        for name in names.iter() {
+            let label = if names.len() > 1 {
+                format!(
+                    "{row} ({})",
+                    if name.ends_with("2cores") {
+                        "two cores"
+                    } else {
+                        "one core"
+                    }
+                )
+            } else {
+                row.to_string()
+            };
+            let h = host_value(doc, name);
+            let _ = write!(
+                o,
+                "| {label} | {nat} | {kvm} | {ratio:.2}x | {} |",
+                h.map_or("—".into(), |(m, a, b)| format!(
+                    "{} ({}-{})",
+                    fmt_us(m),
+                    fmt_us(a),
+                    fmt_us(b)
+                ))
+            );
+            let g = guest_values(doc, name);
+            for p in &policies {
+                let v = g.iter().find(|x| &x.0 == p).map(|x| x.1);
+                let r = v.zip(h).map(|(v, h)| v / h.0);
+                let _ = write!(
+                    o,
+                    " {} | {} |",
+                    v.map_or("—".into(), fmt_us),
+                    r.map_or("—".into(), |r| format!("{r:.2}x"))
+                );
+            }
+            let _ = writeln!(o);
+        }
+    }
+    let _ = writeln!(
+        o,
+        "\nSeed 000 ran lmbench in a 2-vCPU guest without pinning its processes; two-process \
+         rows are shown with the partner on the other core (as a 2-vCPU guest mostly runs them) \
+         and on the same core (a pure context switch)."
+    );
+
+    // Memory staircase.
+    if let Some(st) = s["probe"]["mem_lat"].as_array().filter(|a| !a.is_empty()) {
+        let _ = writeln!(
+            o,
+            "\n## Memory latency: the probe guest against the host, the same chase\n\n\
+             Seed 000 found parity (1.3 ns in L1 to 32 ns in DRAM on both sides).\n\n\
+             | working set | host ns | probe guest ns | guest/host |\n|---|---|---|---|"
+        );
+        for r in st {
+            let b = r["bytes"].as_u64().unwrap_or(0);
+            let size = if b >= 1 << 20 {
+                format!("{} MiB", b >> 20)
+            } else if b >= 1024 {
+                format!("{} KiB", b >> 10)
+            } else {
+                format!("{b} B")
+            };
+            let f = |k: &str| r[k].as_f64().map_or("—".into(), |v| format!("{v:.2}"));
+            let _ = writeln!(
+                o,
+                "| {size} | {} | {} | {} |",
+                f("host_ns"),
+                f("guest_ns"),
+                r["guest_over_host"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.2}x"))
+            );
+        }
+    }
+
+    // VMM paths.
+    if s.get("probe").is_some() {
+        let _ = writeln!(
+            o,
+            "\n## The VMM's own paths (probe guest, ns per call)\n\n| path | ours | ours `--no-ioeventfd` | QEMU microvm |\n|---|---|---|---|"
+        );
+        let v = |who: &str, t: &str| {
+            s["probe"][who]["paths_ns"][t]["median_ns"]
+                .as_f64()
+                .map_or("—".into(), |x| format!("{x:.0}"))
+        };
+        for t in [
+            "cpuid",
+            "service",
+            "pio_in",
+            "pio_in_service",
+            "mmio_read",
+            "mmio_doorbell",
+        ] {
+            if ["ours", "ours_no_ioeventfd", "qemu"]
+                .iter()
+                .all(|w| s["probe"][w]["paths_ns"][t].is_null())
+            {
+                continue;
+            }
+            let _ = writeln!(
+                o,
+                "| {t} | {} | {} | {} |",
+                v("ours", t),
+                v("ours_no_ioeventfd", t),
+                v("qemu", t)
+            );
+        }
+        let pe = |w: &str| {
+            s["probe"][w]["pio_exit_ns"]
+                .as_f64()
+                .map_or("—".into(), |x| format!("{x:.0}"))
+        };
+        let _ = writeln!(
+            o,
+            "| port I/O exit (derived) | {} | {} | {} |",
+            pe("ours"),
+            pe("ours_no_ioeventfd"),
+            pe("qemu")
+        );
+    }
+
+    // Other sections' headlines.
+    if let Some(ps) = s["wake"]["policies"].as_array() {
+        let _ = writeln!(
+            o,
+            "\n## Wake-ups (`wake`)\n\nHost futex ping-pong {} ns, spin ping-pong {} ns.\n\n| policy | IPI round trip ns | timer lateness ns |\n|---|---|---|",
+            s["wake"]["host"]["futex_pingpong"]["median_ns"],
+            s["wake"]["host"]["spin_pingpong"]["median_ns"]
+        );
+        for p in ps {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} |",
+                p["name"].as_str().unwrap_or("?"),
+                p["ipi_round_trip"]["median_ns"]
+                    .as_f64()
+                    .map_or("refused".into(), |v| format!("{v:.0}")),
+                p["timer_lateness"]["median_ns"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.0}")),
+            );
+        }
+    }
+    if let Some(rows) = s["blk"]["ours"].as_array() {
+        let _ = writeln!(
+            o,
+            "\n## Block (`blk`): 4 KiB random read at depth 1, guest polling, µs\n\n| row | cache | median |\n|---|---|---|"
+        );
+        for r in s["blk"]["host"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} |",
+                r["name"].as_str().unwrap_or("?"),
+                if r["name"].as_str().unwrap_or("").contains("direct") {
+                    "cold"
+                } else {
+                    "warm"
+                },
+                r["lat4k"]["median"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{:.2}", v / 1000.0))
+            );
+        }
+        for r in rows
+            .iter()
+            .chain(s["blk"]["qemu"].as_array().into_iter().flatten())
+        {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} |",
+                r["name"].as_str().unwrap_or("?"),
+                if r["name"].as_str().unwrap_or("").contains("direct") {
+                    "cold"
+                } else {
+                    "warm"
+                },
+                r["lat4k_guest_polls"]["median"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{:.2}", v / 1000.0))
+            );
+        }
+    }
+    if let Some(rows) = s["memsetup"]["rows"].as_array() {
+        let _ = writeln!(
+            o,
+            "\n## Memory setup (`memsetup`): launch to first serial byte, ms\n\n| source | size | first byte | memory |\n|---|---|---|---|"
+        );
+        for r in rows {
+            let _ = writeln!(
+                o,
+                "| {} | {} MiB | {} | {} |",
+                r["source"].as_str().unwrap_or("?"),
+                r["size_bytes"].as_u64().unwrap_or(0) >> 20,
+                r["first_byte_ms"]["median"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.1}")),
+                r["memory_ms"]["median"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.2}")),
+            );
+        }
+    }
+
+    // Cross-checks.
+    if let Some(rows) = s["crosscheck"]["rows"].as_array() {
+        let _ = writeln!(
+            o,
+            "\n## Cross-checks: our bare-host figures against independent tools, same session\n\n| figure | unit | ours | theirs (tool) | ours/theirs | within 20% |\n|---|---|---|---|---|---|"
+        );
+        for r in rows {
+            let f = |k: &str| r[k].as_f64().map_or("—".into(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} ({}) | {} | {} |",
+                r["row"].as_str().unwrap_or("?"),
+                r["unit"].as_str().unwrap_or(""),
+                f("ours_median"),
+                f("theirs_median"),
+                r["theirs"].as_str().unwrap_or(""),
+                r["ours_over_theirs"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{v:.2}")),
+                match r["within_20_percent"].as_bool() {
+                    Some(true) => "yes",
+                    Some(false) => "**no**",
+                    None => "—",
+                }
+            );
+        }
+    }
+    let _ = writeln!(o, "\n## Chart\n\n![ratios]({svg_name})");
+    o
+}
+
+/// A category axis label: the name at an integer position, nothing between.
+fn label(names: &[String], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 0.01 && i >= 0.0 {
+        names.get(i as usize).cloned().unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
+/// Horizontal bars, one category per row from the top: `bars` are (label, values), each
+/// value drawn in its colour; a reference line at 1.0 and an optional shaded band.
+fn hbars(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    title: &str,
+    bars: &[(String, Vec<Option<f64>>)],
+    colors: &[RGBColor],
+    band: Option<(f64, f64)>,
+    flag: impl Fn(f64) -> bool,
+) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let n = bars.len().max(1);
+    let xmax = bars
+        .iter()
+        .flat_map(|b| b.1.iter().flatten().copied())
+        .fold(1.5f64, f64::max)
+        * 1.1;
+    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let mut c = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(230)
+        .build_cartesian_2d(0f64..xmax, -0.5f64..n as f64 - 0.5)
+        .map_err(err)?;
+    c.configure_mesh()
+        .disable_y_mesh()
+        .y_labels(n)
+        .y_label_formatter(&|y| label(&names, n as f64 - 1.0 - *y))
+        .y_label_style(("sans-serif", 11))
+        .x_desc("ratio")
+        .draw()
+        .map_err(err)?;
+    if let Some((lo, hi)) = band {
+        c.draw_series(std::iter::once(Rectangle::new(
+            [(lo, -0.5), (hi, n as f64 - 0.5)],
+            RGBColor(200, 230, 200).filled(),
+        )))
+        .map_err(err)?;
+    }
+    let k = colors.len().max(1) as f64;
+    let h = 0.8 / k;
+    for (j, color) in colors.iter().enumerate() {
+        c.draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
+            let v = (*b.1.get(j)?)?;
+            let y = n as f64 - 1.0 - i as f64 + 0.4 - h * (j as f64 + 1.0);
+            let fill = if flag(v) { RED } else { *color };
+            Some(Rectangle::new(
+                [(0.0, y + 0.03), (v, y + h - 0.03)],
+                fill.filled(),
+            ))
+        }))
+        .map_err(err)?;
+    }
+    c.draw_series(LineSeries::new(
+        vec![(1.0, -0.5), (1.0, n as f64 - 0.5)],
+        BLACK,
+    ))
+    .map_err(err)?;
+    Ok(())
+}
+
+/// The chart: seed and measured guest/host ratios per hot path; the probe's memory
+/// staircase ratio by working set; the cross-check ratios against the ±20% band.
+pub fn chart(doc: &Value, out: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(out, (1650, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let panels = root.split_evenly((1, 3));
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+
+    // 1: hot-path ratios, the seed's and ours (first measured policy).
+    let first_policy = doc["sections"]["guest"]["policies"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|p| p["policy"].as_str())
+        .map(String::from);
+    let measured = completed(doc, "guest") == Some(true);
+    let bars: Vec<(String, Vec<Option<f64>>)> = SEED
+        .iter()
+        .map(|(row, names, _, _, ratio)| {
+            let ours = first_policy.as_ref().filter(|_| measured).and_then(|p| {
+                let g = guest_values(doc, names[0])
+                    .into_iter()
+                    .find(|x| &x.0 == p)?
+                    .1;
+                Some(g / host_value(doc, names[0])?.0)
+            });
+            (row.to_string(), vec![Some(*ratio), ours])
+        })
+        .collect();
+    let title = match (&first_policy, measured) {
+        (Some(p), true) => format!("guest/host: seed 000 (grey), ours --idle {p} (blue)"),
+        _ => "guest/host: seed 000 (grey); ours not measured on this host".to_string(),
+    };
+    hbars(
+        &panels[0],
+        &title,
+        &bars,
+        &[RGBColor(160, 160, 160), BLUE],
+        None,
+        |_| false,
+    )?;
+
+    // 2: memory staircase ratio.
+    let pts: Vec<(f64, f64)> = doc["sections"]["probe"]["mem_lat"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| {
+                    Some((
+                        (r["bytes"].as_f64()?).log2(),
+                        r["guest_over_host"].as_f64()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let ymax2 = pts.iter().map(|p| p.1).fold(2.0f64, f64::max) * 1.1;
+    let mut c = ChartBuilder::on(&panels[1])
+        .caption(
+            "memory latency, probe guest / host (same chase)",
+            ("sans-serif", 15),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(40)
+        .build_cartesian_2d(9f64..28f64, 0f64..ymax2)
+        .map_err(err)?;
+    c.configure_mesh()
+        .x_desc("working set, log2 bytes (10 = 1 KiB, 20 = 1 MiB)")
+        .y_desc("ratio")
+        .draw()
+        .map_err(err)?;
+    c.draw_series(LineSeries::new(vec![(9.0, 1.0), (28.0, 1.0)], BLACK))
+        .map_err(err)?;
+    c.draw_series(LineSeries::new(pts.clone(), BLUE))
+        .map_err(err)?;
+    c.draw_series(pts.iter().map(|p| Circle::new(*p, 3, BLUE.filled())))
+        .map_err(err)?;
+
+    // 3: cross-checks.
+    let cc: Vec<(String, Vec<Option<f64>>)> = doc["sections"]["crosscheck"]["rows"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| {
+                    let tool = r["theirs"].as_str()?.split_whitespace().next()?;
+                    Some((
+                        format!("{} ({tool})", r["row"].as_str()?),
+                        vec![r["ours_over_theirs"].as_f64()],
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    hbars(
+        &panels[2],
+        "ours / independent tool (band ±20%, red outside)",
+        &cc,
+        &[BLUE],
+        Some((0.8, 1.2)),
+        |v| (v - 1.0).abs() > crate::crosscheck::TOLERANCE,
+    )?;
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Writes the report and the chart for `results`.
+pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let text =
+        std::fs::read_to_string(results).map_err(|e| format!("{}: {e}", results.display()))?;
+    let doc: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", results.display()))?;
+    let (md, svg) = paths(results);
+    let host = results
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let svg_name = svg
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    chart(&doc, &svg)?;
+    std::fs::write(&md, markdown(&doc, &host, &svg_name))
+        .map_err(|e| format!("{}: {e}", md.display()))?;
+    Ok((md, svg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc() -> Value {
+        json!({"sections": {
+            "host": {"completed": true, "rows": [
+                {"name": "null_syscall", "unit": "us", "median": 0.2, "spread": [0.19, 0.21]},
+                {"name": "pipe_2cores", "unit": "us", "median": 10.0, "spread": [9.0, 11.0]}]},
+            "guest": {"completed": true, "policies": [{"policy": "hlt", "rows": [
+                {"name": "null_syscall", "median": 0.3}, {"name": "pipe_2cores", "median": 25.0}]}]},
+            "probe": {"completed": true, "mem_lat": [
+                {"bytes": 512, "host_ns": 1.2, "guest_ns": 1.3, "guest_over_host": 1.0833},
+                {"bytes": 1048576, "host_ns": 14.0, "guest_ns": 15.0, "guest_over_host": 1.07}],
+                "ours": {"paths_ns": {"cpuid": {"median_ns": 2980.0}}, "pio_exit_ns": 5000.0}},
+            "crosscheck": {"completed": true, "rows": [
+                {"row": "null syscall", "unit": "us", "ours_median": 0.19, "theirs_median": 0.2,
+                 "theirs": "lat_syscall null", "ours_over_theirs": 0.95, "within_20_percent": true}]}
+        }})
+    }
+
+    #[test]
+    fn the_report_has_the_ratios_and_the_seed_beside_them() {
+        let md = markdown(&doc(), "box", "box-ratios.svg");
+        assert!(
+            md.contains(
+                "| Null syscall | 0.07 | 0.099 | 1.42x | 0.200 (0.190-0.210) | 0.300 | 1.50x |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("Pipe latency (two cores)"));
+        assert!(
+            md.contains("| 2.50 | 2.50x |") || md.contains("25.00 | 2.50x"),
+            "{md}"
+        );
+        assert!(md.contains("| 1 MiB | 14.00 | 15.00 | 1.07x |"));
+        assert!(md.contains("| cpuid | 2980 |"));
+        assert!(
+            md.contains("| null syscall | us | 0.190 | 0.200 (lat_syscall null) | 0.95 | yes |")
+        );
+        assert!(md.contains("![ratios](box-ratios.svg)"));
+        // A guest that did not run says why instead of inventing columns.
+        let mut d = doc();
+        d["sections"]["guest"] = json!({"completed": false, "reason": "no image", "policies": []});
+        let md = markdown(&d, "box", "x.svg");
+        assert!(md.contains("The guest columns are empty: no image"));
+    }
+
+    #[test]
+    fn the_chart_is_an_svg_with_the_rows() {
+        let dir = std::env::temp_dir().join(format!("report-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.svg");
+        chart(&doc(), &p).unwrap();
+        let svg = std::fs::read_to_string(&p).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("Null syscall"));
+        assert!(svg.contains("memory latency"));
+        assert!(svg.matches("<rect").count() > 12);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
