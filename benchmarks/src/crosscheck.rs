@@ -3,7 +3,7 @@
 //!
 //! - lmbench 3 (Debian's `lmbench`, from non-free; `scripts/bench.sh` unpacks it without
 //!   installing it) for every hotpaths figure it measures: `lat_syscall`, `lat_sig`,
-//!   `lat_pipe`, `lat_unix`, `lat_ctx -s 0 2`, `lat_proc fork`, `lat_mem_rd -t`, `bw_mem`;
+//!   `lat_pipe`, `lat_unix`, `lat_ctx -s 0 2`, `lat_proc fork`, `lat_mem_rd -N 1 -t`, `bw_mem`;
 //! - stress-ng's `switch` stressor (`--switch-method sem-sysv`: its per-switch time is
 //!   half a semaphore ping-pong) against hotpaths' context switch;
 //! - rt-tests' `cyclictest` (SCHED_OTHER, 1 ms interval) against the `wake` section's
@@ -208,19 +208,19 @@ const LM: &[Spec] = &[
     Spec {
         row: "memory latency 16 KiB",
         ours: "mem_lat_16384",
-        theirs: "lat_mem_rd -t",
+        theirs: "lat_mem_rd -N 1 -t",
         unit: "ns",
     },
     Spec {
         row: "memory latency 1 MiB",
         ours: "mem_lat_1048576",
-        theirs: "lat_mem_rd -t",
+        theirs: "lat_mem_rd -N 1 -t",
         unit: "ns",
     },
     Spec {
         row: "memory latency 64 MiB",
         ours: "mem_lat_67108864",
-        theirs: "lat_mem_rd -t",
+        theirs: "lat_mem_rd -N 1 -t",
         unit: "ns",
     },
     Spec {
@@ -290,7 +290,9 @@ fn lmbench_once(
     );
     let t = run("lat_proc", &["fork"])?;
     out.insert("fork_exit", get(&t, "Process fork+exit", "lat_proc")?);
-    let t = run("lat_mem_rd", &["-t", "64", "64"])?;
+    // One repetition per round (lmbench runs 11): the random chains of every size up to
+    // 64 MiB take 44 s at 11; the rounds give the median.
+    let t = run("lat_mem_rd", &["-N", "1", "-t", "64", "64"])?;
     let pts = lm_mem(&t);
     for (name, bytes) in [
         ("mem_lat_16384", 16384.0),

@@ -193,17 +193,28 @@ fn guest_cmd(env: &Env, policy: &str, kernel: &Path, initrd: &Path, args: &str) 
     c
 }
 
-/// What a failed guest run showed: exit status and the last lines of both streams.
+/// What a failed guest run showed: exit status, the console's last lines and the VMM's
+/// errors (or its last lines when it printed none).
 fn guest_failure(r: &crate::Run) -> String {
-    let tail = |s: &str| {
+    let tail = |s: &str, n: usize| {
         let v: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-        v[v.len().saturating_sub(4)..].join(" | ")
+        v[v.len().saturating_sub(n)..].join(" | ")
     };
+    let errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("error") || l.contains("FATAL"))
+        .take(3)
+        .collect();
     format!(
         "exit {:?}; console: {}; vmm: {}",
         r.status.code(),
-        tail(&r.stdout),
-        tail(&r.stderr)
+        tail(&r.stdout, 2),
+        if errors.is_empty() {
+            tail(&r.stderr, 3)
+        } else {
+            errors.join(" | ")
+        }
     )
 }
 
@@ -247,7 +258,8 @@ pub fn run(env: &Env, want_host: bool, want_guest: bool) -> Vec<(&'static str, V
         .as_array()
         .map(|a| {
             a.iter()
-                .filter(|p| p["offered"] == true)
+                // `auto` only resolves to one of the others.
+                .filter(|p| p["offered"] == true && p["policy"] != "auto")
                 .filter_map(|p| p["policy"].as_str().map(String::from))
                 .collect()
         })

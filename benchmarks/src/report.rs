@@ -140,14 +140,18 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
     };
     let _ = writeln!(
         o,
-        "Host: {} · kernel {} · KVM module {} · nested: {} · commit {}\n",
-        p("/cpu/model").unwrap_or_else(|| "?".into()),
-        p("/kernel/release").unwrap_or_else(|| "?".into()),
+        "Host: {} ({} MHz TSC) · kernel {} · KVM module {} · itself a guest: {} · commit {}{}\n",
+        p("/cpu_model").unwrap_or_else(|| "?".into()),
+        p("/tsc_mhz").unwrap_or_else(|| "?".into()),
+        p("/kernel").unwrap_or_else(|| "?".into()),
         p("/kvm/vendor_module").unwrap_or_else(|| "?".into()),
-        p("/nested").unwrap_or_else(|| "?".into()),
-        p("/rust/commit")
-            .or_else(|| p("/commit"))
-            .unwrap_or_else(|| "?".into()),
+        p("/kvm/host_is_a_guest").unwrap_or_else(|| "?".into()),
+        p("/commit").unwrap_or_else(|| "?".into()),
+        if prov["commit_dirty"] == true {
+            " (with uncommitted changes)"
+        } else {
+            ""
+        },
     );
     let _ = writeln!(o, "| section | state |\n|---|---|");
     for k in [
@@ -163,10 +167,12 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
     }
 
     // The headline table.
+    // Only policies with measurements get columns.
     let policies: Vec<String> = s["guest"]["policies"]
         .as_array()
         .map(|a| {
             a.iter()
+                .filter(|p| p["rows"].as_array().is_some_and(|r| !r.is_empty()))
                 .filter_map(|p| p["policy"].as_str().map(String::from))
                 .collect()
         })

@@ -95,11 +95,12 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Measure: write benchmark sections into benchmarks/results/<host>.json.
+    /// Measure: write benchmark sections into benchmarks/results/<host>.json, then the
+    /// report (<host>.md) and chart (<host>-ratios.svg) beside it.
     ///
-    /// Sections: memsetup (launch to first serial byte, pool vs fresh memory vs QEMU).
-    /// Benchmarks reserve a pool and a core of their own (state directory under the work
-    /// directory) and give them back.
+    /// Sections (`--list`): host, guest, probe, crosscheck, wake, blk, memsetup. Benchmarks
+    /// use state directories, pools and hugepages of their own and give them back;
+    /// `--quick` prints a minute's look instead of storing anything.
     Bench(bench::BenchArgs),
     /// What this host's KVM offers for idle policies, and which policies it can give.
     Caps {
