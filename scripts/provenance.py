@@ -103,7 +103,9 @@ def rapl():
 def main():
     repo = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commit = run("git", "rev-parse", "HEAD", cwd=repo)
-    dirty = run("git", "status", "--porcelain", "--untracked-files=no", cwd=repo)
+    # The results files are what a run writes: they do not make the code dirty.
+    dirty = run("git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                ":(exclude)benchmarks/results", cwd=repo)
     facts = {
         "hostname": platform.node() or None,
         "date_utc": run("date", "-u", "+%Y-%m-%dT%H:%M:%SZ"),
