@@ -112,7 +112,12 @@ fn status(doc: &Value, s: &str) -> String {
             format!("completed {}", v["finished_at"].as_str().unwrap_or(""))
         }
         Some(v) => format!(
-            "**not complete**: {}",
+            "{}: {}",
+            if v["host_limitation"] == true {
+                "**not possible on this host**"
+            } else {
+                "**not complete**"
+            },
             v["reason"].as_str().unwrap_or("no reason recorded")
         ),
     }

@@ -1,0 +1,222 @@
+//! The benchmark vehicles end to end: the embedded hotpaths binary runs and reports every
+//! benchmark it is asked for; the probe guest's `paths` bench times the VMM's paths and
+//! walks the memory staircase; `bench --report` renders a results file; bad bench
+//! arguments are refused. No timing is asserted: only that what is measured is there,
+//! positive and finite.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+#[test]
+fn the_embedded_hotpaths_binary_is_static_and_reports_what_it_is_asked() {
+    let dir = Scratch::new("hotpaths-bin");
+    let bin = dir.path("hotpaths");
+    let out = run(&["hotpaths-binary", "-o", bin.to_str().unwrap()], LIMIT);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    // Static: no PT_INTERP program header (it must run from a busybox initramfs).
+    let elf = std::fs::read(&bin).unwrap();
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(elf[32..40].try_into().unwrap()) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    assert!(phnum > 0);
+    for i in 0..phnum {
+        let t = u32::from_le_bytes(elf[phoff + i * phentsize..][..4].try_into().unwrap());
+        assert_ne!(t, 3, "hotpaths has a program interpreter (PT_INTERP)");
+    }
+    let o = std::process::Command::new(&bin)
+        .args([
+            "--json",
+            "--runs",
+            "2",
+            "--enough-us",
+            "200",
+            "--max-mem",
+            "65536",
+        ])
+        .args([
+            "--only",
+            "null_syscall,sig_catch,pipe_1core,fork_exec,mem_lat",
+        ])
+        .arg("--dir")
+        .arg(dir.path(""))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["runs"], 2);
+    let names: Vec<&str> = doc["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "null_syscall",
+            "sig_catch",
+            "pipe_1core",
+            "fork_exec",
+            "mem_lat_512",
+            "mem_lat_1024",
+            "mem_lat_2048",
+            "mem_lat_4096",
+            "mem_lat_8192",
+            "mem_lat_16384",
+            "mem_lat_32768",
+            "mem_lat_65536"
+        ]
+    );
+    for r in doc["results"].as_array().unwrap() {
+        let m = r["median"].as_f64().unwrap();
+        assert!(m.is_finite() && m >= 0.0, "{r}");
+        assert_eq!(r["per_run"].as_array().unwrap().len(), 2, "{r}");
+    }
+    assert!(
+        doc["errors"].as_object().unwrap().is_empty(),
+        "{}",
+        doc["errors"]
+    );
+    // Its scratch directory is gone.
+    let left: Vec<_> = std::fs::read_dir(dir.path(""))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("hotpaths."))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // Bad arguments are refused with status 2.
+    let o = std::process::Command::new(&bin)
+        .args(["--cpus", "1,2,3"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn the_probe_times_the_vmm_paths_and_walks_the_staircase() {
+    if !kvm_available("the_probe_times_the_vmm_paths_and_walks_the_staircase") {
+        return;
+    }
+    let dir = Scratch::new("probe-paths");
+    let disk = dir.file("d.img", &vec![0u8; 1 << 20]);
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--disk",
+            &format!("path={}", disk.display()),
+            "--cmdline",
+            "probe.memtest=0 probe.bench=paths probe.paths_n=20 probe.paths_max_mem=1048576",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    let line = |t: &str| {
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("probe: paths test={t} ")))
+            .map(String::from)
+    };
+    for t in ["cpuid", "service", "mmio_read", "mmio_doorbell"] {
+        let l = line(t).unwrap_or_else(|| panic!("no {t} in:\n{}", out.stdout));
+        let median: u64 = l
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("median_ns="))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!(median > 0, "{l}");
+    }
+    // A port read: in ring 3, or (a hypervisor refusing IOPL 3) through the service.
+    assert!(
+        line("pio_in").is_some() || line("pio_in_service").is_some(),
+        "{}",
+        out.stdout
+    );
+    let sizes: Vec<u64> = out
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("probe: paths mem_lat size="))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(sizes, (9..=20).map(|s| 1u64 << s).collect::<Vec<_>>());
+    assert!(out.stdout.contains("probe: paths end"));
+    // The MMIO reads exited to the VMM (12 repetitions of 20); the doorbell writes did
+    // not: KVM answered them through the ioeventfd.
+    let exits = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("exits:"))
+        .unwrap_or("");
+    assert!(exits.contains("mmio_read=240"), "{exits}");
+    assert!(!exits.contains("mmio_write"), "{exits}");
+}
+
+#[test]
+fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
+    let out = run(&["bench", "--only", "nosuch"], LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no section \"nosuch\""),
+        "{}",
+        out.stderr
+    );
+    let out = run(&["bench", "--runs", "0"], LIMIT);
+    assert_eq!(out.code(), 2);
+    let out = run(&["bench", "--list"], LIMIT);
+    assert_eq!(out.code(), 0);
+    for s in [
+        "host",
+        "guest",
+        "probe",
+        "crosscheck",
+        "wake",
+        "blk",
+        "memsetup",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(s)),
+            "{s} missing from --list:\n{}",
+            out.stdout
+        );
+    }
+    // --report renders a results file into the report and the chart.
+    let dir = Scratch::new("bench-report");
+    let results = dir.file(
+        "box.json",
+        br#"{"sections":{"host":{"completed":true,"rows":[{"name":"null_syscall","unit":"us","median":0.2,"spread":[0.19,0.21]}]},"guest":{"completed":false,"reason":"no image here","policies":[]}}}"#,
+    );
+    let out = run(
+        &["bench", "--report", "--results", results.to_str().unwrap()],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let md = std::fs::read_to_string(dir.path("box.md")).unwrap();
+    assert!(
+        md.contains("| Null syscall | 0.07 | 0.099 | 1.42x | 0.200"),
+        "{md}"
+    );
+    assert!(
+        md.contains("The guest columns are empty: no image here"),
+        "{md}"
+    );
+    let svg = std::fs::read_to_string(dir.path("box-ratios.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+    // A results file that is not JSON is an error, not an empty report.
+    let bad = dir.file("bad.json", b"{not json");
+    let out = run(
+        &["bench", "--report", "--results", bad.to_str().unwrap()],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+}
