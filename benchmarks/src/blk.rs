@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::stats::{Summary, spreads_overlap, summary};
-use crate::{Env, now_utc, provenance, timed_run, timed_run_with};
+use crate::stats::{Summary, faster, summary};
+use crate::{Env, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const SAMPLES: usize = 1000;
@@ -464,19 +464,6 @@ fn record_guest(s: &mut Series, r: std::io::Result<crate::Run>, ok_code: i32, ex
     }
 }
 
-fn pretty(c: &Command) -> String {
-    std::iter::once(c.get_program())
-        .chain(c.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn faster(fast: Option<Summary>, slow: Option<Summary>) -> Option<bool> {
-    let (f, s) = (fast?, slow?);
-    Some(f.median < s.median && !spreads_overlap(&f, &s))
-}
-
 /// Runs the section.
 pub fn run(env: &Env) -> Value {
     let mut section = json!({
@@ -503,11 +490,10 @@ pub fn run(env: &Env) -> Value {
     };
     section["image"] =
         json!({ "path_fs": fs_type(&image), "probe_checksum": format!("{expect:#018x}") });
-    let probe = env.work.join("probe.elf");
-    let _ = Command::new(&env.partition)
-        .args(["probe-image", "-o"])
-        .arg(&probe)
-        .output();
+    let probe = match crate::probe_image(env) {
+        Ok(p) => p,
+        Err(e) => return crate::failed(section, format!("writing the probe image: {e}")),
+    };
     // Warm the page cache for the warm rows.
     let mut warm = Vec::new();
     let _ = File::open(&image).and_then(|mut f| f.read_to_end(&mut warm));

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::hotpaths;
 use crate::stats::summary;
-use crate::{Env, now_utc, provenance, timed_run};
+use crate::{Env, failed, now_utc, provenance, timed_run};
 
 /// The agreement the issue asks for.
 pub const TOLERANCE: f64 = 0.20;
@@ -354,21 +354,16 @@ pub fn run(env: &Env) -> Value {
                     "lmbench": env.lmbench },
         "method": "each pair measured once per round, back to back, which goes first alternating by round; both pinned to the same core; medians over rounds with min-max spread",
     });
-    let fail = |mut s: Value, why: String| {
-        s["reason"] = json!(why);
-        s["finished_at"] = json!(now_utc());
-        s
-    };
     let bin = match hotpaths::binary(env) {
         Ok(b) => b,
-        Err(e) => return fail(section, format!("writing the hotpaths binary: {e}")),
+        Err(e) => return failed(section, format!("writing the hotpaths binary: {e}")),
     };
     let file = env.work.join("crosscheck-stat-me");
     let image = env.work.join("crosscheck.img");
     if let Err(e) = std::fs::write(&file, b"hotpaths\n")
         .and_then(|_| crate::blk::make_image(&image, 64 << 20).map(|_| ()))
     {
-        return fail(section, format!("scratch files: {e}"));
+        return failed(section, format!("scratch files: {e}"));
     }
     let core = env.core;
     let cpu = core.to_string();

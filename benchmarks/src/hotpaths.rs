@@ -82,17 +82,7 @@ pub fn between_markers(console: &str) -> Option<&str> {
 
 /// Writes the embedded hotpaths binary into the work directory.
 pub fn binary(env: &Env) -> Result<PathBuf, String> {
-    let p = env.work.join("hotpaths");
-    let out = Command::new(&env.partition)
-        .args(["hotpaths-binary", "-o"])
-        .arg(&p)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if out.status.success() {
-        Ok(p)
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
+    crate::embedded(env, "hotpaths-binary", "hotpaths")
 }
 
 /// Runs hotpaths on the host with `args`; the parsed report.

@@ -195,6 +195,43 @@ pub fn timed_run_with(
     })
 }
 
+/// A section that stopped early: `why` as its reason, and its finish time.
+pub fn failed(mut section: Value, why: String) -> Value {
+    section["reason"] = serde_json::json!(why);
+    section["finished_at"] = serde_json::json!(now_utc());
+    section
+}
+
+/// A command line as a person would type it (for the results' `command` fields).
+pub fn pretty(c: &Command) -> String {
+    std::iter::once(c.get_program())
+        .chain(c.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Writes a program the CLI embeds (`partition SUBCOMMAND -o FILE`) into the work
+/// directory as `name`; its path.
+pub fn embedded(env: &Env, subcommand: &str, name: &str) -> Result<PathBuf, String> {
+    let p = env.work.join(name);
+    let out = Command::new(&env.partition)
+        .args([subcommand, "-o"])
+        .arg(&p)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(p)
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Writes the embedded probe guest into the work directory; its path.
+pub fn probe_image(env: &Env) -> Result<PathBuf, String> {
+    embedded(env, "probe-image", "probe.elf")
+}
+
 /// Milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

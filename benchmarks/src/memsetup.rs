@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::stats::summary;
-use crate::{Env, HugepageCount, ms, now_utc, provenance, timed_run, timing};
+use crate::{Env, HugepageCount, failed, ms, now_utc, provenance, timed_run, timing};
 
 /// The memory sources compared.
 pub const SOURCES: [&str; 4] = ["pool", "anon-prefault", "hugetlb", "qemu"];
@@ -122,19 +122,10 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         "params": { "sizes_bytes": sizes, "runs": env.runs, "sources": SOURCES,
                     "reserved_core": env.core, "host_core": env.host_core },
     });
-    let fail = |mut s: Value, reason: String| {
-        s["reason"] = json!(reason);
-        s["finished_at"] = json!(now_utc());
-        s
+    let probe = match crate::probe_image(env) {
+        Ok(p) => p,
+        Err(e) => return failed(section, format!("writing the probe image: {e}")),
     };
-    let probe = env.work.join("probe.elf");
-    let out = Command::new(&env.partition)
-        .args(["probe-image", "-o"])
-        .arg(&probe)
-        .output();
-    if !out.as_ref().is_ok_and(|o| o.status.success()) {
-        return fail(section, "could not write the probe image".into());
-    }
     let max = sizes.iter().copied().max().unwrap_or(0);
     let state = env.work.join("state");
     let r = Command::new(&env.partition)
@@ -152,7 +143,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
         .unwrap_or_default();
     if !r.as_ref().is_ok_and(|o| o.status.success()) {
-        return fail(
+        return failed(
             section,
             format!(
                 "reserving a {} MiB pool failed: {}",

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::hotpaths::{self, Series};
 use crate::stats::summary;
-use crate::{Env, now_utc, provenance, timed_run, timed_run_with};
+use crate::{Env, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const GUEST_MB: u64 = 640;
 /// Staircase points: 512 B to 256 MiB, doubling.
@@ -132,14 +132,6 @@ fn record(s: &mut Runs, r: std::io::Result<crate::Run>, ok_code: i32) {
     }
 }
 
-fn pretty(c: &Command) -> String {
-    std::iter::once(c.get_program())
-        .chain(c.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Our launch of the probe for the paths benchmark.
 pub fn ours_cmd(env: &Env, state: &Path, disk: &Path, ioeventfd: bool, extra: &str) -> Command {
     let mut c = Command::new(&env.partition);
@@ -200,27 +192,21 @@ pub fn run(env: &Env) -> Value {
                     "repetitions": 11 },
         "method": "probe.bench=paths: per path, 11 timed repetitions of 2000 calls after a discarded one, median; the memory chase is hotpaths' chase.rs in ring 3 (the host runs hotpaths --only mem_lat on the same core); rows are medians over rounds with min-max spread; rounds alternate the host, ours (ioeventfd), ours --no-ioeventfd and QEMU microvm",
     });
-    let fail = |mut s: Value, why: String| {
-        s["reason"] = json!(why);
-        s["finished_at"] = json!(now_utc());
-        s
-    };
     let bin = match hotpaths::binary(env) {
         Ok(b) => b,
-        Err(e) => return fail(section, format!("writing the hotpaths binary: {e}")),
+        Err(e) => return failed(section, format!("writing the hotpaths binary: {e}")),
     };
-    let probe = env.work.join("probe.elf");
-    let _ = Command::new(&env.partition)
-        .args(["probe-image", "-o"])
-        .arg(&probe)
-        .output();
+    let probe = match crate::probe_image(env) {
+        Ok(p) => p,
+        Err(e) => return failed(section, format!("writing the probe image: {e}")),
+    };
     let disk = env.work.join("paths-disk.img");
     if let Err(e) = std::fs::File::create(&disk).and_then(|f| f.set_len(1 << 20)) {
-        return fail(section, format!("{}: {e}", disk.display()));
+        return failed(section, format!("{}: {e}", disk.display()));
     }
     let state = env.work.join("probe-state");
     let Some(hugepages) = crate::HugepageCount::grow(GUEST_MB / 2) else {
-        return fail(
+        return failed(
             section,
             format!(
                 "the kernel could not find {} free 2 MiB hugepages",

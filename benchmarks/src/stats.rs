@@ -49,6 +49,13 @@ pub fn spreads_overlap(a: &Summary, b: &Summary) -> bool {
     a.min <= b.max && b.min <= a.max
 }
 
+/// Whether `fast` is faster than `slow` beyond the spread: Some(true), Some(false) when the
+/// spreads overlap or the order is reversed, None when not measured.
+pub fn faster(fast: Option<Summary>, slow: Option<Summary>) -> Option<bool> {
+    let (f, s) = (fast?, slow?);
+    Some(f.median < s.median && !spreads_overlap(&f, &s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::stats::{Summary, spreads_overlap, summary};
+use crate::stats::{Summary, faster, summary};
 use crate::{Env, now_utc, provenance};
 
 /// Policies measured, in the order of the seed's table.
@@ -381,13 +381,6 @@ fn ratio(a: Option<Summary>, b: Option<Summary>) -> Value {
     }
 }
 
-/// Whether `fast` is faster than `slow` beyond the spread: Some(true), Some(false) when the
-/// spreads overlap or the order is reversed, None when not measured.
-fn faster(fast: Option<Summary>, slow: Option<Summary>) -> Option<bool> {
-    let (f, s) = (fast?, slow?);
-    Some(f.median < s.median && !spreads_overlap(&f, &s))
-}
-
 /// Runs the section.
 pub fn run(env: &Env) -> Value {
     let mut section = json!({
@@ -424,11 +417,10 @@ pub fn run(env: &Env) -> Value {
             })
             .unwrap_or((false, "partition caps failed".into()))
     };
-    let probe = env.work.join("probe.elf");
-    let _ = Command::new(&env.partition)
-        .args(["probe-image", "-o"])
-        .arg(&probe)
-        .output();
+    let probe = match crate::probe_image(env) {
+        Ok(p) => p,
+        Err(e) => return crate::failed(section, format!("writing the probe image: {e}")),
+    };
 
     let cores = [env.host_core, env.core];
     let mut host = Series::default();
