@@ -21,16 +21,21 @@ cargo build --release --quiet -p partition-cli
 # target/ without installing anything.
 lm=target/tmp/lmbench
 lmbin=$lm/root/usr/lib/lmbench/bin/x86_64-linux-gnu
-if [ ! -x "$lmbin/lat_syscall" ]; then
-    say "fetching lmbench (Debian non-free) into $lm"
+fetch_lmbench() {
+    local codename
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
     mkdir -p "$lm/lists/partial" "$lm/deb"
     echo "deb http://deb.debian.org/debian $codename non-free" > "$lm/sources.list"
-    aptx=(-o Dir::Etc::SourceList="$PWD/$lm/sources.list" -o Dir::Etc::SourceParts=/dev/null
-          -o Dir::State::Lists="$PWD/$lm/lists" -o Dir::Cache="$PWD/$lm/cache")
-    apt-get "${aptx[@]}" update -q >&2
-    (cd "$lm/deb" && apt-get "${aptx[@]}" download lmbench >&2)
-    dpkg-deb -x "$lm"/deb/lmbench_*.deb "$lm/root"
+    local aptx=(-o Dir::Etc::SourceList="$PWD/$lm/sources.list" -o Dir::Etc::SourceParts=/dev/null
+                -o Dir::State::Lists="$PWD/$lm/lists" -o Dir::Cache="$PWD/$lm/cache")
+    apt-get "${aptx[@]}" update -q >&2 &&
+        (cd "$lm/deb" && apt-get "${aptx[@]}" download lmbench >&2) &&
+        dpkg-deb -x "$lm"/deb/lmbench_*.deb "$lm/root"
+}
+if [ ! -x "$lmbin/lat_syscall" ]; then
+    say "fetching lmbench (Debian non-free) into $lm"
+    # Not fatal: without it the crosscheck section says lmbench was not found.
+    fetch_lmbench || say "could not fetch lmbench; the crosscheck section will say so"
 fi
 export PARTITION_LMBENCH=$PWD/$lmbin
 
@@ -38,7 +43,7 @@ export PARTITION_LMBENCH=$PWD/$lmbin
 if [ -e /sys/module/kvm_pvm ]; then
     say "not building the guest image: /dev/kvm is the nested kvm_pvm module, where a Linux guest cannot boot (the guest section says so)"
 else
-    scripts/guest-image.sh >/dev/null
+    scripts/guest-image.sh >/dev/null || say "building the guest image failed; the guest section will say so"
 fi
 
 exec ./target/release/partition bench "$@"

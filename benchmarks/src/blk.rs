@@ -725,9 +725,11 @@ mod tests {
 
     #[test]
     fn image_checksum_matches_the_probe_hash() {
-        let dir = std::env::temp_dir().join(format!("blk-bench-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("img");
+        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("blk-bench-test-"),
+        )
+        .unwrap();
+        let p = dir.as_path().join("img");
         let h = make_image(&p, 1 << 20).unwrap();
         let data = std::fs::read(&p).unwrap();
         assert_eq!(data.len(), 1 << 20);
@@ -737,6 +739,5 @@ mod tests {
         assert_eq!(v.len(), 20);
         let u = host_uring(&p, false, 20, Duration::ZERO).unwrap();
         assert!(u.iter().all(|x| *x > 0.0));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

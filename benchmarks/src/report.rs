@@ -694,15 +694,16 @@ mod tests {
 
     #[test]
     fn the_chart_is_an_svg_with_the_rows() {
-        let dir = std::env::temp_dir().join(format!("report-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("c.svg");
+        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("report-test-"),
+        )
+        .unwrap();
+        let p = dir.as_path().join("c.svg");
         chart(&doc(), &p).unwrap();
         let svg = std::fs::read_to_string(&p).unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("Null syscall"));
         assert!(svg.contains("memory latency"));
         assert!(svg.matches("<rect").count() > 12);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -125,16 +125,20 @@ pub fn default_path(repo: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    fn tmp(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("results-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d.join("host.json")
+    use vmm_sys_util::tempdir::TempDir;
+
+    /// A results file in a fresh directory that is removed when the test
+    /// ends, passed or failed.
+    fn tmp(name: &str) -> (TempDir, PathBuf) {
+        let d = TempDir::new_with_prefix(std::env::temp_dir().join(format!("results-{name}-")))
+            .unwrap();
+        let p = d.as_path().join("host.json");
+        (d, p)
     }
 
     #[test]
     fn failed_runs_never_replace_completed_ones() {
-        let p = tmp("keep");
+        let (_dir, p) = tmp("keep");
         let good = json!({"completed": true, "value": 1});
         assert_eq!(
             store_section(&p, "a", good.clone()).unwrap(),
@@ -166,7 +170,7 @@ mod tests {
 
     #[test]
     fn unparsable_files_are_left_alone() {
-        let p = tmp("garbage");
+        let (_dir, p) = tmp("garbage");
         std::fs::write(&p, "{ not json").unwrap();
         let e = store_section(&p, "a", json!({"completed": true})).unwrap_err();
         assert!(matches!(e, ResultsError::Unparsable { .. }));
