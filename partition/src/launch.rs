@@ -30,6 +30,7 @@ use crate::idle::{IdlePlan, IdlePolicy};
 use crate::kvmstats::Stats;
 use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
+use crate::signals::SignalGuard;
 use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
 use crate::vm::{Vm, VmError};
 
@@ -462,58 +463,6 @@ pub trait Observer {
 
 impl Observer for () {}
 
-struct SignalGuard {
-    old: libc::sigset_t,
-    fd: i32,
-}
-
-impl SignalGuard {
-    /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and threads it starts) and opens a
-    /// signalfd for them.
-    fn new() -> std::io::Result<Self> {
-        // SAFETY: sigset_t is plain data; all-zero is a valid value to start from.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid sigset_t.
-        unsafe { libc::sigemptyset(&mut set) };
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            // SAFETY: as above; s is a valid signal number.
-            unsafe { libc::sigaddset(&mut set, s) };
-        }
-        // SAFETY: as above.
-        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: both pointers are to valid sigset_t values.
-        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
-        // SAFETY: creates a new fd for a valid set.
-        let fd = unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: restores the mask saved above.
-            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-            return Err(e);
-        }
-        Ok(Self { old, fd })
-    }
-
-    fn take(&self) -> Option<i32> {
-        let mut info = [0u8; 128];
-        // SAFETY: reading one signalfd_siginfo (128 bytes) into a buffer of that size.
-        let n = unsafe { libc::read(self.fd, info.as_mut_ptr().cast(), info.len()) };
-        (n == 128).then(|| i32::from_ne_bytes([info[0], info[1], info[2], info[3]]))
-    }
-}
-
-impl Drop for SignalGuard {
-    fn drop(&mut self) {
-        // SAFETY: closing the fd this guard owns.
-        unsafe { libc::close(self.fd) };
-        // SAFETY: restoring the mask saved in new().
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
-    }
-}
-
 /// Anonymous memory for a checked launch (the non-pool source).
 pub fn anonymous_ram(checked: &Checked) -> Result<Box<dyn GuestRam>, LaunchError> {
     Ok(Box::new(AnonRam::new(
@@ -830,7 +779,7 @@ fn wait(
     loop {
         let mut fds = [
             libc::pollfd {
-                fd: signals.fd,
+                fd: signals.fd(),
                 events: libc::POLLIN,
                 revents: 0,
             },

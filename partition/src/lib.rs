@@ -16,6 +16,7 @@ pub mod memory;
 pub mod partitions;
 pub mod plan;
 pub mod reserve;
+pub mod signals;
 pub mod size;
 pub mod vcpu;
 pub mod vm;

@@ -1,13 +1,20 @@
 //! `partition bench`: run benchmark sections, merge them into the results file, and write
 //! the report beside it.
 
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
 
 use benchmarks::results::{self, Stored};
 use serde_json::Value;
 
+use partition::signals::{self, SignalGuard};
+
 use crate::{EXIT_USAGE, EXIT_VMM_ERROR};
+
+/// Set by the supervisor for the child that does the run: its scratch directory.
+const WORK_ENV: &str = "PARTITION_BENCH_WORK";
 
 /// Sections, in the order `bench` runs them.
 const SECTIONS: &[(&str, &str)] = &[
@@ -75,7 +82,7 @@ pub struct BenchArgs {
     lmbench: Option<PathBuf>,
 }
 
-fn write_report(results: &std::path::Path) -> bool {
+fn write_report(results: &Path) -> bool {
     match benchmarks::report::write(results) {
         Ok((md, svg)) => {
             eprintln!(
@@ -138,8 +145,11 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         eprintln!("partition: error: benchmarks reserve a core and need another for the host");
         return ExitCode::from(EXIT_VMM_ERROR);
     }
-    let work = std::env::temp_dir().join(format!("partition-bench-{}", std::process::id()));
-    let _ = std::fs::create_dir_all(&work);
+    // The run itself happens in a child; this process stands by to give back what the run
+    // holds if it is stopped (see `supervise`).
+    let Some(work) = std::env::var_os(WORK_ENV).map(PathBuf::from) else {
+        return supervise();
+    };
     let env = benchmarks::Env {
         partition: std::env::current_exe().unwrap_or_else(|_| "partition".into()),
         work: work.clone(),
@@ -238,4 +248,222 @@ fn which(name: &str) -> Option<PathBuf> {
         .split(':')
         .map(|d| PathBuf::from(d).join(name))
         .find(|p| p.is_file())
+}
+
+/// Runs this same command as a child (the run) and waits for it. If the run is stopped
+/// (Ctrl-C, SIGTERM, SIGHUP), or ends leaving something behind, this process gives it back:
+/// every process the run started is stopped (SIGTERM, SIGKILL after 10 s; as child
+/// subreaper it sees the orphans too), partitions in the run's state directories are
+/// released and their reservations undone, mounts under the scratch directory unmounted,
+/// the hugepage count put back to what it was, and the scratch directory removed. The
+/// exit status is the run's, or 128+N when stopped by signal N.
+fn supervise() -> ExitCode {
+    let work = std::env::temp_dir().join(format!("partition-bench-{}", std::process::id()));
+    if let Err(e) = std::fs::create_dir_all(&work) {
+        eprintln!("partition: error: {}: {e}", work.display());
+        return ExitCode::from(EXIT_VMM_ERROR);
+    }
+    let hugepages = benchmarks::HugepageCount::read();
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag; no pointers.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let guard = match SignalGuard::new() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("partition: error: blocking SIGINT/SIGTERM: {e}");
+            let _ = std::fs::remove_dir(&work);
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+    };
+    let exe = std::env::current_exe().unwrap_or_else(|_| "partition".into());
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1)).env(WORK_ENV, &work);
+    guard.unblocked_in(&mut cmd);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("partition: error: starting the run: {e}");
+            let _ = std::fs::remove_dir(&work);
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+    };
+    let run = child.id() as i32;
+    let code: u8 = loop {
+        if let Some(sig) = guard.wait(Duration::from_millis(200)) {
+            eprintln!(
+                "partition: bench: stopped by {}; stopping the run and giving back what it holds",
+                signals::name(sig)
+            );
+            break 128 + sig as u8;
+        }
+        match child.try_wait() {
+            Ok(Some(st)) => {
+                use std::os::unix::process::ExitStatusExt;
+                break st
+                    .code()
+                    .map(|c| c as u8)
+                    .unwrap_or_else(|| 128 + st.signal().unwrap_or(0) as u8);
+            }
+            Ok(None) => reap_orphans(Some(run)),
+            Err(e) => {
+                eprintln!("partition: bench: waiting for the run: {e}");
+                break EXIT_VMM_ERROR;
+            }
+        }
+    };
+    let stopped = stop_descendants();
+    let _ = child.try_wait();
+    let mut left = give_back(&work, hugepages);
+    if stopped > 0 {
+        left.insert(
+            0,
+            format!("stopped what the run had started ({stopped} processes)"),
+        );
+    }
+    for l in &left {
+        eprintln!("partition: bench: cleanup: {l}");
+    }
+    ExitCode::from(code)
+}
+
+/// (pid, parent pid, state letter) of every process.
+fn processes() -> Vec<(i32, i32, char)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
+            let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+            let state = rest.next()?.chars().next()?;
+            let ppid = rest.next()?.parse().ok()?;
+            Some((pid, ppid, state))
+        })
+        .collect()
+}
+
+/// Live processes below `root` (not `root`), and zombies that are `root`'s children.
+fn descendants(root: i32) -> (Vec<i32>, Vec<i32>) {
+    let all = processes();
+    let (mut live, mut zombies) = (Vec::new(), Vec::new());
+    let mut frontier = vec![root];
+    while let Some(p) = frontier.pop() {
+        for &(pid, ppid, state) in &all {
+            if ppid != p {
+                continue;
+            }
+            if state == 'Z' {
+                if p == root {
+                    zombies.push(pid);
+                }
+            } else {
+                live.push(pid);
+                frontier.push(pid);
+            }
+        }
+    }
+    (live, zombies)
+}
+
+/// Waits for our zombie children (orphans the run left that ended), except `keep`.
+fn reap_orphans(keep: Option<i32>) {
+    // SAFETY: getpid has no arguments and cannot fail.
+    let me = unsafe { libc::getpid() };
+    for z in descendants(me).1 {
+        if Some(z) != keep {
+            // SAFETY: waitpid on our own child with a null status pointer.
+            unsafe { libc::waitpid(z, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+    }
+}
+
+/// Stops every process below this one: SIGTERM (a partition tears down on it), SIGKILL
+/// for what is left after 10 s. Returns how many there were.
+fn stop_descendants() -> usize {
+    // SAFETY: as in reap_orphans.
+    let me = unsafe { libc::getpid() };
+    let start = Instant::now();
+    let mut seen = HashSet::new();
+    loop {
+        reap_orphans(None);
+        let live = descendants(me).0;
+        if live.is_empty() {
+            return seen.len();
+        }
+        let late = start.elapsed() > Duration::from_secs(10);
+        if start.elapsed() > Duration::from_secs(20) {
+            eprintln!("partition: bench: cleanup: processes {live:?} would not stop");
+            return seen.len();
+        }
+        for p in live {
+            if seen.insert(p) || late {
+                let sig = if late { libc::SIGKILL } else { libc::SIGTERM };
+                // SAFETY: signalling a process below ours, found in /proc just now.
+                unsafe { libc::kill(p, sig) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Gives back what a run left under `work`, then removes it; returns what it did or could
+/// not do (nothing for a run that cleaned up after itself).
+fn give_back(work: &Path, hugepages: u64) -> Vec<String> {
+    let mut said = Vec::new();
+    let dirs = std::fs::read_dir(work)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_else(|_| Vec::new());
+    for d in dirs {
+        let Ok(st) = partition::partitions::status(&d) else {
+            continue;
+        };
+        if !st.reserved {
+            continue;
+        }
+        for p in &st.partitions {
+            match partition::partitions::release(&d, &p.name, Duration::from_secs(2)) {
+                Ok(_) => said.push(format!("partition {} released", p.name)),
+                Err(e) => said.push(format!("releasing partition {}: {e}", p.name)),
+            }
+        }
+        match partition::reserve::unreserve(&d) {
+            Ok(r) => {
+                said.push(format!("reservation in {} given back", d.display()));
+                said.extend(r.warnings);
+            }
+            Err(e) => said.push(format!(
+                "giving back the reservation in {}: {e}",
+                d.display()
+            )),
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for m in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+        let m = m.replace("\\040", " ");
+        if Path::new(&m).starts_with(work) {
+            match pool::hugetlbfs::umount(Path::new(&m)) {
+                Ok(()) => said.push(format!("{m} unmounted")),
+                Err(e) => said.push(e.to_string()),
+            }
+        }
+    }
+    let now = benchmarks::HugepageCount::read();
+    if now != hugepages {
+        let back = benchmarks::HugepageCount::set(hugepages);
+        said.push(if back == hugepages {
+            format!("hugepage count put back from {now} to {hugepages}")
+        } else {
+            format!("hugepage count is {back}, not the {hugepages} it was (pages in use)")
+        });
+    }
+    if let Err(e) = std::fs::remove_dir_all(work) {
+        said.push(format!("{}: {e}", work.display()));
+    }
+    said
 }

@@ -9,9 +9,25 @@ use partition::cores;
 use partition::partitions::{self, Status};
 use partition::plan::HostPlan;
 use partition::reserve::{self, ReserveOutcome};
+use partition::signals::{self, SignalGuard};
 use partition::size::format as bytes;
 
 use crate::{EXIT_USAGE, EXIT_VMM_ERROR, ReserveArgs};
+
+/// The exit status of a verb that held the stop signals back while it changed the host: a
+/// signal that arrived meanwhile is said and becomes the status (128+N), the work done.
+fn held(guard: Option<SignalGuard>, code: ExitCode) -> ExitCode {
+    match guard.as_ref().and_then(SignalGuard::take) {
+        Some(sig) => {
+            eprintln!(
+                "partition: {} arrived while giving back; that was finished first",
+                signals::name(sig)
+            );
+            ExitCode::from(128 + sig as u8)
+        }
+        None => code,
+    }
+}
 
 fn fail(msg: impl std::fmt::Display, usage: bool) -> ExitCode {
     eprintln!("partition: error: {msg}");
@@ -76,7 +92,34 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
         tty: std::io::stderr().is_terminal(),
         last: 0,
     };
-    let r = match reserve::reserve(&plan, &state_dir, &mut |d, t| progress.update(d, t)) {
+    // Held back until the host is in a state the ledger describes; a stop signal that came
+    // meanwhile gives a new reservation back (stopping means: change nothing).
+    let guard = SignalGuard::new().ok();
+    let r = reserve::reserve(&plan, &state_dir, &mut |d, t| progress.update(d, t));
+    if let Some(sig) = guard.as_ref().and_then(SignalGuard::take) {
+        let what = match &r {
+            Ok(r) if !matches!(r.outcome, ReserveOutcome::Unchanged) => {
+                match reserve::unreserve(&state_dir) {
+                    Ok(u) if u.warnings.is_empty() => "; the new reservation was given back",
+                    Ok(u) => {
+                        for w in &u.warnings {
+                            eprintln!("partition: warning: {w}");
+                        }
+                        "; the new reservation was given back, with the warnings above"
+                    }
+                    Err(e) => {
+                        eprintln!("partition: error: giving the reservation back: {e}");
+                        "; the new reservation is still in place (see the error above)"
+                    }
+                }
+            }
+            _ => "",
+        };
+        eprintln!("partition: reserve stopped by {}{what}", signals::name(sig));
+        return ExitCode::from(128 + sig as u8);
+    }
+    drop(guard);
+    let r = match r {
         Ok(r) => r,
         Err(e) => {
             let usage = e.is_usage();
@@ -128,7 +171,8 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
 }
 
 pub fn unreserve(state_dir: &Path) -> ExitCode {
-    match reserve::unreserve(state_dir) {
+    let guard = SignalGuard::new().ok();
+    let code = match reserve::unreserve(state_dir) {
         Ok(r) if !r.had_reservation => {
             eprintln!("partition: nothing is reserved in {}", state_dir.display());
             ExitCode::SUCCESS
@@ -156,11 +200,13 @@ pub fn unreserve(state_dir: &Path) -> ExitCode {
             let usage = e.is_usage();
             fail(e, usage)
         }
-    }
+    };
+    held(guard, code)
 }
 
 pub fn release(state_dir: &Path, name: &str, grace: u64) -> ExitCode {
-    match partitions::release(state_dir, name, Duration::from_secs(grace)) {
+    let guard = SignalGuard::new().ok();
+    let code = match partitions::release(state_dir, name, Duration::from_secs(grace)) {
         Ok(r) => {
             let how = match (r.was_alive, r.launcher_cleaned_up) {
                 (true, true) => format!(
@@ -181,7 +227,8 @@ pub fn release(state_dir: &Path, name: &str, grace: u64) -> ExitCode {
             let usage = e.is_usage();
             fail(e, usage)
         }
-    }
+    };
+    held(guard, code)
 }
 
 fn print_status(s: &Status) {

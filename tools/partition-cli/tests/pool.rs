@@ -652,3 +652,39 @@ fn a_failed_reserve_rolls_everything_back() {
     let out = h.run(&["reserve", "--plan", plan.to_str().unwrap()]);
     assert!(out.stderr.contains("nothing changed"), "{}", out.stderr);
 }
+
+#[test]
+fn a_reserve_stopped_half_way_changes_nothing() {
+    let Some(h) = Host::new("reserve-stopped") else {
+        return;
+    };
+    let before = settings();
+    let hugepages = |s: &HostSettings| s.nr_hugepages.trim().parse::<u64>().unwrap();
+    let child = partition()
+        .args(["reserve", "--memory", "4G", "--cores", "1"])
+        .env("PARTITION_STATE_DIR", &h.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first thing reserve does is ask for the hugepages: once the count moved, it is
+    // half-way (2048 pages and a 4 GiB preallocation to go).
+    let start = Instant::now();
+    while hugepages(&settings()) == hugepages(&before) {
+        assert!(start.elapsed() < LIMIT, "reserve never asked for hugepages");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: signalling the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = wait_output(child, LIMIT, "reserve");
+    assert_eq!(out.code(), 128 + libc::SIGTERM, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("reserve stopped by SIGTERM; the new reservation was given back"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(settings(), before, "a stopped reserve left the host changed");
+    assert_eq!(h.status()["reserved"], false);
+}

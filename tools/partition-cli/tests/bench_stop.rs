@@ -1,0 +1,155 @@
+//! A benchmark run stopped half-way leaves the host as it found it: `partition bench` runs
+//! under a supervisor that, on SIGTERM to it or Ctrl-C to the whole process group, stops
+//! what the run started, gives back its reservation (pool file, hugepages, mounts,
+//! cgroups) and removes its scratch directory; nothing half-measured reaches the results.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Names under the cgroup roots and hugetlbfs mounts that carry `tag`.
+fn tagged_leftovers(tag: &str) -> Vec<PathBuf> {
+    let mut dirs = vec![
+        PathBuf::from("/sys/fs/cgroup"),
+        PathBuf::from("/sys/fs/cgroup/cpuset"),
+    ];
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
+    dirs.extend(
+        mounts
+            .lines()
+            .filter(|l| l.split_whitespace().nth(2) == Some("hugetlbfs"))
+            .filter_map(|l| l.split_whitespace().nth(1).map(PathBuf::from)),
+    );
+    dirs.iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|r| r.flatten().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().contains(tag))
+        })
+        .collect()
+}
+
+/// If the test fails half-way: kills the run's process group and gives back what the
+/// supervisor did not (so a failing test still leaves the host as it was).
+struct Fallback {
+    pgid: i32,
+    state: PathBuf,
+    hugepages: u64,
+}
+
+impl Drop for Fallback {
+    fn drop(&mut self) {
+        // SAFETY: signalling the process group the test started (gone already if passed).
+        unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
+        if let Ok(st) = partition::partitions::status(&self.state) {
+            for p in &st.partitions {
+                let _ = partition::partitions::release(&self.state, &p.name, Duration::ZERO);
+            }
+        }
+        let _ = partition::reserve::unreserve(&self.state);
+        let path = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+        let _ = std::fs::write(path, self.hugepages.to_string());
+    }
+}
+
+/// Starts a memsetup run that will not finish by itself, waits until it holds a
+/// reservation, stops it with `stop` (given the supervisor's pid) and checks the host.
+fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32) {
+    let scratch = Scratch::new(&format!("bench-stop-{what}"));
+    let results = scratch.path("results.json");
+    let before = host_state();
+    let child = partition()
+        .env("TMPDIR", &scratch.0)
+        .args([
+            "bench", "--only", "memsetup", "--sizes", "64M", "--runs", "1000",
+        ])
+        .arg("--results")
+        .arg(&results)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let work = scratch.path(&format!("partition-bench-{pid}"));
+    let state = work.join("state");
+    let tag = partition::reserve::state_tag(&state);
+    let nr = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+    let _fallback = Fallback {
+        pgid: pid,
+        state: state.clone(),
+        hugepages: std::fs::read_to_string(nr).unwrap().trim().parse().unwrap(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !state.join("ledger.json").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the run never reserved its pool"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Give it a moment to have a partition running on the pool.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !tagged_leftovers(&tag).is_empty(),
+        "{what}: a reservation with no pool file or cgroup named {tag}?"
+    );
+    stop(pid);
+    let out = wait_output(child, Duration::from_secs(90), what);
+    assert_eq!(out.code(), expect_code, "{what}: {}", out.stderr);
+    assert!(
+        out.stderr.contains("stopping the run"),
+        "{what}: {}",
+        out.stderr
+    );
+    assert!(!work.exists(), "{what}: scratch dir left: {}", out.stderr);
+    assert_eq!(tagged_leftovers(&tag), Vec::<PathBuf>::new(), "{what}");
+    let after = host_state();
+    assert_eq!(
+        after.hugepages_total, before.hugepages_total,
+        "{what}: {}",
+        out.stderr
+    );
+    assert_eq!(after.mounts, before.mounts, "{what}");
+    assert_eq!(after.our_processes, before.our_processes, "{what}");
+    // Nothing half-measured was stored.
+    let stored = std::fs::read_to_string(&results).unwrap_or_default();
+    assert!(!stored.contains("memsetup"), "{what}: {stored}");
+    assert!(!Path::new(&work).exists());
+}
+
+#[test]
+fn a_stopped_bench_run_gives_back_everything_it_held() {
+    if !kvm_available("a_stopped_bench_run_gives_back_everything_it_held") {
+        return;
+    }
+    if host_cores() < 2 {
+        eprintln!("SKIPPED a_stopped_bench_run_gives_back_everything_it_held: needs 2 cores");
+        return;
+    }
+    // SIGTERM to the supervisor alone (a service manager, `kill PID`).
+    stop_half_way(
+        "sigterm",
+        // SAFETY: signalling the child we started.
+        |pid| unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        },
+        128 + libc::SIGTERM,
+    );
+    // SIGINT to the whole process group, as Ctrl-C on a terminal sends it: the run, its
+    // partitions and the supervisor all get it at once.
+    stop_half_way(
+        "ctrl-c",
+        // SAFETY: signalling the process group the child leads.
+        |pid| unsafe {
+            libc::kill(-pid, libc::SIGINT);
+        },
+        128 + libc::SIGINT,
+    );
+}
