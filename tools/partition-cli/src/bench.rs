@@ -182,18 +182,24 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     let mut code = ExitCode::SUCCESS;
     let mut done_host_guest = false;
     for (name, _) in SECTIONS {
-        if !wanted(name) {
+        // host and guest run together (they alternate), announced once.
+        if !wanted(name) || (matches!(*name, "host" | "guest") && done_host_guest) {
             continue;
         }
+        let label = match *name {
+            "host" | "guest" => ["host", "guest"]
+                .into_iter()
+                .filter(|s| wanted(s))
+                .collect::<Vec<_>>()
+                .join(" and "),
+            _ => name.to_string(),
+        };
         eprintln!(
-            "partition: bench {name}: running ({} runs per configuration)",
+            "partition: bench {label}: running ({} runs per configuration)",
             a.runs
         );
         let sections: Vec<(&str, Value)> = match *name {
             "host" | "guest" => {
-                if done_host_guest {
-                    continue;
-                }
                 done_host_guest = true;
                 benchmarks::hotpaths::run(&env, wanted("host"), wanted("guest"))
             }

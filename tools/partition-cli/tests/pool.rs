@@ -685,6 +685,10 @@ fn a_reserve_stopped_half_way_changes_nothing() {
         "{}",
         out.stderr
     );
-    assert_eq!(settings(), before, "a stopped reserve left the host changed");
+    assert_eq!(
+        settings(),
+        before,
+        "a stopped reserve left the host changed"
+    );
     assert_eq!(h.status()["reserved"], false);
 }
