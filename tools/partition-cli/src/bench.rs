@@ -468,8 +468,11 @@ fn give_back(work: &Path, hugepages: u64) -> Vec<String> {
             format!("hugepage count is {back}, not the {hugepages} it was (pages in use)")
         });
     }
-    if let Err(e) = std::fs::remove_dir_all(work) {
-        said.push(format!("{}: {e}", work.display()));
+    match std::fs::remove_dir_all(work) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            said.push(format!("{}: {e}", work.display()))
+        }
+        _ => {}
     }
     said
 }
