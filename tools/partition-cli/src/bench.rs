@@ -309,7 +309,7 @@ fn supervise() -> ExitCode {
                     .map(|c| c as u8)
                     .unwrap_or_else(|| 128 + st.signal().unwrap_or(0) as u8);
             }
-            Ok(None) => reap_orphans(Some(run)),
+            Ok(None) => reap_orphans(run),
             Err(e) => {
                 eprintln!("partition: bench: waiting for the run: {e}");
                 break EXIT_VMM_ERROR;
@@ -372,28 +372,46 @@ fn descendants(root: i32) -> (Vec<i32>, Vec<i32>) {
     (live, zombies)
 }
 
-/// Waits for our zombie children (orphans the run left that ended), except `keep`.
-fn reap_orphans(keep: Option<i32>) {
-    // SAFETY: getpid has no arguments and cannot fail.
-    let me = unsafe { libc::getpid() };
-    for z in descendants(me).1 {
-        if Some(z) != keep {
-            // SAFETY: waitpid on our own child with a null status pointer.
-            unsafe { libc::waitpid(z, std::ptr::null_mut(), libc::WNOHANG) };
+/// Waits for our zombie children (orphans of the run that ended), leaving `keep` (the
+/// run, whose status `Child::try_wait` collects). One waitid peek while there are none:
+/// this runs beside the measurements, so it must not scan /proc.
+fn reap_orphans(keep: i32) {
+    loop {
+        // SAFETY: siginfo_t is plain data; all-zero is valid and means "no child".
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid fills `info`, a valid siginfo_t; WNOWAIT leaves the child
+        // waitable.
+        let rc = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        // SAFETY: si_pid is valid in a siginfo_t that waitid filled for WEXITED.
+        let pid = unsafe { info.si_pid() };
+        if rc != 0 || pid == 0 || pid == keep {
+            return;
         }
+        // SAFETY: waitpid on our own child that has exited, with a null status pointer.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
     }
 }
 
 /// Stops every process below this one: SIGTERM (a partition tears down on it), SIGKILL
 /// for what is left after 10 s. Returns how many there were.
 fn stop_descendants() -> usize {
-    // SAFETY: as in reap_orphans.
+    // SAFETY: getpid has no arguments and cannot fail.
     let me = unsafe { libc::getpid() };
     let start = Instant::now();
     let mut seen = HashSet::new();
     loop {
-        reap_orphans(None);
-        let live = descendants(me).0;
+        let (live, zombies) = descendants(me);
+        for z in zombies {
+            // SAFETY: waitpid on our own child that has exited, with a null status pointer.
+            unsafe { libc::waitpid(z, std::ptr::null_mut(), libc::WNOHANG) };
+        }
         if live.is_empty() {
             return seen.len();
         }

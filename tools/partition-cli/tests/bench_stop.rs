@@ -2,6 +2,7 @@
 //! under a supervisor that, on SIGTERM to it or Ctrl-C to the whole process group, stops
 //! what the run started, gives back its reservation (pool file, hugepages, mounts,
 //! cgroups) and removes its scratch directory; nothing half-measured reaches the results.
+//! The same holds when the run process itself is killed outright.
 
 mod common;
 
@@ -60,7 +61,7 @@ impl Drop for Fallback {
 
 /// Starts a memsetup run that will not finish by itself, waits until it holds a
 /// reservation, stops it with `stop` (given the supervisor's pid) and checks the host.
-fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32) {
+fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: &str) {
     let scratch = Scratch::new(&format!("bench-stop-{what}"));
     let results = scratch.path("results.json");
     let before = host_state();
@@ -103,11 +104,7 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32) {
     stop(pid);
     let out = wait_output(child, Duration::from_secs(90), what);
     assert_eq!(out.code(), expect_code, "{what}: {}", out.stderr);
-    assert!(
-        out.stderr.contains("stopping the run"),
-        "{what}: {}",
-        out.stderr
-    );
+    assert!(out.stderr.contains(expect_said), "{what}: {}", out.stderr);
     assert!(!work.exists(), "{what}: scratch dir left: {}", out.stderr);
     assert_eq!(tagged_leftovers(&tag), Vec::<PathBuf>::new(), "{what}");
     let after = host_state();
@@ -141,6 +138,7 @@ fn a_stopped_bench_run_gives_back_everything_it_held() {
             libc::kill(pid, libc::SIGTERM);
         },
         128 + libc::SIGTERM,
+        "stopped by SIGTERM; stopping the run",
     );
     // SIGINT to the whole process group, as Ctrl-C on a terminal sends it: the run, its
     // partitions and the supervisor all get it at once.
@@ -151,5 +149,32 @@ fn a_stopped_bench_run_gives_back_everything_it_held() {
             libc::kill(-pid, libc::SIGINT);
         },
         128 + libc::SIGINT,
+        "stopped by SIGINT; stopping the run",
     );
+    // The run itself dies (SIGKILL, nothing of its own cleanup runs): the supervisor gives
+    // back what it held all the same and passes the status on.
+    stop_half_way(
+        "run-killed",
+        |pid| {
+            let run = child_of(pid).expect("the supervisor has no run child");
+            // SAFETY: signalling the run process the test's child started.
+            unsafe { libc::kill(run, libc::SIGKILL) };
+        },
+        128 + libc::SIGKILL,
+        "given back",
+    );
+}
+
+/// A child process of `parent`, from /proc.
+fn child_of(parent: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid: i32 = stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == parent).then_some(pid)
+    })
 }
