@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::stats::{Summary, faster, summary};
-use crate::{Env, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::{Env, Microvm, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const SAMPLES: usize = 1000;
@@ -269,22 +269,20 @@ fn ours_cmd(env: &Env, image: &Path, opts: &str, ioeventfd: bool) -> Command {
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, image: &Path, name: &str, qmp: &Path) -> Command {
-    let mut c = Command::new(
-        env.qemu
-            .clone()
-            .unwrap_or_else(|| "qemu-system-x86_64".into()),
-    );
-    c.args(["-M", "microvm,acpi=off", "-enable-kvm"])
-        .args(["-cpu", "host,-arch-capabilities", "-smp", "1", "-m", "64M"])
-        .args(["-name", "blkbench,debug-threads=on", "-S"])
+    let cmdline = probe_cmdline();
+    let mut c = Microvm {
+        pin: None,
+        smp: 1,
+        mb: 64,
+        acpi: false,
+        prealloc: false,
+        probe,
+        cmdline: &cmdline,
+    }
+    .command(env);
+    c.args(["-name", "blkbench,debug-threads=on", "-S"])
         .arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-        .arg("-kernel")
-        .arg(probe)
-        .args(["-append", &probe_cmdline()])
-        .args(["-nodefaults", "-no-user-config", "-nographic"])
-        .args(["-serial", "stdio"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .args(["-global", "virtio-mmio.force-legacy=false"]);
     let direct = if name.ends_with("direct") {
         ",cache.direct=on"

@@ -16,7 +16,7 @@ pub mod stats;
 pub mod wake;
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,72 @@ pub struct Env {
     pub guest_image: Option<PathBuf>,
     /// lmbench's binaries (the crosscheck section), if known.
     pub lmbench: Option<PathBuf>,
+}
+
+/// The peer VMM as every section runs it: QEMU's microvm booting the probe guest, the
+/// console on stdout, power-off through isa-debug-exit (status s exits `(s << 1) | 1`).
+/// Callers add what differs (QMP, a drive, `-overcommit`).
+pub struct Microvm<'a> {
+    /// A `taskset -c` list to start QEMU under, if any.
+    pub pin: Option<String>,
+    /// vCPUs.
+    pub smp: usize,
+    /// Memory, MiB.
+    pub mb: u64,
+    /// Whether microvm keeps its ACPI tables (off: the probe finds CPUs in the MP table).
+    pub acpi: bool,
+    /// `-mem-prealloc`.
+    pub prealloc: bool,
+    /// The probe guest ELF.
+    pub probe: &'a Path,
+    /// Its command line.
+    pub cmdline: &'a str,
+}
+
+impl Microvm<'_> {
+    /// The command line, ready for the caller's additions.
+    pub fn command(&self, env: &Env) -> Command {
+        let qemu = env
+            .qemu
+            .clone()
+            .unwrap_or_else(|| "qemu-system-x86_64".into());
+        let mut c = match &self.pin {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(qemu);
+                c
+            }
+            None => Command::new(qemu),
+        };
+        let machine = if self.acpi {
+            "microvm"
+        } else {
+            "microvm,acpi=off"
+        };
+        c.args([
+            "-M",
+            machine,
+            "-enable-kvm",
+            "-cpu",
+            "host,-arch-capabilities",
+        ])
+        .args([
+            "-smp",
+            &self.smp.to_string(),
+            "-m",
+            &format!("{}M", self.mb),
+        ]);
+        if self.prealloc {
+            c.arg("-mem-prealloc");
+        }
+        c.arg("-kernel")
+            .arg(self.probe)
+            .args(["-append", self.cmdline])
+            .args(["-nodefaults", "-no-user-config", "-nographic"])
+            .args(["-serial", "stdio"])
+            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
+        c
+    }
 }
 
 /// Whether /dev/kvm is the nested kvm_pvm module (DESIGN.md, environment facts): guests we
@@ -279,5 +345,56 @@ mod tests {
         let r = timed_run(c, Duration::from_millis(200)).unwrap();
         assert!(!r.status.success());
         assert!(r.first_byte.is_none());
+    }
+
+    #[test]
+    fn the_peer_vmm_command_says_what_it_was_asked() {
+        let env = Env {
+            partition: "partition".into(),
+            work: "/nonexistent".into(),
+            repo: None,
+            qemu: Some("/opt/q".into()),
+            runs: 1,
+            core: 1,
+            host_core: 0,
+            guest_image: None,
+            lmbench: None,
+        };
+        let probe = Path::new("/p.elf");
+        let args = |c: &Command| {
+            std::iter::once(c.get_program())
+                .chain(c.get_args())
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+        };
+        let mut m = Microvm {
+            pin: Some("0,1".into()),
+            smp: 2,
+            mb: 64,
+            acpi: true,
+            prealloc: false,
+            probe,
+            cmdline: "a=1 b",
+        };
+        let a = args(&m.command(&env));
+        assert_eq!(a[..4], ["taskset", "-c", "0,1", "/opt/q"]);
+        let after = |a: &[String], k: &str| a.iter().position(|x| x == k).map(|i| a[i + 1].clone());
+        assert_eq!(after(&a, "-M").as_deref(), Some("microvm"));
+        assert_eq!(after(&a, "-smp").as_deref(), Some("2"));
+        assert_eq!(after(&a, "-m").as_deref(), Some("64M"));
+        assert_eq!(after(&a, "-kernel").as_deref(), Some("/p.elf"));
+        assert_eq!(after(&a, "-append").as_deref(), Some("a=1 b"));
+        assert!(!a.iter().any(|x| x == "-mem-prealloc"));
+        m.pin = None;
+        m.acpi = false;
+        m.prealloc = true;
+        let a = args(&m.command(&env));
+        assert_eq!(a[0], "/opt/q");
+        assert_eq!(after(&a, "-M").as_deref(), Some("microvm,acpi=off"));
+        assert!(a.iter().any(|x| x == "-mem-prealloc"));
+        assert_eq!(
+            after(&a, "-device").as_deref(),
+            Some("isa-debug-exit,iobase=0xf4,iosize=4")
+        );
     }
 }

@@ -17,14 +17,14 @@
 //! reserved core (a pool partition can run nowhere else), the others' on the host core.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::stats::summary;
-use crate::{Env, HugepageCount, failed, ms, now_utc, provenance, timed_run, timing};
+use crate::{Env, HugepageCount, Microvm, failed, ms, now_utc, provenance, timed_run, timing};
 
 /// The memory sources compared.
 pub const SOURCES: [&str; 4] = ["pool", "anon-prefault", "hugetlb", "qemu"];
@@ -38,36 +38,16 @@ pub fn default_sizes() -> Vec<u64> {
 fn launch_cmd(env: &Env, state: &Path, source: &str, size: u64, probe: &Path) -> Command {
     let mb = (size >> 20).to_string();
     match source {
-        "qemu" => {
-            let mut c = Command::new("taskset");
-            c.arg("-c")
-                .arg(env.host_core.to_string())
-                .arg(
-                    env.qemu
-                        .clone()
-                        .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
-                )
-                .args([
-                    "-M",
-                    "microvm",
-                    "-enable-kvm",
-                    "-cpu",
-                    "host,-arch-capabilities",
-                ])
-                .args(["-smp", "1", "-m", &format!("{mb}M"), "-mem-prealloc"])
-                .arg("-kernel")
-                .arg(probe)
-                .args(["-append", "probe.memtest=0"])
-                .args([
-                    "-nodefaults",
-                    "-no-user-config",
-                    "-nographic",
-                    "-serial",
-                    "stdio",
-                ])
-                .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
-            c
+        "qemu" => Microvm {
+            pin: Some(env.host_core.to_string()),
+            smp: 1,
+            mb: size >> 20,
+            acpi: true,
+            prealloc: true,
+            probe,
+            cmdline: "probe.memtest=0",
         }
+        .command(env),
         _ => {
             let mut c = Command::new(&env.partition);
             c.env("PARTITION_STATE_DIR", state).arg("launch");

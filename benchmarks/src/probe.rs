@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::hotpaths::{self, Series};
 use crate::stats::summary;
-use crate::{Env, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::{Env, Microvm, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const GUEST_MB: u64 = 640;
 /// Staircase points: 512 B to 256 MiB, doubling.
@@ -152,27 +152,18 @@ pub fn ours_cmd(env: &Env, state: &Path, disk: &Path, ioeventfd: bool, extra: &s
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, disk: &Path, qmp: &Path) -> Command {
-    let mut c = Command::new(
-        env.qemu
-            .clone()
-            .unwrap_or_else(|| "qemu-system-x86_64".into()),
-    );
-    c.args(["-M", "microvm,acpi=off", "-enable-kvm"])
-        .args(["-cpu", "host,-arch-capabilities", "-smp", "1"])
-        .args(["-m", &format!("{GUEST_MB}M"), "-mem-prealloc"])
-        .args(["-name", "paths,debug-threads=on", "-S", "-qmp"])
+    let mut c = Microvm {
+        pin: None,
+        smp: 1,
+        mb: GUEST_MB,
+        acpi: false,
+        prealloc: true,
+        probe,
+        cmdline: "probe.memtest=0 probe.bench=paths",
+    }
+    .command(env);
+    c.args(["-name", "paths,debug-threads=on", "-S", "-qmp"])
         .arg(format!("unix:{},server=on,wait=off", qmp.display()))
-        .arg("-kernel")
-        .arg(probe)
-        .args(["-append", "probe.memtest=0 probe.bench=paths"])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-nographic",
-            "-serial",
-            "stdio",
-        ])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
         .args(["-global", "virtio-mmio.force-legacy=false"])
         .arg("-drive")
         .arg(format!("id=d0,file={},format=raw,if=none", disk.display()))

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::stats::{Summary, faster, summary};
-use crate::{Env, now_utc, provenance};
+use crate::{Env, Microvm, now_utc, provenance};
 
 /// Policies measured, in the order of the seed's table.
 pub const POLICIES: [&str; 5] = ["mwait", "poll", "haltpoll", "hlt", "shared"];
@@ -330,39 +330,19 @@ fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, cpu_pm: bool, cmdline: &str) -> Command {
-    let mut c = Command::new("taskset");
-    c.arg("-c")
-        .arg(format!("{},{}", env.host_core, env.core))
-        .arg(
-            env.qemu
-                .clone()
-                .unwrap_or_else(|| "qemu-system-x86_64".into()),
-        )
-        .args([
-            "-M",
-            "microvm",
-            "-enable-kvm",
-            "-cpu",
-            "host,-arch-capabilities",
-            "-smp",
-            "2",
-            "-m",
-            "64M",
-        ])
-        .arg("-kernel")
-        .arg(probe)
-        .args(["-append", cmdline]);
+    let mut c = Microvm {
+        pin: Some(format!("{},{}", env.host_core, env.core)),
+        smp: 2,
+        mb: 64,
+        acpi: true,
+        prealloc: false,
+        probe,
+        cmdline,
+    }
+    .command(env);
     if cpu_pm {
         c.args(["-overcommit", "cpu-pm=on"]);
     }
-    c.args([
-        "-nodefaults",
-        "-no-user-config",
-        "-nographic",
-        "-serial",
-        "stdio",
-    ])
-    .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"]);
     c
 }
 
