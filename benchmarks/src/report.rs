@@ -359,35 +359,25 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
             o,
             "\n## Block (`blk`): 4 KiB random read at depth 1, guest polling, µs\n\n| row | cache | median |\n|---|---|---|"
         );
-        for r in s["blk"]["host"].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} |",
-                r["name"].as_str().unwrap_or("?"),
-                if r["name"].as_str().unwrap_or("").contains("direct") {
-                    "cold"
-                } else {
-                    "warm"
-                },
-                r["lat4k"]["median"]
-                    .as_f64()
-                    .map_or("—".into(), |v| format!("{:.2}", v / 1000.0))
-            );
-        }
-        for r in rows
+        // Host rows time the read itself, guest rows the guest's polled completion.
+        let host = s["blk"]["host"].as_array().into_iter().flatten();
+        let guest = rows
             .iter()
-            .chain(s["blk"]["qemu"].as_array().into_iter().flatten())
+            .chain(s["blk"]["qemu"].as_array().into_iter().flatten());
+        for (r, key) in host
+            .map(|r| (r, "lat4k"))
+            .chain(guest.map(|r| (r, "lat4k_guest_polls")))
         {
+            let name = r["name"].as_str().unwrap_or("?");
             let _ = writeln!(
                 o,
-                "| {} | {} | {} |",
-                r["name"].as_str().unwrap_or("?"),
-                if r["name"].as_str().unwrap_or("").contains("direct") {
+                "| {name} | {} | {} |",
+                if name.contains("direct") {
                     "cold"
                 } else {
                     "warm"
                 },
-                r["lat4k_guest_polls"]["median"]
+                r[key]["median"]
                     .as_f64()
                     .map_or("—".into(), |v| format!("{:.2}", v / 1000.0))
             );
