@@ -351,17 +351,35 @@ impl LedgerLock {
     }
 }
 
-/// Start time of `pid` (field 22 of /proc/PID/stat), if it is running.
-pub fn pid_start_time(pid: u32) -> Option<u64> {
+/// The fields of /proc/PID/stat this project reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    /// State letter (field 3): R, S, D, Z, ...
+    pub state: char,
+    /// Parent pid (field 4).
+    pub ppid: u32,
+    /// Start time in clock ticks after boot (field 22): with the pid, names a process.
+    pub start_time: u64,
+}
+
+/// Reads /proc/PID/stat; None if there is no such process.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: fields start after the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state); field 22 is index 19.
-    if f.first() == Some(&"Z") {
-        return None;
-    }
-    f.get(19)?.parse().ok()
+    let f: Vec<&str> = s.get(s.rfind(')')? + 1..)?.split_whitespace().collect();
+    // f[0] is field 3 (state), f[1] field 4 (ppid), f[19] field 22 (start time).
+    Some(ProcStat {
+        state: f.first()?.chars().next()?,
+        ppid: f.get(1)?.parse().ok()?,
+        start_time: f.get(19)?.parse().ok()?,
+    })
+}
+
+/// Start time of `pid` (field 22 of /proc/PID/stat), if it is running (not a zombie).
+pub fn pid_start_time(pid: u32) -> Option<u64> {
+    proc_stat(pid)
+        .filter(|st| st.state != 'Z')
+        .map(|st| st.start_time)
 }
 
 /// Whether the partition's launcher is still the process running under its pid.

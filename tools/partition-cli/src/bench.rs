@@ -338,13 +338,9 @@ fn processes() -> Vec<(i32, i32, char)> {
     };
     dir.flatten()
         .filter_map(|e| {
-            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            // "pid (comm) S ppid ...": comm may hold spaces and parentheses.
-            let mut rest = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
-            let state = rest.next()?.chars().next()?;
-            let ppid = rest.next()?.parse().ok()?;
-            Some((pid, ppid, state))
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let st = partition::ledger::proc_stat(pid)?;
+            Some((pid as i32, st.ppid as i32, st.state))
         })
         .collect()
 }

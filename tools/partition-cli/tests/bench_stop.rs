@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -54,8 +54,7 @@ impl Drop for Fallback {
             }
         }
         let _ = partition::reserve::unreserve(&self.state);
-        let path = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
-        let _ = std::fs::write(path, self.hugepages.to_string());
+        benchmarks::HugepageCount::set(self.hugepages);
     }
 }
 
@@ -81,11 +80,10 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
     let work = scratch.path(&format!("partition-bench-{pid}"));
     let state = work.join("state");
     let tag = partition::reserve::state_tag(&state);
-    let nr = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
     let _fallback = Fallback {
         pgid: pid,
         state: state.clone(),
-        hugepages: std::fs::read_to_string(nr).unwrap().trim().parse().unwrap(),
+        hugepages: benchmarks::HugepageCount::read(),
     };
     let deadline = Instant::now() + Duration::from_secs(120);
     while !state.join("ledger.json").exists() {
@@ -118,7 +116,6 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
     // Nothing half-measured was stored.
     let stored = std::fs::read_to_string(&results).unwrap_or_default();
     assert!(!stored.contains("memsetup"), "{what}: {stored}");
-    assert!(!Path::new(&work).exists());
 }
 
 #[test]
@@ -168,13 +165,8 @@ fn a_stopped_bench_run_gives_back_everything_it_held() {
 /// A child process of `parent`, from /proc.
 fn child_of(parent: i32) -> Option<i32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-        let ppid: i32 = stat[stat.rfind(')')? + 1..]
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()?;
-        (ppid == parent).then_some(pid)
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let st = partition::ledger::proc_stat(pid)?;
+        (st.ppid == parent as u32).then_some(pid as i32)
     })
 }

@@ -130,10 +130,7 @@ fn signal_while_halted(name: &str, cores: &str, signal: i32) {
         out.stderr
     );
     assert!(
-        !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| s.contains(") Z"))
-                .unwrap_or(true),
+        partition::ledger::pid_start_time(pid as u32).is_none(),
         "VMM process still running"
     );
 }
