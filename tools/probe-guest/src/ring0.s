@@ -29,6 +29,24 @@
     .set VEC_PONG, 0x41
     .set VEC_TIMER, 0x42
 
+# Our 64-bit GDT and its segments: CS through a far return, the data selectors, FS and GS
+# null. Needs a stack; clobbers RAX.
+    .macro load_gdt64
+    lgdt gdtr64(%rip)
+    pushq $SEL_KCODE
+    lea 1f(%rip), %rax
+    pushq %rax
+    lretq
+1:
+    mov $SEL_KDATA, %ax
+    mov %ax, %ds
+    mov %ax, %es
+    mov %ax, %ss
+    xor %eax, %eax
+    mov %ax, %fs
+    mov %ax, %gs
+    .endm
+
 # ---------------------------------------------------------------------------------------
 # PVH entry note: XEN_ELFNOTE_PHYS32_ENTRY.
     .section .note.Xen, "a"
@@ -84,19 +102,7 @@ pvh_long:
 # Bootstrap processor, 64-bit, any GDT: take over the machine and drop to ring 3.
 bsp64:
     lea kstacks + (1 << KSTACK_SHIFT)(%rip), %rsp
-    lgdt gdtr64(%rip)
-    pushq $SEL_KCODE
-    lea 1f(%rip), %rax
-    pushq %rax
-    lretq
-1:
-    mov $SEL_KDATA, %ax
-    mov %ax, %ds
-    mov %ax, %es
-    mov %ax, %ss
-    xor %eax, %eax
-    mov %ax, %fs
-    mov %ax, %gs
+    load_gdt64
     lea pml4(%rip), %rax
     mov %rax, %cr3
     mov %cr4, %rax
@@ -121,19 +127,7 @@ ap_entry64:
     shl $KSTACK_SHIFT, %rax
     lea kstacks(%rip), %rsp
     add %rax, %rsp
-    lgdt gdtr64(%rip)
-    pushq $SEL_KCODE
-    lea 1f(%rip), %rax
-    pushq %rax
-    lretq
-1:
-    mov $SEL_KDATA, %ax
-    mov %ax, %ds
-    mov %ax, %es
-    mov %ax, %ss
-    xor %eax, %eax
-    mov %ax, %fs
-    mov %ax, %gs
+    load_gdt64
     mov %rcx, %rdi
     lea user_ap_start(%rip), %rdx
     jmp cpu_init
