@@ -147,7 +147,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     }
     // The run itself happens in a child; this process stands by to give back what the run
     // holds if it is stopped (see `supervise`).
-    let Some(work) = std::env::var_os(WORK_ENV).map(PathBuf::from) else {
+    let Some(work) = supervised_work() else {
         return supervise();
     };
     let env = benchmarks::Env {
@@ -256,6 +256,21 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The scratch directory `supervise` made for this process, if it is the run. The run
+/// removes it at the end, so an inherited or hand-set variable naming anything else
+/// (another directory, a supervisor that is not our parent) is ignored.
+fn supervised_work() -> Option<PathBuf> {
+    let work = PathBuf::from(std::env::var_os(WORK_ENV)?);
+    // SAFETY: getppid has no arguments and cannot fail.
+    let parent = unsafe { libc::getppid() };
+    (work == scratch_dir(parent as u32)).then_some(work)
+}
+
+/// The scratch directory of the supervisor with pid `pid`.
+fn scratch_dir(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("partition-bench-{pid}"))
+}
+
 /// Runs this same command as a child (the run) and waits for it. If the run is stopped
 /// (Ctrl-C, SIGTERM, SIGHUP), or ends leaving something behind, this process gives it back:
 /// every process the run started is stopped (SIGTERM, SIGKILL after 10 s; as child
@@ -264,7 +279,7 @@ fn which(name: &str) -> Option<PathBuf> {
 /// the hugepage count put back to what it was, and the scratch directory removed. The
 /// exit status is the run's, or 128+N when stopped by signal N.
 fn supervise() -> ExitCode {
-    let work = std::env::temp_dir().join(format!("partition-bench-{}", std::process::id()));
+    let work = scratch_dir(std::process::id());
     if let Err(e) = std::fs::create_dir_all(&work) {
         eprintln!("partition: error: {}: {e}", work.display());
         return ExitCode::from(EXIT_VMM_ERROR);

@@ -220,3 +220,40 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     );
     assert_eq!(out.code(), 1, "{}", out.stderr);
 }
+
+/// The run removes its scratch directory at the end; the variable the supervisor passes it
+/// in must not let a caller aim that at a directory of theirs.
+#[test]
+fn a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory() {
+    if !kvm_available("a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory") {
+        return;
+    }
+    if host_cores() < 2 {
+        eprintln!(
+            "SKIPPED a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory: needs 2 cores"
+        );
+        return;
+    }
+    let dir = Scratch::new("bench-env");
+    let victim = dir.path("victim");
+    std::fs::create_dir_all(&victim).unwrap();
+    let sentinel = dir.file("victim/keep", b"mine");
+    let child = partition()
+        .env("TMPDIR", &dir.0)
+        .env("PARTITION_BENCH_WORK", &victim)
+        .args(["bench", "--quick"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, LIMIT, "bench --quick");
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert_eq!(std::fs::read(&sentinel).unwrap(), b"mine");
+    let left: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("partition-bench-"))
+        .collect();
+    assert!(left.is_empty(), "scratch directories left: {left:?}");
+}
