@@ -206,7 +206,9 @@ struct EarlyLog {
 
 fn early_log(log: &str) -> Option<EarlyLog> {
     let body = |l: &str| l.split_once("] ").map(|(_, b)| b.to_string());
-    let lines: Vec<&str> = log.lines().collect();
+    // Only whole lines: the console file is read while the guest is still writing it, and
+    // a half-written "BIOS-e8" would look like the line that ends the map.
+    let lines: Vec<&str> = log[..=log.rfind('\n')?].lines().collect();
     let banner = lines.iter().find(|l| l.contains("Linux version "))?;
     let cmdline = lines.iter().find(|l| l.contains("Command line: "))?;
     let start = lines
@@ -406,4 +408,32 @@ fn debian_bzimage_decompresses_itself_and_boots() {
     };
     // The decompressor runs in guest ring 0: minutes in the nested host's emulator.
     boot_and_check("debian-bzimage", &bz, None, Duration::from_secs(600));
+}
+
+#[test]
+fn the_early_log_is_complete_only_when_the_e820_map_is() {
+    let head = "[    0.000000] Linux version 6.1\n[    0.000000] Command line: a=1\n\
+                [    0.000000] BIOS-provided physical RAM map:\n\
+                [    0.000000] BIOS-e820: [mem 0x0-0x9fbff] usable\n";
+    // Still being written: a half line must not end the map.
+    assert!(early_log(&format!("{head}[    0.000000] BIOS-e8")).is_none());
+    assert!(
+        early_log(&format!(
+            "{head}[    0.000000] BIOS-e820: [mem 0x100000-0x1ff"
+        ))
+        .is_none()
+    );
+    let done = format!(
+        "{head}[    0.000000] BIOS-e820: [mem 0x100000-0xfffffff] usable\n[    0.000000] NX\n"
+    );
+    let e = early_log(&done).unwrap();
+    assert_eq!(e.banner, "Linux version 6.1");
+    assert_eq!(e.cmdline, "Command line: a=1");
+    assert_eq!(
+        e.e820,
+        [
+            "BIOS-e820: [mem 0x0-0x9fbff] usable",
+            "BIOS-e820: [mem 0x100000-0xfffffff] usable"
+        ]
+    );
 }
