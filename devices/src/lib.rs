@@ -9,6 +9,7 @@ pub mod i8042;
 pub mod pci;
 pub mod power;
 pub mod ratelimit;
+pub mod rtc;
 pub mod serial;
 pub mod virtio;
 

@@ -20,6 +20,7 @@ use devices::pci::{NoPci, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
 };
+use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
 use pool::{AnonRam, Backing, GuestRam};
 use vmm_sys_util::eventfd::EventFd;
@@ -516,6 +517,12 @@ pub fn run(
     let mut pio = Bus::new("pio");
     pio.insert("serial", COM1_PORT, COM1_LEN, serial.clone())?;
     pio.insert("i8042", I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042)))?;
+    pio.insert(
+        "rtc",
+        RTC_PORT,
+        RTC_LEN,
+        Arc::new(Mutex::new(Rtc::new(rtc::system_clock))),
+    )?;
     pio.insert(
         "acpi-pm",
         ACPI_PM_BASE,
