@@ -1,14 +1,35 @@
-//! Minimal hardware-reduced ACPI: RSDP → XSDT → {FADT → DSDT, MADT}.
+//! Hardware-reduced ACPI: RSDP → XSDT → {FADT → DSDT, MADT}, built with the rust-vmm
+//! `acpi_tables` crate (its table layouts and AML encoder, not hand-placed bytes).
 //!
 //! What a Linux guest gets from it:
 //! - the CPUs and the IOAPIC (MADT); Debian kernels have no MP-table parser;
+//! - its virtio-mmio devices (DSDT): one `LNRO0005` device per window, with the window as a
+//!   32-bit fixed memory resource and its GSI as an edge-triggered, active-high interrupt,
+//!   as QEMU's microvm describes them. Stock kernels built without
+//!   `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (Debian's) find virtio-mmio devices only this way;
 //! - a power-off path: FADT's sleep control register is I/O port [`SLEEP_CONTROL_PORT`],
 //!   and the DSDT's `\_S5_` package gives sleep type 5, so `poweroff` writes
 //!   `(5 << 2) | SLP_EN` = 0x34 there ([`S5_SLEEP_VALUE`]);
 //! - a reset path: FADT's reset register is the i8042 command port 0x64 with value 0xfe,
-//!   the same line a keyboard-controller reset pulls.
+//!   the same line a keyboard-controller reset pulls;
+//! - the CMOS clock's century register ([`RTC_CENTURY_REG`]).
 //!
-//! The image is written into a caller buffer, so this module needs no `std`.
+//! The image is written into a caller buffer; this module needs `alloc`, not `std`.
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::vec::Vec;
+
+use acpi_tables::Aml;
+use acpi_tables::aml;
+use acpi_tables::fadt::{FADTBuilder, Flags};
+use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
+use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, MADT, ProcessorLocalApic};
+use acpi_tables::rsdp::Rsdp;
+use acpi_tables::sdt::Sdt;
+use acpi_tables::xsdt::XSDT;
+use zerocopy::{Immutable, IntoBytes};
 
 use crate::layout::{IOAPIC_ADDR, LAPIC_ADDR};
 
@@ -22,26 +43,52 @@ pub const S5_SLEEP_VALUE: u8 = (5 << 2) | 0x20;
 pub const RESET_PORT: u16 = 0x64;
 /// Value written to [`RESET_PORT`] to reset.
 pub const RESET_VALUE: u8 = 0xfe;
+/// The CMOS register holding the century (FADT `CENTURY`).
+pub const RTC_CENTURY_REG: u8 = 0x32;
 /// Most CPUs the MADT describes.
 pub const MAX_CPUS: usize = 254;
+/// Most virtio-mmio devices the DSDT describes.
+pub const MAX_MMIO_DEVICES: usize = 32;
+/// virtio-mmio's ACPI hardware ID.
+pub const VIRTIO_MMIO_HID: &str = "LNRO0005";
 
-const HEADER_LEN: usize = 36;
-const RSDP_LEN: usize = 36;
-const FADT_LEN: usize = 276;
-const OEM_ID: &[u8; 6] = b"PARTIT";
-const OEM_TABLE_ID: &[u8; 8] = b"PARTITN ";
-const CREATOR_ID: &[u8; 4] = b"PRTN";
+const OEM_ID: [u8; 6] = *b"PARTIT";
+const OEM_TABLE_ID: [u8; 8] = *b"PARTITN ";
+const OEM_REVISION: u32 = 1;
+/// MADT flags: PCAT_COMPAT (the 8259s exist; KVM's irqchip has them).
+const MADT_PCAT_COMPAT: u32 = 1;
+/// Offset of the MADT's flags field.
+const MADT_FLAGS_OFFSET: usize = 40;
+/// IAPC_BOOT_ARCH: 8042 present (bit 1), VGA not present (bit 2).
+const IAPC_BOOT_ARCH: u16 = 0x0006;
 
-/// The `\_S5_` object: Name(_S5_, Package(4) {5, 0, 0, 0}).
-const DSDT_AML: [u8; 13] = [
-    0x08, b'_', b'S', b'5', b'_', 0x12, 0x07, 0x04, 0x0a, 0x05, 0x00, 0x00, 0x00,
-];
+/// A virtio-mmio device window and its interrupt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MmioDevice {
+    /// Guest physical base (below 4 GiB).
+    pub base: u64,
+    /// Window length.
+    pub len: u64,
+    /// IOAPIC input.
+    pub gsi: u32,
+}
+
+/// What the tables describe.
+#[derive(Clone, Copy, Debug)]
+pub struct AcpiConfig<'a> {
+    /// vCPUs (APIC IDs 0..cpus).
+    pub cpus: usize,
+    /// virtio-mmio devices.
+    pub virtio_mmio: &'a [MmioDevice],
+}
 
 /// Why the ACPI tables could not be built.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AcpiError {
     /// Zero or more than [`MAX_CPUS`] CPUs.
     CpuCount(usize),
+    /// More than [`MAX_MMIO_DEVICES`] devices, or a window not below 4 GiB.
+    MmioDevice(MmioDevice),
     /// The buffer is smaller than the tables.
     BufferTooSmall {
         /// Bytes needed.
@@ -55,162 +102,188 @@ impl core::fmt::Display for AcpiError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Self::CpuCount(n) => write!(f, "ACPI: {n} CPUs (1..={MAX_CPUS} supported)"),
+            Self::MmioDevice(d) => write!(
+                f,
+                "ACPI: virtio-mmio window {:#x}+{:#x} (gsi {}) cannot be described \
+                 (at most {MAX_MMIO_DEVICES}, below 4 GiB)",
+                d.base, d.len, d.gsi
+            ),
             Self::BufferTooSmall { needed } => write!(f, "ACPI: needs {needed} bytes"),
         }
     }
+}
+
+/// MADT entry type 4: local APIC NMI (the crate has no type for it).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, IntoBytes, Immutable)]
+struct LocalApicNmi {
+    kind: u8,
+    length: u8,
+    processor_uid: u8,
+    flags: u16,
+    lint: u8,
+}
+
+impl Aml for LocalApicNmi {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(self.as_bytes());
+    }
+}
+
+fn serialize(t: &dyn Aml) -> Vec<u8> {
+    let mut v = Vec::new();
+    t.to_aml_bytes(&mut v);
+    v
 }
 
 fn checksum(bytes: &[u8]) -> u8 {
     0u8.wrapping_sub(bytes.iter().fold(0u8, |a, b| a.wrapping_add(*b)))
 }
 
-const fn align16(x: usize) -> usize {
-    (x + 15) & !15
+fn io_port(port: u16) -> GAS {
+    GAS::new(AddressSpace::SystemIo, 8, 0, AccessSize::ByteAccess, port as u64)
 }
 
-const fn madt_len(cpus: usize) -> usize {
-    HEADER_LEN + 8 + 8 * cpus + 12 + 6
+/// The DSDT body: the virtio-mmio devices under `\_SB`, and `\_S5_`.
+fn dsdt(devices: &[MmioDevice]) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut devs = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        let mem = aml::Memory32Fixed::new(true, d.base as u32, d.len as u32);
+        let irq = aml::Interrupt::new(true, true, false, false, d.gsi);
+        let crs = aml::ResourceTemplate::new(alloc::vec![&mem, &irq]);
+        let uid = i as u32;
+        let hid = aml::Name::new("_HID".into(), &VIRTIO_MMIO_HID);
+        let uid = aml::Name::new("_UID".into(), &uid);
+        let cca = aml::Name::new("_CCA".into(), &aml::ONE);
+        let crs = aml::Name::new("_CRS".into(), &crs);
+        let dev = aml::Device::new(
+            format!("VR{i:02X}").as_str().into(),
+            alloc::vec![&hid, &uid, &cca, &crs],
+        );
+        devs.push(RawAml(serialize(&dev)));
+    }
+    let dev_refs: Vec<&dyn Aml> = devs.iter().map(|d| d as &dyn Aml).collect();
+    aml::Scope::new("\\_SB_".into(), dev_refs).to_aml_bytes(&mut body);
+    let s5 = [5u8, 0, 0, 0];
+    aml::Name::new(
+        "_S5_".into(),
+        &aml::Package::new(s5.iter().map(|b| b as &dyn Aml).collect()),
+    )
+    .to_aml_bytes(&mut body);
+    body
 }
 
-/// Bytes needed for `cpus` CPUs.
-pub const fn size(cpus: usize) -> usize {
-    align16(RSDP_LEN)
-        + align16(HEADER_LEN + 16)
-        + align16(FADT_LEN)
-        + align16(HEADER_LEN + DSDT_AML.len())
-        + align16(madt_len(cpus))
+/// AML already encoded: each device is encoded in its own scope (its resources are
+/// locals there), then nested in `\_SB` as it is.
+struct RawAml(Vec<u8>);
+
+impl Aml for RawAml {
+    fn to_aml_bytes(&self, sink: &mut dyn acpi_tables::AmlSink) {
+        sink.vec(&self.0);
+    }
 }
 
-fn header(t: &mut [u8], sig: &[u8; 4], len: usize, rev: u8) {
-    t[0..4].copy_from_slice(sig);
-    t[4..8].copy_from_slice(&(len as u32).to_le_bytes());
-    t[8] = rev;
-    t[10..16].copy_from_slice(OEM_ID);
-    t[16..24].copy_from_slice(OEM_TABLE_ID);
-    t[24..28].copy_from_slice(&1u32.to_le_bytes());
-    t[28..32].copy_from_slice(CREATOR_ID);
-    t[32..36].copy_from_slice(&1u32.to_le_bytes());
+/// Builds the tables for `cfg`, to be placed at guest address `base` (16-byte aligned,
+/// inside 0xe0000..0x100000 for an RSDP scan to find it). The RSDP is first.
+pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
+    if cfg.cpus == 0 || cfg.cpus > MAX_CPUS {
+        return Err(AcpiError::CpuCount(cfg.cpus));
+    }
+    if let Some(d) = cfg.virtio_mmio.iter().enumerate().find_map(|(i, d)| {
+        let fits = d.base.checked_add(d.len).is_some_and(|e| e <= 1 << 32) && d.len > 0;
+        (i >= MAX_MMIO_DEVICES || !fits).then_some(*d)
+    }) {
+        return Err(AcpiError::MmioDevice(d));
+    }
+    let align = |v: &mut Vec<u8>| v.resize(v.len().next_multiple_of(16), 0);
+    let mut out = Vec::new();
+    // Layout: RSDP, XSDT, FADT, DSDT, MADT; offsets known before the tables are built.
+    let rsdp_len = Rsdp::len();
+    let dsdt_body = dsdt(cfg.virtio_mmio);
+    let mut dsdt = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    dsdt.append_slice(&dsdt_body);
+    let dsdt = dsdt.as_slice().to_vec();
+
+    let mut madt = MADT::new(
+        OEM_ID,
+        OEM_TABLE_ID,
+        OEM_REVISION,
+        LocalInterruptController::Address(LAPIC_ADDR as u32),
+    );
+    for id in 0..cfg.cpus {
+        madt.add_structure(ProcessorLocalApic::new(
+            id as u8,
+            id as u8,
+            EnabledStatus::Enabled,
+        ));
+    }
+    // The IOAPIC's ID follows the CPUs'.
+    madt.add_structure(IoApic::new(cfg.cpus as u8, IOAPIC_ADDR as u32, 0));
+    madt.add_structure(LocalApicNmi {
+        kind: 4,
+        length: 6,
+        processor_uid: 0xff, // all processors
+        flags: 0,
+        lint: 1,
+    });
+    let mut madt = serialize(&madt);
+    // The crate has no setter for the MADT flags: set PCAT_COMPAT and re-seal.
+    madt[MADT_FLAGS_OFFSET..MADT_FLAGS_OFFSET + 4].copy_from_slice(&MADT_PCAT_COMPAT.to_le_bytes());
+    madt[9] = 0;
+    madt[9] = checksum(&madt);
+
+    let fadt_len = acpi_tables::fadt::FADT::len();
+    let xsdt_len = 36 + 2 * 8;
+    let off = |n: usize| n.next_multiple_of(16);
+    let xsdt_off = off(rsdp_len);
+    let fadt_off = xsdt_off + off(xsdt_len);
+    let dsdt_off = fadt_off + off(fadt_len);
+    let madt_off = dsdt_off + off(dsdt.len());
+    let addr = |o: usize| base + o as u64;
+
+    let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
+        .dsdt_64(addr(dsdt_off))
+        .flag(Flags::Wbinvd)
+        .flag(Flags::ResetRegSup)
+        .flag(Flags::HwReducedAcpi);
+    fadt.iapc_boot_arch = IAPC_BOOT_ARCH.into();
+    fadt.century = RTC_CENTURY_REG;
+    fadt.reset_reg = io_port(RESET_PORT);
+    fadt.reset_value = RESET_VALUE;
+    fadt.sleep_control_reg = io_port(SLEEP_CONTROL_PORT);
+    fadt.sleep_status_reg = io_port(SLEEP_STATUS_PORT);
+    fadt.hypervisor_vendor_identity = u64::from_le_bytes(*b"PARTITN ").into();
+    let fadt = serialize(&fadt.finalize());
+
+    let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+    xsdt.add_entry(addr(fadt_off));
+    xsdt.add_entry(addr(madt_off));
+    let xsdt = serialize(&xsdt);
+    debug_assert_eq!(xsdt.len(), xsdt_len);
+
+    for (o, t) in [
+        (0, serialize(&Rsdp::new(OEM_ID, addr(xsdt_off)))),
+        (xsdt_off, xsdt),
+        (fadt_off, fadt),
+        (dsdt_off, dsdt),
+        (madt_off, madt),
+    ] {
+        debug_assert_eq!(out.len(), o);
+        out.extend_from_slice(&t);
+        align(&mut out);
+    }
+    Ok(out)
 }
 
-fn seal(t: &mut [u8]) {
-    t[9] = 0;
-    t[9] = checksum(t);
-}
-
-/// Generic address structure for a byte-wide I/O port.
-fn gas_io(dst: &mut [u8], port: u16) {
-    dst[0] = 1; // system I/O
-    dst[1] = 8; // bit width
-    dst[2] = 0; // bit offset
-    dst[3] = 1; // byte access
-    dst[4..12].copy_from_slice(&(port as u64).to_le_bytes());
-}
-
-/// Writes the tables for `cpus` CPUs (APIC IDs 0..cpus) into `buf`, placed at guest address
-/// `base` (16-byte aligned, inside 0xe0000..0x100000 for an RSDP scan to find it).
-/// Returns the bytes used; the RSDP is at `base`.
-pub fn write(buf: &mut [u8], base: u64, cpus: usize) -> Result<usize, AcpiError> {
-    if cpus == 0 || cpus > MAX_CPUS {
-        return Err(AcpiError::CpuCount(cpus));
-    }
-    let needed = size(cpus);
-    if buf.len() < needed {
-        return Err(AcpiError::BufferTooSmall { needed });
-    }
-    let buf = &mut buf[..needed];
-    buf.fill(0);
-    let xsdt_off = align16(RSDP_LEN);
-    let fadt_off = xsdt_off + align16(HEADER_LEN + 16);
-    let dsdt_off = fadt_off + align16(FADT_LEN);
-    let madt_off = dsdt_off + align16(HEADER_LEN + DSDT_AML.len());
-    let addr = |off: usize| base + off as u64;
-
-    // DSDT.
-    {
-        let len = HEADER_LEN + DSDT_AML.len();
-        let t = &mut buf[dsdt_off..dsdt_off + len];
-        header(t, b"DSDT", len, 2);
-        t[HEADER_LEN..].copy_from_slice(&DSDT_AML);
-        seal(t);
-    }
-    // FADT (revision 6, hardware reduced).
-    {
-        let t = &mut buf[fadt_off..fadt_off + FADT_LEN];
-        header(t, b"FACP", FADT_LEN, 6);
-        t[40..44].copy_from_slice(&(addr(dsdt_off) as u32).to_le_bytes());
-        // IAPC_BOOT_ARCH: 8042 present (bit 1), VGA not present (bit 2).
-        t[109..111].copy_from_slice(&0x0006u16.to_le_bytes());
-        // Flags: WBINVD (0), RESET_REG_SUP (10), HW_REDUCED_ACPI (20).
-        let flags: u32 = (1 << 0) | (1 << 10) | (1 << 20);
-        t[112..116].copy_from_slice(&flags.to_le_bytes());
-        gas_io(&mut t[116..128], RESET_PORT);
-        t[128] = RESET_VALUE;
-        t[131] = 0; // FADT minor version
-        t[140..148].copy_from_slice(&addr(dsdt_off).to_le_bytes());
-        gas_io(&mut t[244..256], SLEEP_CONTROL_PORT);
-        gas_io(&mut t[256..268], SLEEP_STATUS_PORT);
-        t[268..276].copy_from_slice(b"PARTITN ");
-        seal(t);
-    }
-    // MADT.
-    {
-        let len = madt_len(cpus);
-        let t = &mut buf[madt_off..madt_off + len];
-        header(t, b"APIC", len, 5);
-        t[36..40].copy_from_slice(&(LAPIC_ADDR as u32).to_le_bytes());
-        t[40..44].copy_from_slice(&1u32.to_le_bytes()); // PCAT_COMPAT: the 8259s exist
-        let mut o = 44;
-        for id in 0..cpus {
-            let e = &mut t[o..o + 8];
-            e[0] = 0; // processor local APIC
-            e[1] = 8;
-            e[2] = id as u8; // ACPI processor UID
-            e[3] = id as u8; // APIC ID
-            e[4..8].copy_from_slice(&1u32.to_le_bytes()); // enabled
-            o += 8;
-        }
-        {
-            let e = &mut t[o..o + 12];
-            e[0] = 1; // IOAPIC
-            e[1] = 12;
-            e[2] = cpus as u8; // IOAPIC ID after the CPUs
-            e[4..8].copy_from_slice(&(IOAPIC_ADDR as u32).to_le_bytes());
-            e[8..12].copy_from_slice(&0u32.to_le_bytes()); // GSI base
-            o += 12;
-        }
-        {
-            let e = &mut t[o..o + 6];
-            e[0] = 4; // local APIC NMI
-            e[1] = 6;
-            e[2] = 0xff; // all processors
-            e[3..5].copy_from_slice(&0u16.to_le_bytes());
-            e[5] = 1; // LINT1
-            o += 6;
-        }
-        debug_assert_eq!(o, len);
-        seal(t);
-    }
-    // XSDT.
-    {
-        let len = HEADER_LEN + 16;
-        let t = &mut buf[xsdt_off..xsdt_off + len];
-        header(t, b"XSDT", len, 1);
-        t[36..44].copy_from_slice(&addr(fadt_off).to_le_bytes());
-        t[44..52].copy_from_slice(&addr(madt_off).to_le_bytes());
-        seal(t);
-    }
-    // RSDP (revision 2).
-    {
-        let r = &mut buf[0..RSDP_LEN];
-        r[0..8].copy_from_slice(b"RSD PTR ");
-        r[9..15].copy_from_slice(OEM_ID);
-        r[15] = 2;
-        r[20..24].copy_from_slice(&(RSDP_LEN as u32).to_le_bytes());
-        r[24..32].copy_from_slice(&addr(xsdt_off).to_le_bytes());
-        r[8] = checksum(&r[0..20]);
-        r[32] = checksum(&r[0..RSDP_LEN]);
-    }
-    Ok(needed)
+/// Writes the tables for `cfg` into `buf` (see [`build`]); returns the bytes used.
+pub fn write(buf: &mut [u8], base: u64, cfg: &AcpiConfig<'_>) -> Result<usize, AcpiError> {
+    let t = build(base, cfg)?;
+    let dst = buf
+        .get_mut(..t.len())
+        .ok_or(AcpiError::BufferTooSmall { needed: t.len() })?;
+    dst.copy_from_slice(&t);
+    Ok(t.len())
 }
 
 #[cfg(test)]
@@ -251,45 +324,137 @@ mod tests {
         (fadt, madt)
     }
 
+    fn dsdt_of(buf: &[u8], base: u64, fadt: usize) -> &[u8] {
+        let dsdt = (u64_at(buf, fadt + 140) - base) as usize;
+        assert_eq!(&buf[dsdt..dsdt + 4], b"DSDT");
+        let len = u32_at(buf, dsdt + 4) as usize;
+        assert_eq!(sum(&buf[dsdt..dsdt + len]), 0);
+        &buf[dsdt..dsdt + len]
+    }
+
+    fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+        hay.windows(needle.len()).position(|w| w == needle)
+    }
+
     #[test]
     fn tables_walk_and_checksum() {
         let base = 0xe0000;
         let mut buf = [0u8; 4096];
-        let n = write(&mut buf, base, 3).unwrap();
-        assert_eq!(n, size(3));
+        let cfg = AcpiConfig {
+            cpus: 3,
+            virtio_mmio: &[],
+        };
+        let n = write(&mut buf, base, &cfg).unwrap();
+        assert_eq!(n, build(base, &cfg).unwrap().len());
         let (fadt, madt) = walk(&buf, base);
-        // DSDT behind the FADT, with the _S5_ package.
-        let dsdt = (u64_at(&buf, fadt + 140) - base) as usize;
-        assert_eq!(&buf[dsdt..dsdt + 4], b"DSDT");
-        assert_eq!(sum(&buf[dsdt..dsdt + u32_at(&buf, dsdt + 4) as usize]), 0);
-        assert_eq!(&buf[dsdt + 36..dsdt + 41], b"\x08_S5_");
-        // Hardware reduced, sleep control at our port.
+        // The DSDT behind the FADT has the _S5_ package: Name(_S5_, Package(4){5,0,0,0}).
+        let dsdt = dsdt_of(&buf, base, fadt);
+        assert!(find(dsdt, b"\x08_S5_\x12\x07\x04\x0a\x05\x00\x00\x00").is_some());
+        // Hardware reduced, sleep control at our port, reset through the i8042, century.
         assert_ne!(u32_at(&buf, fadt + 112) & (1 << 20), 0);
         assert_eq!(u64_at(&buf, fadt + 248), SLEEP_CONTROL_PORT as u64);
+        assert_eq!(buf[fadt + 244], 1, "sleep control is in system I/O space");
+        assert_eq!(u64_at(&buf, fadt + 120), RESET_PORT as u64);
         assert_eq!(buf[fadt + 128], RESET_VALUE);
-        // Three enabled local APICs with ids 0, 1, 2.
+        assert_eq!(buf[fadt + 108], RTC_CENTURY_REG);
+        // Three enabled local APICs with ids 0, 1, 2; PCAT_COMPAT; the IOAPIC after them.
+        assert_eq!(u32_at(&buf, madt + 40), MADT_PCAT_COMPAT);
         let mlen = u32_at(&buf, madt + 4) as usize;
         let mut o = madt + 44;
-        let mut ids = [0u8; 8];
-        let mut n = 0;
+        let (mut ids, mut ioapic, mut nmi) = (Vec::new(), None, None);
         while o < madt + mlen {
-            if buf[o] == 0 {
-                ids[n] = buf[o + 3];
-                n += 1;
+            match buf[o] {
+                0 => ids.push(buf[o + 3]),
+                1 => ioapic = Some((buf[o + 2], u32_at(&buf, o + 4))),
+                4 => nmi = Some((buf[o + 2], buf[o + 5])),
+                t => panic!("MADT entry type {t}"),
             }
             o += buf[o + 1] as usize;
         }
-        assert_eq!(&ids[..n], &[0, 1, 2]);
+        assert_eq!(o, madt + mlen);
+        assert_eq!(ids, [0, 1, 2]);
+        assert_eq!(ioapic, Some((3, IOAPIC_ADDR as u32)));
+        assert_eq!(nmi, Some((0xff, 1)));
+    }
+
+    #[test]
+    fn virtio_mmio_devices_are_in_the_dsdt() {
+        let base = 0xe0000;
+        let devs = [
+            MmioDevice {
+                base: 0xd000_0000,
+                len: 0x1000,
+                gsi: 5,
+            },
+            MmioDevice {
+                base: 0xd000_1000,
+                len: 0x1000,
+                gsi: 6,
+            },
+        ];
+        let t = build(
+            base,
+            &AcpiConfig {
+                cpus: 1,
+                virtio_mmio: &devs,
+            },
+        )
+        .unwrap();
+        let (fadt, _) = walk(&t, base);
+        let dsdt = dsdt_of(&t, base, fadt);
+        for (i, d) in devs.iter().enumerate() {
+            // Device(VR0i) { Name(_HID, "LNRO0005") ... }
+            let name = format!("VR{i:02X}");
+            let at = find(dsdt, name.as_bytes()).expect("device name");
+            // ExtOpPrefix DeviceOp, then a 1- to 4-byte PkgLength, then the name.
+            let op = find(&dsdt[at - 6..at], &[0x5b, 0x82]).expect("DeviceOp");
+            assert!((3..=6).contains(&(6 - op)), "DeviceOp right before {name}");
+            let hid = find(&dsdt[at..], b"_HID\x0dLNRO0005\x00").expect("_HID string");
+            // Memory32Fixed: 0x86, length 9, read-write, base, length.
+            let mut m = alloc::vec![0x86, 0x09, 0x00, 0x01];
+            m.extend_from_slice(&(d.base as u32).to_le_bytes());
+            m.extend_from_slice(&(d.len as u32).to_le_bytes());
+            let mem = find(&dsdt[at..], &m).expect("memory window");
+            // Extended interrupt: consumer, edge, active high, exclusive, one GSI.
+            let mut irq = alloc::vec![0x89, 0x06, 0x00, 0x03, 0x01];
+            irq.extend_from_slice(&d.gsi.to_le_bytes());
+            let int = find(&dsdt[at..], &irq).expect("interrupt");
+            assert!(hid < mem && mem < int);
+            // Each device's resources belong to it: the next device comes after them.
+            if i + 1 < devs.len() {
+                let next = find(dsdt, format!("VR{:02X}", i + 1).as_bytes()).unwrap();
+                assert!(at + int < next);
+            }
+        }
     }
 
     #[test]
     fn errors() {
-        let mut buf = [0u8; 16];
-        assert_eq!(write(&mut buf, 0, 0), Err(AcpiError::CpuCount(0)));
+        let cfg = |cpus, virtio_mmio| AcpiConfig { cpus, virtio_mmio };
+        assert_eq!(build(0, &cfg(0, &[])), Err(AcpiError::CpuCount(0)));
         assert_eq!(
-            write(&mut buf, 0, 1),
-            Err(AcpiError::BufferTooSmall { needed: size(1) })
+            build(0, &cfg(MAX_CPUS + 1, &[])),
+            Err(AcpiError::CpuCount(MAX_CPUS + 1))
         );
-        assert!(size(MAX_CPUS) <= crate::layout::ACPI_MAX);
+        let high = MmioDevice {
+            base: 0xffff_f000,
+            len: 0x2000,
+            gsi: 5,
+        };
+        let highs = [high];
+        assert_eq!(build(0, &cfg(1, &highs)), Err(AcpiError::MmioDevice(high)));
+        let mut small = [0u8; 16];
+        let needed = build(0, &cfg(1, &[])).unwrap().len();
+        assert_eq!(
+            write(&mut small, 0, &cfg(1, &[])),
+            Err(AcpiError::BufferTooSmall { needed })
+        );
+        let many = [MmioDevice {
+            base: 0xd000_0000,
+            len: 0x1000,
+            gsi: 5,
+        }; MAX_MMIO_DEVICES];
+        let most = build(0, &cfg(MAX_CPUS, &many)).unwrap().len();
+        assert!(most <= crate::layout::ACPI_MAX, "{most} bytes");
     }
 }

@@ -89,6 +89,8 @@ mod setup {
         pub cpus: usize,
         /// Entry protocol.
         pub protocol: BootProtocol,
+        /// virtio-mmio devices, described in the ACPI DSDT.
+        pub virtio_mmio: &'a [acpi::MmioDevice],
     }
 
     /// What was built, for the VMM to report and to load into the boot vCPU.
@@ -230,7 +232,11 @@ mod setup {
             .map_err(|e| BootError::Tables(e.to_string()))?;
         write(mem, "MP table", layout::MPTABLE_ADDR, &buf[..n])?;
         let mut buf = vec![0u8; layout::ACPI_MAX];
-        let n = acpi::write(&mut buf, layout::ACPI_ADDR, cfg.cpus)
+        let acpi_cfg = acpi::AcpiConfig {
+            cpus: cfg.cpus,
+            virtio_mmio: cfg.virtio_mmio,
+        };
+        let n = acpi::write(&mut buf, layout::ACPI_ADDR, &acpi_cfg)
             .map_err(|e| BootError::Tables(e.to_string()))?;
         write(mem, "ACPI tables", layout::ACPI_ADDR, &buf[..n])?;
 
@@ -326,6 +332,7 @@ mod setup {
                     cmdline: "console=ttyS0 hello",
                     cpus: 2,
                     protocol: BootProtocol::Linux64,
+                    virtio_mmio: &[],
                 },
             )
             .unwrap();
@@ -371,6 +378,7 @@ mod setup {
                     cmdline: "x",
                     cpus: 1,
                     protocol: BootProtocol::Pvh,
+                    virtio_mmio: &[],
                 },
             )
             .unwrap();
@@ -394,6 +402,7 @@ mod setup {
                 cmdline: "ok",
                 cpus: 1,
                 protocol: BootProtocol::Linux64,
+                virtio_mmio: &[],
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];
@@ -401,6 +410,7 @@ mod setup {
                 (
                     BootConfig {
                         protocol: BootProtocol::Pvh,
+                        virtio_mmio: &[],
                         ..base
                     },
                     "no PVH note",
@@ -451,6 +461,7 @@ mod setup {
                     cmdline: "console=ttyS0",
                     cpus: 1,
                     protocol: BootProtocol::Linux64,
+                    virtio_mmio: &[],
                 },
             )
             .unwrap();

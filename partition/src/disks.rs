@@ -1,6 +1,7 @@
 //! Disks: parsing `--disk` and attaching virtio-blk devices to a VM.
 //!
 //! Each disk gets a 4 KiB virtio-mmio window from 0xd000_0000 up and a GSI from 5 up, is
+//! described in the ACPI DSDT (a `LNRO0005` device, how stock kernels find it) and
 //! announced on the guest's command line as `virtio_mmio.device=4K@ADDR:GSI`, has its
 //! interrupt on an irqfd, and each of its queues' QueueNotify bound to an ioeventfd
 //! (datamatch = queue index) so doorbells never leave the kernel. With `--no-ioeventfd`
@@ -10,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use boot::acpi::MmioDevice;
 use boot::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 use devices::Bus;
 use devices::virtio::VirtioInterrupt;
@@ -161,16 +163,24 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
         .collect()
 }
 
-/// The command-line words announcing `n` disks.
-pub fn cmdline(n: usize) -> String {
+/// The virtio-mmio windows of `n` disks: 4 KiB each from [`VIRTIO_MMIO_BASE`] up, GSIs from
+/// [`FIRST_GSI`] up. The ACPI DSDT describes these; [`cmdline`] announces the same.
+pub fn windows(n: usize) -> Vec<MmioDevice> {
     (0..n)
-        .map(|i| {
-            format!(
-                "virtio_mmio.device=4K@{:#x}:{}",
-                VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE,
-                FIRST_GSI + i as u32
-            )
+        .map(|i| MmioDevice {
+            base: VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE,
+            len: VIRTIO_MMIO_SIZE,
+            gsi: FIRST_GSI + i as u32,
         })
+        .collect()
+}
+
+/// The command-line words announcing `n` disks, for kernels built with
+/// `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (stock distribution kernels find them in ACPI).
+pub fn cmdline(n: usize) -> String {
+    windows(n)
+        .iter()
+        .map(|w| format!("virtio_mmio.device=4K@{:#x}:{}", w.base, w.gsi))
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -186,9 +196,9 @@ pub fn attach(
 ) -> Result<Vec<AttachedDisk>, DiskError> {
     use devices::virtio::VirtioDevice;
     let mut out = Vec::new();
-    for (i, mut d) in disks.into_iter().enumerate() {
-        let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE;
-        let gsi = FIRST_GSI + i as u32;
+    let windows = windows(disks.len());
+    for (i, (mut d, w)) in disks.into_iter().zip(windows).enumerate() {
+        let MmioDevice { base, gsi, .. } = w;
         d.set_default_core(worker_core);
         let mut doorbells = Vec::new();
         for q in 0..d.queue_sizes().len() {

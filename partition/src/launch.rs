@@ -500,6 +500,7 @@ pub fn run(
             cmdline: &checked.cmdline,
             cpus: checked.cores.len(),
             protocol: checked.cfg.protocol,
+            virtio_mmio: &crate::disks::windows(checked.disks.len()),
         },
     )?;
 
@@ -840,3 +841,6 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
     let ram = anonymous_ram(&checked)?;
     run(checked, ram, started, None, observer)
 }
+
+// The FADT names the RTC's century register; the RTC device must keep it there.
+const _: () = assert!(boot::acpi::RTC_CENTURY_REG == devices::rtc::CENTURY_REG);

@@ -366,6 +366,7 @@ fn debian_bzimage_loads_with_a_correct_zero_page() {
             cmdline,
             cpus: 1,
             protocol: BootProtocol::Linux64,
+            virtio_mmio: &[],
         },
     )
     .unwrap();
