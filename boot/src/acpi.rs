@@ -25,7 +25,9 @@ use acpi_tables::Aml;
 use acpi_tables::aml;
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
-use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, MADT, ProcessorLocalApic};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, MADT, ProcessorLocalApic,
+};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
@@ -141,7 +143,13 @@ fn checksum(bytes: &[u8]) -> u8 {
 }
 
 fn io_port(port: u16) -> GAS {
-    GAS::new(AddressSpace::SystemIo, 8, 0, AccessSize::ByteAccess, port as u64)
+    GAS::new(
+        AddressSpace::SystemIo,
+        8,
+        0,
+        AccessSize::ByteAccess,
+        port as u64,
+    )
 }
 
 /// The DSDT body: the virtio-mmio devices under `\_SB`, and `\_S5_`.

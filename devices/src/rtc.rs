@@ -196,7 +196,9 @@ impl Rtc {
             SECONDS if v < 60 => t.second = v,
             MINUTES if v < 60 => t.minute = v,
             HOURS if self.reg_b & B_24H != 0 && v < 24 => t.hour = v,
-            HOURS if (1..=12).contains(&v) => t.hour = v % 12 + if raw & 0x80 != 0 { 12 } else { 0 },
+            HOURS if (1..=12).contains(&v) => {
+                t.hour = v % 12 + if raw & 0x80 != 0 { 12 } else { 0 }
+            }
             DAY if (1..=31).contains(&v) => t.day = v,
             MONTH if (1..=12).contains(&v) => t.month = v,
             YEAR if v < 100 => t.year = t.year.div_euclid(100) * 100 + v as i64,
@@ -269,7 +271,11 @@ mod tests {
         assert_eq!(reg(&mut rtc, MONTH), 0x12);
         assert_eq!(reg(&mut rtc, YEAR), 0x26);
         assert_eq!(reg(&mut rtc, CENTURY_REG), 0x20);
-        assert_eq!(reg(&mut rtc, WEEKDAY), 3, "Tuesday is day 3 when Sunday is 1");
+        assert_eq!(
+            reg(&mut rtc, WEEKDAY),
+            3,
+            "Tuesday is day 3 when Sunday is 1"
+        );
         // Never updating, always valid: the two bits a kernel waits on.
         assert_eq!(reg(&mut rtc, REG_A) & 0x80, 0);
         assert_eq!(reg(&mut rtc, REG_D), REG_D_VRT);
@@ -328,11 +334,21 @@ mod tests {
 
     #[test]
     fn calendar_round_trips() {
-        for t in [0i64, 951_782_400 /* 2000-02-29 */, T0, 4_102_444_800, -86_400] {
+        for t in [
+            0i64,
+            951_782_400, /* 2000-02-29 */
+            T0,
+            4_102_444_800,
+            -86_400,
+        ] {
             assert_eq!(DateTime::from_unix(t).to_unix(), t, "{t}");
         }
         let leap = DateTime::from_unix(951_782_400);
         assert_eq!((leap.year, leap.month, leap.day), (2000, 2, 29));
-        assert_eq!(DateTime::from_unix(0).weekday, 5, "1970-01-01 was a Thursday");
+        assert_eq!(
+            DateTime::from_unix(0).weekday,
+            5,
+            "1970-01-01 was a Thursday"
+        );
     }
 }

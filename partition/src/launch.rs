@@ -27,6 +27,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::cores::{self, CoreError};
 use crate::cpuid::IdleCpuid;
+use crate::cpumodel::{CpuModel, CpuModelRequest};
 use crate::idle::{IdlePlan, IdlePolicy};
 use crate::kvmstats::Stats;
 use crate::ledger::Isolation;
@@ -90,6 +91,8 @@ pub struct LaunchConfig {
     pub disks: Vec<devices::virtio::block::BlockConfig>,
     /// Bind each queue's doorbell to an ioeventfd (else: a VM exit per notify).
     pub ioeventfd: bool,
+    /// What the guest is told about its CPU (see [`crate::cpumodel`]).
+    pub cpu_model: CpuModelRequest,
 }
 
 /// A launch from the reservation.
@@ -221,6 +224,7 @@ impl LaunchError {
 pub struct Checked {
     disks: Vec<devices::virtio::block::VirtioBlock>,
     idle: IdlePlan,
+    cpu_model: CpuModel,
     cmdline: String,
     cores: Vec<usize>,
     layout: MemoryLayout,
@@ -252,9 +256,14 @@ impl Checked {
     pub fn idle(&self) -> &IdlePlan {
         &self.idle
     }
-    /// The guest's command line, with what the idle policy adds.
+    /// The guest's command line, with what the CPU model, the idle policy and the disks
+    /// add.
     pub fn cmdline(&self) -> &str {
         &self.cmdline
+    }
+    /// The CPU model in force.
+    pub fn cpu_model(&self) -> &CpuModel {
+        &self.cpu_model
     }
 }
 
@@ -330,14 +339,20 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     }
     let idle = crate::idle::resolve(cfg.idle, &crate::vm::idle_caps()?)?;
     let disks = crate::disks::open(&cfg.disks)?;
-    let extra = [idle.cmdline.to_string(), crate::disks::cmdline(disks.len())];
-    let mut cmdline = cfg.cmdline.clone();
-    for e in extra.iter().filter(|e| !e.is_empty()) {
-        if !cmdline.trim().is_empty() {
-            cmdline.push(' ');
-        }
-        cmdline.push_str(e);
-    }
+    let cpu_model = crate::cpumodel::resolve(cfg.cpu_model, crate::cpumodel::host_is_kvm_pvm());
+    // The CPU model's words go first, so the user's own can override them (see
+    // `cpumodel::command_line` for `clearcpuid=`).
+    let parts = [
+        crate::cpumodel::command_line(&cpu_model, &cfg.cmdline),
+        idle.cmdline.to_string(),
+        crate::disks::cmdline(disks.len()),
+    ];
+    let cmdline = parts
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     boot::check_cmdline(&cmdline, kernel.cmdline_max())?;
     let initrd = match &cfg.initrd {
         Some(p) => {
@@ -361,6 +376,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     Ok(Checked {
         disks,
         idle,
+        cpu_model,
         cmdline,
         cores,
         layout,
@@ -397,6 +413,8 @@ pub struct VcpuReport {
     pub exits: Vec<(&'static str, u64)>,
     /// KVM's own halt statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
     pub kvm: std::collections::BTreeMap<String, u64>,
+    /// Instructions the VMM carried out for the guest (see [`crate::assist`]), by kind.
+    pub assists: Vec<(&'static str, u64)>,
 }
 
 /// What happened.
@@ -420,6 +438,11 @@ pub struct LaunchReport {
     pub idle: IdlePlan,
     /// What KVM reported back about it.
     pub idle_readback: Vec<String>,
+    /// The CPU model in force.
+    pub cpu_model: CpuModel,
+    /// The features it hides that the host shows in CPUID anyway (so only the command line
+    /// hides them).
+    pub cpu_model_shown_anyway: Vec<&'static str>,
     /// Per-disk queue counters.
     pub disks: Vec<String>,
 }
@@ -488,6 +511,10 @@ pub fn run(
     let t_mem = Instant::now();
     let vm = Vm::new()?;
     vm.apply_idle(&checked.idle)?;
+    vm.report_emulation_failures()?;
+    if checked.cpu_model.syscall_repair {
+        vm.trap_lstar_writes()?;
+    }
     vm.map_memory(&memory)?;
     let t_vm = Instant::now();
 
@@ -571,7 +598,8 @@ pub fn run(
     let mut cpuid_back = None;
     for (index, &core) in checked.cores.iter().enumerate() {
         let entry = (index == 0).then_some(&boot.entry);
-        let (fd, back) = vm.create_vcpu(index, n, &supported, entry, idle_cpuid)?;
+        let (fd, back) =
+            vm.create_vcpu(index, n, &supported, entry, idle_cpuid, &checked.cpu_model)?;
         if index == 0 {
             cpuid_back = back;
         }
@@ -588,6 +616,7 @@ pub fn run(
             counters,
             kicker,
             isolation: isolation.clone(),
+            syscall: vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
         });
     }
     let t_vcpus = Instant::now();
@@ -653,9 +682,15 @@ pub fn run(
     let first_output = first_byte.get().map(|t: &Instant| t.duration_since(t0));
     let vcpus = reports(&handles);
     let idle_readback = readback(&checked.idle, cpuid_back.as_ref(), &vcpus);
+    let cpu_model_shown_anyway = cpuid_back
+        .as_ref()
+        .map(|c| checked.cpu_model.shown_anyway(c.as_slice()))
+        .unwrap_or_default();
     Ok(LaunchReport {
         idle: checked.idle.clone(),
         idle_readback,
+        cpu_model: checked.cpu_model.clone(),
+        cpu_model_shown_anyway,
         ending,
         boot,
         memory: memory.describe(),
@@ -680,6 +715,7 @@ fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
             index: h.index,
             core: h.core,
             exits: h.counters.snapshot().to_vec(),
+            assists: h.counters.assist_snapshot(),
             kvm: h
                 .stats
                 .as_ref()

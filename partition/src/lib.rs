@@ -4,8 +4,10 @@
 //! from a reservation. This crate is the only one that talks to KVM: [`vm`] sets the VM
 //! up, [`vcpu`] runs it, [`launch`] is the pipeline from user input to teardown.
 
+pub mod assist;
 pub mod cores;
 pub mod cpuid;
+pub mod cpumodel;
 pub mod disks;
 pub mod idle;
 pub mod isolation;

@@ -18,6 +18,12 @@ use crate::memory::GuestMemory;
 const CAP_DISABLE_EXITS: u32 = 143;
 /// `KVM_CAP_HALT_POLL`.
 const CAP_HALT_POLL: u32 = 182;
+/// `KVM_CAP_X86_USER_SPACE_MSR`.
+const CAP_USER_SPACE_MSR: u32 = 188;
+/// `IA32_LSTAR`: the 64-bit SYSCALL entry.
+pub const MSR_LSTAR: u32 = 0xc000_0082;
+/// `IA32_STAR`: SYSCALL/SYSRET selectors.
+pub const MSR_STAR: u32 = 0xc000_0081;
 
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
@@ -144,6 +150,50 @@ impl Vm {
         Ok(())
     }
 
+    /// Asks KVM for the instruction bytes of every emulation failure (so the VMM can assist
+    /// it). Harmless where KVM never fails to emulate.
+    pub fn report_emulation_failures(&self) -> Result<(), VmError> {
+        let cap = kvm_bindings::KVM_CAP_EXIT_ON_EMULATION_FAILURE;
+        if self.kvm.check_extension_raw(cap as _) <= 0 {
+            return Ok(());
+        }
+        let mut c = kvm_bindings::kvm_enable_cap {
+            cap,
+            ..Default::default()
+        };
+        c.args[0] = 1;
+        self.fd
+            .enable_cap(&c)
+            .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_EXIT_ON_EMULATION_FAILURE)"))
+    }
+
+    /// Makes every guest write of IA32_LSTAR exit to the VMM, which completes it and arms
+    /// the SYSCALL repair (see `assist::syscall`).
+    pub fn trap_lstar_writes(&self) -> Result<(), VmError> {
+        if self.kvm.check_extension_raw(CAP_USER_SPACE_MSR as _) <= 0 {
+            return Err(VmError::MissingCap("KVM_CAP_X86_USER_SPACE_MSR"));
+        }
+        let mut c = kvm_bindings::kvm_enable_cap {
+            cap: CAP_USER_SPACE_MSR,
+            ..Default::default()
+        };
+        c.args[0] = kvm_bindings::KVM_MSR_EXIT_REASON_FILTER as u64;
+        self.fd
+            .enable_cap(&c)
+            .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
+        // A zero bit denies the access, which sends it to userspace.
+        let deny = [0u8; 1];
+        let lstar = kvm_ioctls::MsrFilterRange {
+            flags: kvm_ioctls::MsrFilterRangeFlags::WRITE,
+            base: MSR_LSTAR,
+            msr_count: 1,
+            bitmap: &deny,
+        };
+        self.fd
+            .set_msr_filter(kvm_ioctls::MsrFilterDefaultAction::ALLOW, &[lstar])
+            .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
+    }
+
     /// Registers every RAM range of `mem` as a memory slot.
     pub fn map_memory(&self, mem: &GuestMemory) -> Result<(), VmError> {
         for (slot, r) in mem.layout().ram_ranges().iter().enumerate() {
@@ -187,13 +237,16 @@ impl Vm {
         supported: &CpuId,
         entry: Option<&EntryState>,
         idle: IdleCpuid,
+        model: &crate::cpumodel::CpuModel,
     ) -> Result<(VcpuFd, Option<CpuId>), VmError> {
         let vcpu = self
             .fd
             .create_vcpu(index as u64)
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let tsc_khz = vcpu.get_tsc_khz().ok();
-        let cpuid = crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz, idle);
+        let mut cpuid =
+            crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz, idle);
+        model.apply(cpuid.as_mut_slice());
         vcpu.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         // Read back: some hosts rewrite what we set.
         let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).ok();

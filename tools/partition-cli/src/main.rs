@@ -244,6 +244,12 @@ struct LaunchArgs {
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
     #[arg(long)]
     timings: bool,
+    /// What the guest is told about its CPU: host (the host's CPUID), nested-safe (hide
+    /// what a host that emulates guest ring 0 refuses: CPUID and `clearcpuid=` on the
+    /// kernel command line, and repair SYSCALL), or auto (nested-safe when /dev/kvm is the
+    /// nested kvm_pvm module, host otherwise). Printed at launch.
+    #[arg(long, value_name = "MODEL", default_value = "auto")]
+    cpu_model: partition::cpumodel::CpuModelRequest,
     #[command(flatten)]
     state: StateDir,
 }
@@ -265,6 +271,8 @@ impl Observer for Progress {
             memory,
         );
         eprintln!("partition: {}", checked.idle().describe());
+        eprintln!("partition: {}", checked.cpu_model().describe(&[]));
+        eprintln!("partition: command line: {}", checked.cmdline());
     }
 }
 
@@ -316,6 +324,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         idle: a.idle,
         disks,
         ioeventfd: !a.no_ioeventfd,
+        cpu_model: a.cpu_model,
     };
     let report = match launch::launch(cfg, &Progress) {
         Ok(r) => r,
@@ -365,6 +374,13 @@ fn launch(a: LaunchArgs) -> ExitCode {
     for line in &report.idle_readback {
         eprintln!("partition: read back: {line}");
     }
+    if !report.cpu_model_shown_anyway.is_empty() {
+        eprintln!(
+            "partition: read back: KVM_GET_CPUID2 shows {} although the {} model hides it: the guest's command line hides it instead",
+            report.cpu_model_shown_anyway.join(" "),
+            report.cpu_model.name
+        );
+    }
     if let Some(p) = &report.pool {
         eprintln!(
             "partition: {}: extent {:#x}+{:#x} scrubbed in {:.1} ms and returned to the pool",
@@ -404,6 +420,15 @@ fn launch(a: LaunchArgs) -> ExitCode {
                 exits.join(" ")
             }
         );
+        let assists: Vec<String> = v
+            .assists
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        if !assists.is_empty() {
+            eprintln!("partition: vcpu{} assists: {}", v.index, assists.join(" "));
+        }
     }
     ExitCode::from(code)
 }

@@ -87,14 +87,16 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
             "{policy}: want guest idle mode {mode}:\n{}",
             out.stdout
         );
-        // The user's command line reaches the guest untouched, except that poll adds idle=poll.
-        let want_cmdline = if resolved == "poll" {
-            "probe: cmdline=probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2 idle=poll"
-        } else {
-            "probe: cmdline=probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2\n"
-        };
+        // The user's command line reaches the guest untouched, after the CPU model's words,
+        // except that poll adds idle=poll; the guest gets exactly what the VMM says.
+        let user = "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2";
+        let idle_words = if resolved == "poll" { " idle=poll" } else { "" };
+        let want = format!("{}{user}{idle_words}", cpu_model_words());
+        assert_eq!(vmm_cmdline(&out.stderr), want, "{policy}");
         assert!(
-            out.stdout.replace('\r', "").contains(want_cmdline),
+            out.stdout
+                .replace('\r', "")
+                .contains(&format!("probe: cmdline={want}\n")),
             "{policy}: command line changed:\n{}",
             out.stdout
         );

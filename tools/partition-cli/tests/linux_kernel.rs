@@ -272,7 +272,10 @@ fn boot_and_check(name: &str, kernel: &Path, initrd: Option<&Path>, limit: Durat
     };
     eprintln!("{name}: kernel says {}", early.banner);
     assert!(early.banner.starts_with("Linux version "));
-    assert_eq!(early.cmdline, format!("Command line: {cmdline}"));
+    assert_eq!(
+        early.cmdline,
+        format!("Command line: {}{cmdline}", cpu_model_words())
+    );
     assert_eq!(early.e820, expected_kernel_e820(size));
 
     if nested_pvm() {

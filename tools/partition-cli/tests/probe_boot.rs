@@ -86,7 +86,9 @@ fn one_core_linux64_reports_what_it_was_given() {
     );
     let r = parse_probe(&out.stdout);
     assert_eq!(r.protocol, "linux64");
-    assert_eq!(r.cmdline.as_deref(), Some(cmdline));
+    let want = format!("{}{cmdline}", cpu_model_words());
+    assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
+    assert_eq!(vmm_cmdline(&out.stderr), want);
     assert_eq!(r.e820, expected_e820(128 << 20));
     assert_eq!(r.madt_ids, Some(vec![0]));
     assert_eq!(r.mptable_ids, Some(vec![0]));
@@ -172,7 +174,8 @@ fn pvh_entry_sees_the_same_machine() {
     );
     let r = parse_probe(&out.stdout);
     assert_eq!(r.protocol, "pvh");
-    assert_eq!(r.cmdline.as_deref(), Some("via pvh"));
+    let want = format!("{}via pvh", cpu_model_words());
+    assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
     assert_eq!(r.e820, expected_e820(64 << 20));
     assert_eq!(r.madt_ids, Some(vec![0]));
     check_memtest(&r, 64 << 20);
@@ -238,7 +241,8 @@ fn console_file_gets_the_serial_output() {
     assert!(!out.stdout.contains("probe:"), "serial leaked to stdout");
     let text = std::fs::read_to_string(&log).unwrap();
     let r = parse_probe(&text);
-    assert_eq!(r.cmdline.as_deref(), Some("probe.memtest=0 to-file"));
+    let want = format!("{}probe.memtest=0 to-file", cpu_model_words());
+    assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
     assert_eq!(r.result.as_deref(), Some("ok"));
 }
 

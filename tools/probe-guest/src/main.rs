@@ -14,7 +14,8 @@
 //! `probe.bench=wake` runs the wake-up benchmarks and `probe.bench=idle` idles for
 //! `probe.idle_seconds` (see wake.rs for their options); `probe.bench=paths` times the
 //! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
-//! the first virtio-blk device (blk.rs).
+//! the first virtio-blk device (blk.rs); `probe.assist=1` checks the instructions a VMM
+//! must assist where ring 0 is emulated (assist.rs).
 #![no_std]
 #![no_main]
 
@@ -22,6 +23,7 @@ mod bootinfo;
 mod clock;
 #[macro_use]
 mod console;
+mod assist;
 mod blk;
 mod firmware;
 mod libc;
@@ -176,6 +178,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         Some(other) => say!("unknown probe.bench={}", other),
         None => {}
     }
+    failed |= assist::run(&bi);
     failed |= blk::run(&bi, tsc_khz);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);

@@ -24,10 +24,12 @@
     .set SEL_TSS0, 0x30
     .set COM1, 0x3f8
     .set EXIT_PORT, 0xf4
-    .set SYS_COUNT, 17
+    .set SYS_COUNT, 18
     .set VEC_PING, 0x40
     .set VEC_PONG, 0x41
     .set VEC_TIMER, 0x42
+    .set VEC_ASSIST, 0x43          # `int $VEC_ASSIST` in the assist check (assist.rs)
+    .set SUPER_ALIAS, 0x8000000000 # supervisor-only alias of the first GiB (PML4 entry 1)
 
 # Our 64-bit GDT and its segments: CS through a far return, the data selectors, FS and GS
 # null. Needs a stack; clobbers RAX.
@@ -274,6 +276,11 @@ irq_common:
     mov 16(%rsp), %rax
     lea irq_counts(%rip), %rdx
     incq (%rdx,%rax,8)
+    cmp $VEC_ASSIST, %rax          # `int $VEC_ASSIST`: note where it returned
+    jne 2f
+    mov 32(%rsp), %rdx
+    mov %rdx, assist_rips + 8(%rip)
+2:
     cmp $0xff, %rax
     je 1f
     mov $0xfee000b0, %edx
@@ -288,6 +295,15 @@ irq_common:
 # expected: a #GP at pio_try_insn (ring 3 tried port I/O and the hypervisor refused IOPL 3)
 # resumes at pio_try_fixup.
 exc_common:
+    cmpq $3, (%rsp)                # #BP: an int3 (the assist check); note where it returned
+    jne 3f
+    push %rax
+    mov 24(%rsp), %rax
+    mov %rax, assist_rips(%rip)
+    pop %rax
+    add $16, %rsp
+    iretq
+3:
     cmpq $13, (%rsp)
     jne 1f
     push %rax
@@ -482,6 +498,20 @@ r0_wait:
     or %rdx, %rax
     ret
 
+# The instructions this host's emulator refuses in ring 0 and the VMM assists (see
+# partition/src/assist.rs): int3 and int n (their handlers note the address they return
+# to in assist_rips), fwait, and ldmxcsr from RDI. RAX = 0.
+    .global assist_after_int3, assist_after_int_n
+sys_assist:
+    int3
+assist_after_int3:
+    int $VEC_ASSIST
+assist_after_int_n:
+    fwait
+    ldmxcsr (%rdi)
+    xor %eax, %eax
+    jmp sys_ret
+
 sys_wait:                          # RDI = address, RSI = old value, RDX = mode -> TSC
     mov %rdx, %r9
     call r0_wait
@@ -552,6 +582,17 @@ sys_timer_wait:
     call r0_wait
     jmp sys_ret
 
+# SYSCALL entry for the syscall check, reached through the supervisor-only alias at
+# SUPER_ALIAS (so a SYSCALL that stays in ring 3 faults here, as Linux's entry does).
+# Notes CS and the return address, returns with SYSRET.
+    .global syscall_entry_probe
+syscall_entry_probe:
+    mov %cs, %rax
+    mov %rax, syscall_seen(%rip)
+    mov %rcx, syscall_seen + 8(%rip)
+    incq syscall_seen + 16(%rip)
+    sysretq
+
 # ---------------------------------------------------------------------------------------
 # Ring 3: `in` from port EDI, returning the byte, or -1 when ring 3 may not do port I/O
 # (the #GP is turned into a return from pio_try_fixup by exc_common).
@@ -592,7 +633,7 @@ user_ap_start:
 systab:
     .quad sys_outb, sys_inb, sys_outsb, sys_halt, sys_wrmsr, sys_rdmsr, sys_cpuid
     .quad sys_setif, sys_stop, sys_outl, sys_inl, sys_outw, sys_inw
-    .quad sys_wait, sys_pingpong, sys_timer_wait, sys_null
+    .quad sys_wait, sys_pingpong, sys_timer_wait, sys_null, sys_assist
 hexdigits:
     .ascii "0123456789abcdef"
 msg_exc:
@@ -631,12 +672,23 @@ idtr:
     .quad idt
 
 # Identity map of 0..64 GiB with 2 MiB user-accessible pages; the 3..4 GiB MMIO hole uncached.
+# PML4 entry 1 maps the first GiB again at SUPER_ALIAS, supervisor only (the syscall check).
     .section .data.pagetables, "aw"
     .balign 4096
     .global pml4
 pml4:
     .quad pdpt + 0x7
+    .quad pdpt_super + 0x3         # SUPER_ALIAS: the first GiB again, supervisor only
+    .fill 510, 8, 0
+pdpt_super:
+    .quad pd_super + 0x3
     .fill 511, 8, 0
+pd_super:
+    .set i, 0
+    .rept 512
+    .quad (i << 21) | 0x83
+    .set i, i + 1
+    .endr
 pdpt:
     .set i, 0
     .rept 64
@@ -660,6 +712,12 @@ pd:
     .global irq_counts
 irq_counts:
     .skip 256 * 8
+    .global assist_rips
+assist_rips:
+    .skip 2 * 8
+    .global syscall_seen
+syscall_seen:                      # CS in the entry, RCX (return address), entries
+    .skip 3 * 8
     .global wake_samples
 wake_samples:
     .skip 4096 * 8

@@ -18,6 +18,7 @@ const SYS_WAIT: u64 = 13;
 const SYS_PINGPONG: u64 = 14;
 const SYS_TIMER_WAIT: u64 = 15;
 const SYS_NULL: u64 = 16;
+const SYS_ASSIST: u64 = 17;
 
 /// Calls ring-0 service `op`.
 #[inline(always)]
@@ -78,8 +79,13 @@ pub fn wrmsr(msr: u32, v: u64) {
     call(SYS_WRMSR, msr as u64, v, 0);
 }
 
+/// Runs the ring-0 instructions the nested host's emulator refuses (int3, int n, fwait,
+/// ldmxcsr of `*mxcsr`; see ring0.s `sys_assist`).
+pub fn assist(mxcsr: &u32) {
+    call(SYS_ASSIST, mxcsr as *const u32 as u64, 0, 0);
+}
+
 /// Reads an MSR.
-#[allow(dead_code)]
 pub fn rdmsr(msr: u32) -> u64 {
     call(SYS_RDMSR, msr as u64, 0, 0)
 }

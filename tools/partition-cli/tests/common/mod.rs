@@ -38,6 +38,25 @@ pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
 }
 
+/// The command line the VMM says it gave the guest (`partition: command line: ...`).
+pub fn vmm_cmdline(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("partition: command line: "))
+        .unwrap_or_else(|| panic!("no command line reported:\n{stderr}"))
+        .to_string()
+}
+
+/// The words the CPU model puts before the user's command line on this host.
+pub fn cpu_model_words() -> &'static str {
+    if nested_pvm() {
+        "clearcpuid=141,154,151,308,137,147,148,129,153,317,297,580 cryptomgr.notests \
+         init_on_alloc=0 "
+    } else {
+        ""
+    }
+}
+
 /// Number of cores this process may use.
 pub fn host_cores() -> usize {
     std::thread::available_parallelism()
@@ -86,7 +105,13 @@ pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
         if start.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what}: still running after {limit:?}; killed");
+            // Killed, the child's pipes close: show what it said until then.
+            let said = |s: String| tail(&s, 4096).to_string();
+            panic!(
+                "{what}: still running after {limit:?}; killed. It said:\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
+                said(t_out.join().unwrap_or_default()),
+                said(t_err.join().unwrap_or_default())
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -95,6 +120,15 @@ pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
         stdout: t_out.join().unwrap_or_default(),
         stderr: t_err.join().unwrap_or_default(),
     }
+}
+
+/// The last `n` bytes of `s` (at a character boundary).
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
 }
 
 /// Runs `partition` with `args`, up to `limit`.

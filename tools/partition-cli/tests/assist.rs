@@ -1,0 +1,191 @@
+//! Instruction assists and the CPU model, end to end.
+//!
+//! - The probe guest executes, in ring 0, the instructions a host that emulates guest ring 0
+//!   refuses (int3, int n, fwait, ldmxcsr) and a SYSCALL from ring 3 to an entry on a
+//!   supervisor-only page; it checks each one's architectural effect itself (the address its
+//!   handler returns to, MXCSR read back, the CS the entry runs with and where SYSRET lands).
+//!   On the nested kvm_pvm host the VMM must have assisted each exactly once, and say so.
+//! - A ring-0 instruction outside the assist list still ends the partition with a crash
+//!   report naming RIP and the instruction bytes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// `partition: vcpuN assists: int3=1 ...` as (name, count) pairs (empty when none).
+fn assists(stderr: &str, vcpu: usize) -> Vec<(String, u64)> {
+    let prefix = format!("partition: vcpu{vcpu} assists: ");
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_probe_checks_every_assisted_instruction() {
+    if !kvm_available("the_probe_checks_every_assisted_instruction") {
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--cmdline",
+            "probe.memtest=0 probe.assist=1",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    assert!(
+        out.stdout
+            .contains("probe: assist int3=ok int_n=ok fwait=ok ldmxcsr=ok"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout
+            .contains("probe: assist syscall cs=0x8 return=ok entries=1"),
+        "{}",
+        out.stdout
+    );
+    let got = assists(&out.stderr, 0);
+    if nested_pvm() {
+        // Each refused instruction was carried out once, by the VMM; SYSRET the host's
+        // emulator runs itself.
+        for k in ["int3", "int_n", "fwait", "ldmxcsr", "syscall"] {
+            assert!(
+                got.contains(&(k.to_string(), 1)),
+                "{k} not assisted once: {got:?}\n{}",
+                out.stderr
+            );
+        }
+        assert!(
+            out.stderr.contains("cpu model nested-safe (auto:"),
+            "{}",
+            out.stderr
+        );
+    } else {
+        assert!(
+            got.is_empty(),
+            "assists on a host that runs ring 0: {got:?}"
+        );
+        assert!(
+            out.stderr.contains("cpu model host (auto:"),
+            "{}",
+            out.stderr
+        );
+        println!(
+            "NOTE the_probe_checks_every_assisted_instruction: ring 0 runs natively here, so \
+             the probe's checks passed without assists"
+        );
+    }
+}
+
+#[test]
+fn an_instruction_outside_the_list_is_a_crash_report() {
+    if !kvm_available("an_instruction_outside_the_list_is_a_crash_report") {
+        return;
+    }
+    // popcnt %rax,%rax; then ACPI S5 (mov dx, 0x600; mov al, 0x34; out dx, al; hlt).
+    let code = [
+        0xf3, 0x48, 0x0f, 0xb8, 0xc0, 0x66, 0xba, 0x00, 0x06, 0xb0, 0x34, 0xee, 0xf4, 0xeb, 0xfd,
+    ];
+    let dir = Scratch::new("unassisted");
+    let k = dir.file("kernel", &tiny_kernel(&code, 0));
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "16M",
+            "--kernel",
+            k.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    if nested_pvm() {
+        assert_eq!(out.code(), 3, "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("not assisted: not an instruction the VMM assists")
+                && out.stderr.contains("RIP 0x200000")
+                && out.stderr.contains("bytes f3 48 0f b8 c0"),
+            "{}",
+            out.stderr
+        );
+    } else {
+        assert_eq!(out.code(), 0, "{}", out.stderr);
+        println!(
+            "NOTE an_instruction_outside_the_list_is_a_crash_report: popcnt runs natively \
+             here; the crash report is checked on hosts that emulate ring 0"
+        );
+    }
+}
+
+#[test]
+fn cpu_model_host_leaves_cpuid_and_the_command_line_alone() {
+    if !kvm_available("cpu_model_host_leaves_cpuid_and_the_command_line_alone") {
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--cpu-model",
+            "host",
+            "--cmdline",
+            "probe.memtest=0",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("cpu model host (asked for)"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("probe: cmdline=probe.memtest=0\n")
+            || out.stdout.contains("probe: cmdline=probe.memtest=0\r\n"),
+        "{}",
+        out.stdout
+    );
+    let bad = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--cpu-model",
+            "fast",
+        ],
+        LIMIT,
+    );
+    assert_eq!(bad.code(), 2, "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("auto, host or nested-safe"),
+        "{}",
+        bad.stderr
+    );
+}
