@@ -27,6 +27,11 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 say "no_std build of the pure boot and pool logic"
 cargo build -p boot -p pool --no-default-features --quiet
 
+say "our guest kernel (scripts/guest-image.sh; cached in benchmarks/cache after the first build)"
+# tests/linux_kernel.rs boots it to userspace beside Debian's stock kernel. Built before the
+# tests so the kernel build does not compete with the guests for the two cores.
+scripts/guest-image.sh >/dev/null
+
 say "cargo test"
 # --show-output: a test that skips or checks less than it would on other hardware says so.
 cargo test --workspace -- --show-output

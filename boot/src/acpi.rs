@@ -3,6 +3,10 @@
 //!
 //! What a Linux guest gets from it:
 //! - the CPUs and the IOAPIC (MADT); Debian kernels have no MP-table parser;
+//! - its legacy devices (DSDT): COM1 (`PNP0501`, ports and IRQ 4) and the RTC
+//!   (`PNP0B00`). On a hardware-reduced platform Linux sets up no ISA interrupts itself, so
+//!   without this its serial driver finds no IRQ for ttyS0 and drops what userspace
+//!   writes (the kernel's own console output is polled and goes through);
 //! - its virtio-mmio devices (DSDT): one `LNRO0005` device per window, with the window as a
 //!   32-bit fixed memory resource and its GSI as an edge-triggered, active-high interrupt,
 //!   as QEMU's microvm describes them. Stock kernels built without
@@ -75,6 +79,22 @@ pub struct MmioDevice {
     pub gsi: u32,
 }
 
+/// A legacy port-I/O device (a UART, the RTC): on a hardware-reduced ACPI platform Linux
+/// sets up no ISA interrupts of its own, so a device's IRQ works only if the DSDT names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IsaDevice {
+    /// Four-character ACPI name (`COM1`, `RTC0`).
+    pub name: &'static str,
+    /// EISA id (`PNP0501` a 16550 UART, `PNP0B00` the AT real-time clock).
+    pub hid: &'static str,
+    /// First port.
+    pub port: u16,
+    /// Number of ports.
+    pub len: u8,
+    /// Its interrupt (GSI, edge-triggered, active high), if it has one.
+    pub irq: Option<u32>,
+}
+
 /// What the tables describe.
 #[derive(Clone, Copy, Debug)]
 pub struct AcpiConfig<'a> {
@@ -82,6 +102,8 @@ pub struct AcpiConfig<'a> {
     pub cpus: usize,
     /// virtio-mmio devices.
     pub virtio_mmio: &'a [MmioDevice],
+    /// Legacy port-I/O devices.
+    pub isa: &'a [IsaDevice],
 }
 
 /// Why the ACPI tables could not be built.
@@ -91,6 +113,8 @@ pub enum AcpiError {
     CpuCount(usize),
     /// More than [`MAX_MMIO_DEVICES`] devices, or a window not below 4 GiB.
     MmioDevice(MmioDevice),
+    /// A legacy device whose ACPI name or EISA id is malformed.
+    IsaDevice(&'static str),
     /// The buffer is smaller than the tables.
     BufferTooSmall {
         /// Bytes needed.
@@ -110,6 +134,7 @@ impl core::fmt::Display for AcpiError {
                  (at most {MAX_MMIO_DEVICES}, below 4 GiB)",
                 d.base, d.len, d.gsi
             ),
+            Self::IsaDevice(n) => write!(f, "ACPI: legacy device {n:?}: bad name or EISA id"),
             Self::BufferTooSmall { needed } => write!(f, "ACPI: needs {needed} bytes"),
         }
     }
@@ -152,10 +177,33 @@ fn io_port(port: u16) -> GAS {
     )
 }
 
-/// The DSDT body: the virtio-mmio devices under `\_SB`, and `\_S5_`.
-fn dsdt(devices: &[MmioDevice]) -> Vec<u8> {
+/// One legacy device: `_HID`, `_UID`, `_CRS` with its ports and interrupt.
+fn isa_device(d: &IsaDevice, uid: u32) -> RawAml {
+    let io = aml::IO::new(d.port, d.port, 1, d.len);
+    let irq = d.irq.map(|gsi| aml::Interrupt::new(true, true, false, false, gsi));
+    let mut res: Vec<&dyn Aml> = alloc::vec![&io];
+    if let Some(i) = &irq {
+        res.push(i);
+    }
+    let crs = aml::ResourceTemplate::new(res);
+    let hid = aml::EISAName::new(d.hid);
+    let hid = aml::Name::new("_HID".into(), &hid);
+    let uid = aml::Name::new("_UID".into(), &uid);
+    let crs = aml::Name::new("_CRS".into(), &crs);
+    RawAml(serialize(&aml::Device::new(
+        d.name.into(),
+        alloc::vec![&hid, &uid, &crs],
+    )))
+}
+
+/// The DSDT body: the legacy and virtio-mmio devices under `\_SB`, and `\_S5_`.
+fn dsdt(devices: &[MmioDevice], isa: &[IsaDevice]) -> Vec<u8> {
     let mut body = Vec::new();
-    let mut devs = Vec::new();
+    let mut devs: Vec<RawAml> = isa
+        .iter()
+        .enumerate()
+        .map(|(i, d)| isa_device(d, i as u32))
+        .collect();
     for (i, d) in devices.iter().enumerate() {
         let mem = aml::Memory32Fixed::new(true, d.base as u32, d.len as u32);
         let irq = aml::Interrupt::new(true, true, false, false, d.gsi);
@@ -208,7 +256,16 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     let mut out = Vec::new();
     // Layout: RSDP, XSDT, FADT, DSDT, MADT; offsets known before the tables are built.
     let rsdp_len = Rsdp::len();
-    let dsdt_body = dsdt(cfg.virtio_mmio);
+    if let Some(d) = cfg.isa.iter().find(|d| {
+        d.name.len() != 4
+            || !d.name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+            || d.hid.len() != 7
+            || !d.hid[..3].bytes().all(|b| b.is_ascii_uppercase())
+            || !d.hid[3..].bytes().all(|b| b.is_ascii_hexdigit())
+    }) {
+        return Err(AcpiError::IsaDevice(d.name));
+    }
+    let dsdt_body = dsdt(cfg.virtio_mmio, cfg.isa);
     let mut dsdt = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     dsdt.append_slice(&dsdt_body);
     let dsdt = dsdt.as_slice().to_vec();
@@ -351,6 +408,7 @@ mod tests {
         let cfg = AcpiConfig {
             cpus: 3,
             virtio_mmio: &[],
+            isa: &[],
         };
         let n = write(&mut buf, base, &cfg).unwrap();
         assert_eq!(n, build(base, &cfg).unwrap().len());
@@ -405,6 +463,7 @@ mod tests {
             &AcpiConfig {
                 cpus: 1,
                 virtio_mmio: &devs,
+                isa: &[],
             },
         )
         .unwrap();
@@ -437,8 +496,70 @@ mod tests {
     }
 
     #[test]
+    fn legacy_devices_are_in_the_dsdt_with_their_ports_and_irq() {
+        let base = 0xe0000;
+        let isa = [
+            IsaDevice {
+                name: "COM1",
+                hid: "PNP0501",
+                port: 0x3f8,
+                len: 8,
+                irq: Some(4),
+            },
+            IsaDevice {
+                name: "RTC0",
+                hid: "PNP0B00",
+                port: 0x70,
+                len: 2,
+                irq: None,
+            },
+        ];
+        let t = build(
+            base,
+            &AcpiConfig {
+                cpus: 1,
+                virtio_mmio: &[],
+                isa: &isa,
+            },
+        )
+        .unwrap();
+        let (fadt, _) = walk(&t, base);
+        let dsdt = dsdt_of(&t, base, fadt);
+        let com1 = find(dsdt, b"COM1").expect("COM1");
+        // _HID EisaId("PNP0501") = DWordConst 0x0105d041.
+        assert!(find(&dsdt[com1..], b"_HID\x0c\x41\xd0\x05\x01").is_some());
+        // IO(Decode16, 0x3f8, 0x3f8, 1, 8), then the extended interrupt for GSI 4.
+        let io = find(&dsdt[com1..], &[0x47, 0x01, 0xf8, 0x03, 0xf8, 0x03, 0x01, 0x08]).unwrap();
+        let irq = find(&dsdt[com1..], &[0x89, 0x06, 0x00, 0x03, 0x01, 4, 0, 0, 0]).unwrap();
+        assert!(io < irq);
+        let rtc = find(dsdt, b"RTC0").expect("RTC0");
+        assert!(com1 + irq < rtc, "COM1's interrupt is COM1's");
+        assert!(find(&dsdt[rtc..], &[0x47, 0x01, 0x70, 0x00, 0x70, 0x00, 0x01, 0x02]).is_some());
+        assert!(find(&dsdt[rtc..], &[0x89]).is_none(), "no interrupt for the RTC");
+        let bad = [IsaDevice {
+            name: "com1",
+            ..isa[0]
+        }];
+        assert_eq!(
+            build(
+                base,
+                &AcpiConfig {
+                    cpus: 1,
+                    virtio_mmio: &[],
+                    isa: &bad
+                }
+            ),
+            Err(AcpiError::IsaDevice("com1"))
+        );
+    }
+
+    #[test]
     fn errors() {
-        let cfg = |cpus, virtio_mmio| AcpiConfig { cpus, virtio_mmio };
+        let cfg = |cpus, virtio_mmio| AcpiConfig {
+            cpus,
+            virtio_mmio,
+            isa: &[],
+        };
         assert_eq!(build(0, &cfg(0, &[])), Err(AcpiError::CpuCount(0)));
         assert_eq!(
             build(0, &cfg(MAX_CPUS + 1, &[])),

@@ -91,6 +91,8 @@ mod setup {
         pub protocol: BootProtocol,
         /// virtio-mmio devices, described in the ACPI DSDT.
         pub virtio_mmio: &'a [acpi::MmioDevice],
+        /// Legacy port-I/O devices, described in the ACPI DSDT.
+        pub isa: &'a [acpi::IsaDevice],
     }
 
     /// What was built, for the VMM to report and to load into the boot vCPU.
@@ -235,6 +237,7 @@ mod setup {
         let acpi_cfg = acpi::AcpiConfig {
             cpus: cfg.cpus,
             virtio_mmio: cfg.virtio_mmio,
+            isa: cfg.isa,
         };
         let n = acpi::write(&mut buf, layout::ACPI_ADDR, &acpi_cfg)
             .map_err(|e| BootError::Tables(e.to_string()))?;
@@ -333,6 +336,7 @@ mod setup {
                     cpus: 2,
                     protocol: BootProtocol::Linux64,
                     virtio_mmio: &[],
+                    isa: &[],
                 },
             )
             .unwrap();
@@ -379,6 +383,7 @@ mod setup {
                     cpus: 1,
                     protocol: BootProtocol::Pvh,
                     virtio_mmio: &[],
+                    isa: &[],
                 },
             )
             .unwrap();
@@ -403,6 +408,7 @@ mod setup {
                 cpus: 1,
                 protocol: BootProtocol::Linux64,
                 virtio_mmio: &[],
+                isa: &[],
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];
@@ -411,6 +417,7 @@ mod setup {
                     BootConfig {
                         protocol: BootProtocol::Pvh,
                         virtio_mmio: &[],
+                        isa: &[],
                         ..base
                     },
                     "no PVH note",
@@ -462,6 +469,7 @@ mod setup {
                     cpus: 1,
                     protocol: BootProtocol::Linux64,
                     virtio_mmio: &[],
+                    isa: &[],
                 },
             )
             .unwrap();

@@ -36,6 +36,25 @@ use crate::signals::SignalGuard;
 use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
 use crate::vm::{Vm, VmError};
 
+/// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
+/// interrupt; the RTC, whose interrupt is not emulated).
+const LEGACY_DEVICES: [boot::acpi::IsaDevice; 2] = [
+    boot::acpi::IsaDevice {
+        name: "COM1",
+        hid: "PNP0501",
+        port: COM1_PORT as u16,
+        len: COM1_LEN as u8,
+        irq: Some(COM1_IRQ),
+    },
+    boot::acpi::IsaDevice {
+        name: "RTC0",
+        hid: "PNP0B00",
+        port: RTC_PORT as u16,
+        len: RTC_LEN as u8,
+        irq: None,
+    },
+];
+
 /// Largest initrd accepted.
 const MAX_INITRD: u64 = 1 << 30;
 
@@ -528,6 +547,7 @@ pub fn run(
             cpus: checked.cores.len(),
             protocol: checked.cfg.protocol,
             virtio_mmio: &crate::disks::windows(checked.disks.len()),
+            isa: &LEGACY_DEVICES,
         },
     )?;
 
