@@ -180,7 +180,9 @@ fn io_port(port: u16) -> GAS {
 /// One legacy device: `_HID`, `_UID`, `_CRS` with its ports and interrupt.
 fn isa_device(d: &IsaDevice, uid: u32) -> RawAml {
     let io = aml::IO::new(d.port, d.port, 1, d.len);
-    let irq = d.irq.map(|gsi| aml::Interrupt::new(true, true, false, false, gsi));
+    let irq = d
+        .irq
+        .map(|gsi| aml::Interrupt::new(true, true, false, false, gsi));
     let mut res: Vec<&dyn Aml> = alloc::vec![&io];
     if let Some(i) = &irq {
         res.push(i);
@@ -258,7 +260,10 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     let rsdp_len = Rsdp::len();
     if let Some(d) = cfg.isa.iter().find(|d| {
         d.name.len() != 4
-            || !d.name.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+            || !d
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
             || d.hid.len() != 7
             || !d.hid[..3].bytes().all(|b| b.is_ascii_uppercase())
             || !d.hid[3..].bytes().all(|b| b.is_ascii_hexdigit())
@@ -529,13 +534,26 @@ mod tests {
         // _HID EisaId("PNP0501") = DWordConst 0x0105d041.
         assert!(find(&dsdt[com1..], b"_HID\x0c\x41\xd0\x05\x01").is_some());
         // IO(Decode16, 0x3f8, 0x3f8, 1, 8), then the extended interrupt for GSI 4.
-        let io = find(&dsdt[com1..], &[0x47, 0x01, 0xf8, 0x03, 0xf8, 0x03, 0x01, 0x08]).unwrap();
+        let io = find(
+            &dsdt[com1..],
+            &[0x47, 0x01, 0xf8, 0x03, 0xf8, 0x03, 0x01, 0x08],
+        )
+        .unwrap();
         let irq = find(&dsdt[com1..], &[0x89, 0x06, 0x00, 0x03, 0x01, 4, 0, 0, 0]).unwrap();
         assert!(io < irq);
         let rtc = find(dsdt, b"RTC0").expect("RTC0");
         assert!(com1 + irq < rtc, "COM1's interrupt is COM1's");
-        assert!(find(&dsdt[rtc..], &[0x47, 0x01, 0x70, 0x00, 0x70, 0x00, 0x01, 0x02]).is_some());
-        assert!(find(&dsdt[rtc..], &[0x89]).is_none(), "no interrupt for the RTC");
+        assert!(
+            find(
+                &dsdt[rtc..],
+                &[0x47, 0x01, 0x70, 0x00, 0x70, 0x00, 0x01, 0x02]
+            )
+            .is_some()
+        );
+        assert!(
+            find(&dsdt[rtc..], &[0x89]).is_none(),
+            "no interrupt for the RTC"
+        );
         let bad = [IsaDevice {
             name: "com1",
             ..isa[0]
