@@ -108,12 +108,18 @@ fn completed(doc: &Value, s: &str) -> Option<bool> {
 fn status(doc: &Value, s: &str) -> String {
     match doc["sections"].get(s) {
         None => "not run".into(),
-        Some(v) if v["completed"] == true => {
-            format!("completed {}", v["finished_at"].as_str().unwrap_or(""))
-        }
+        Some(v) if v["completed"] == true => format!(
+            "completed {}{}",
+            v["finished_at"].as_str().unwrap_or(""),
+            if v["host_limitation"] == true {
+                " (host limitation: see below)"
+            } else {
+                ""
+            }
+        ),
         Some(v) => format!(
             "{}: {}",
-            if v["host_limitation"] == true {
+            if v["host_limitation"] == true && v["limitation"].is_null() {
                 "**not possible on this host**"
             } else {
                 "**not complete**"
@@ -195,6 +201,9 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
                 .as_str()
                 .unwrap_or("the guest section has not been run")
         );
+    }
+    if let Some(l) = s["guest"]["limitation"].as_str() {
+        let _ = writeln!(o, "**Host limitation:** {l}\n");
     }
     let _ = write!(
         o,

@@ -41,6 +41,8 @@ impl std::str::FromStr for CpuModelRequest {
 /// A CPUID register.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reg {
+    /// EAX.
+    Eax,
     /// EBX.
     Ebx,
     /// ECX.
@@ -63,8 +65,9 @@ pub struct Feature {
     /// Bit.
     pub bit: u8,
     /// Linux's feature number (`clearcpuid=`): word × 32 + bit, where word 4 is leaf 1 ECX
-    /// and word 9 is leaf 7.0 EBX (`arch/x86/include/asm/cpufeatures.h`).
-    pub linux: u16,
+    /// and word 9 is leaf 7.0 EBX (`arch/x86/include/asm/cpufeatures.h`). `None` for KVM's
+    /// paravirtual features, which Linux reads from CPUID directly (CPUID alone hides them).
+    pub linux: Option<u16>,
     /// The instruction the ring-0 emulator refuses, and where a kernel meets it.
     pub why: &'static str,
 }
@@ -76,7 +79,7 @@ const fn leaf1_ecx(name: &'static str, bit: u8, why: &'static str) -> Feature {
         subleaf: 0,
         reg: Reg::Ecx,
         bit,
-        linux: 4 * 32 + bit as u16,
+        linux: Some(4 * 32 + bit as u16),
         why,
     }
 }
@@ -88,7 +91,7 @@ const fn leaf7_ebx(name: &'static str, bit: u8, why: &'static str) -> Feature {
         subleaf: 0,
         reg: Reg::Ebx,
         bit,
-        linux: 9 * 32 + bit as u16,
+        linux: Some(9 * 32 + bit as u16),
         why,
     }
 }
@@ -100,7 +103,20 @@ const fn leaf7_edx(name: &'static str, bit: u8, why: &'static str) -> Feature {
         subleaf: 0,
         reg: Reg::Edx,
         bit,
-        linux: 18 * 32 + bit as u16,
+        linux: Some(18 * 32 + bit as u16),
+        why,
+    }
+}
+
+/// A KVM paravirtual feature (leaf 0x4000_0001 EAX).
+const fn kvm_pv(name: &'static str, bit: u8, why: &'static str) -> Feature {
+    Feature {
+        name,
+        leaf: 0x4000_0001,
+        subleaf: 0,
+        reg: Reg::Eax,
+        bit,
+        linux: None,
         why,
     }
 }
@@ -134,6 +150,21 @@ pub const NESTED_SAFE_HIDDEN: &[Feature] = &[
         "rep movsb/stosb, stepped a byte at a time (time only)",
     ),
     leaf7_edx("fsrm", 4, "rep movsb for short copies (time only)"),
+    // Hypercalls: the host's emulator re-executes a guest VMCALL from ring 0 forever (seen
+    // as one vCPU looping on `0f 01 c1` in __send_ipi_mask while the other waited for its
+    // IPI); without these features Linux sends IPIs through the local APIC and yields and
+    // kicks without hypercalls.
+    kvm_pv(
+        "kvm_pv_send_ipi",
+        11,
+        "KVM_HC_SEND_IPI (vmcall) for every IPI to several CPUs",
+    ),
+    kvm_pv("kvm_pv_sched_yield", 13, "KVM_HC_SCHED_YIELD (vmcall)"),
+    kvm_pv(
+        "kvm_pv_unhalt",
+        7,
+        "KVM_HC_KICK_CPU (vmcall) for paravirtual spinlocks",
+    ),
 ];
 
 /// Kernel parameters `nested-safe` adds because guest ring 0 runs at the emulator's pace
@@ -198,7 +229,7 @@ pub fn resolve(req: CpuModelRequest, kvm_pvm: bool) -> CpuModel {
     }
     let bits: Vec<String> = NESTED_SAFE_HIDDEN
         .iter()
-        .map(|f| f.linux.to_string())
+        .filter_map(|f| f.linux.map(|n| n.to_string()))
         .collect();
     let params: Vec<&str> = NESTED_SAFE_PARAMS.iter().map(|(p, _)| *p).collect();
     CpuModel {
@@ -260,6 +291,7 @@ pub fn command_line(model: &CpuModel, user: &str) -> String {
 
 fn reg(e: &mut kvm_cpuid_entry2, r: Reg) -> &mut u32 {
     match r {
+        Reg::Eax => &mut e.eax,
         Reg::Ebx => &mut e.ebx,
         Reg::Ecx => &mut e.ecx,
         Reg::Edx => &mut e.edx,
@@ -293,6 +325,39 @@ impl CpuModel {
             })
             .map(|f| f.name)
             .collect()
+    }
+
+    /// What the read-back of `shown_anyway` means for the guest: which features its command
+    /// line still hides, and which stay visible to it (KVM's paravirtual ones, which Linux
+    /// reads from CPUID only). `None` when the host showed none of them.
+    pub fn shown_anyway_note(&self, shown_anyway: &[&str]) -> Option<String> {
+        if shown_anyway.is_empty() {
+            return None;
+        }
+        let (by_cmdline, visible): (Vec<&Feature>, Vec<&Feature>) = self
+            .hidden
+            .iter()
+            .filter(|f| shown_anyway.contains(&f.name))
+            .partition(|f| f.linux.is_some());
+        let names = |v: &[&Feature]| v.iter().map(|f| f.name).collect::<Vec<_>>().join(" ");
+        let mut parts = Vec::new();
+        if !by_cmdline.is_empty() {
+            parts.push(format!(
+                "{}: the guest's command line hides it instead",
+                names(&by_cmdline)
+            ));
+        }
+        if !visible.is_empty() {
+            parts.push(format!(
+                "{}: NOT hidden, no kernel parameter hides it",
+                names(&visible)
+            ));
+        }
+        Some(format!(
+            "KVM_GET_CPUID2 shows what the {} model hides: {}",
+            self.name,
+            parts.join("; ")
+        ))
     }
 
     /// One line for the launch output: the model, why, what it hides and how.
@@ -343,7 +408,14 @@ mod tests {
     #[test]
     fn linux_numbers_are_word_times_32_plus_bit() {
         let m = resolve(CpuModelRequest::NestedSafe, true);
-        let n = |name| m.hidden.iter().find(|f| f.name == name).unwrap().linux;
+        let n = |name| {
+            m.hidden
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap()
+                .linux
+                .unwrap()
+        };
         // The numbers a 6.1 kernel printed back as "Clearing CPUID bits: cx16 popcnt smap".
         assert_eq!((n("cx16"), n("popcnt"), n("smap")), (141, 151, 308));
         assert_eq!(n("xsave"), 154);
@@ -404,6 +476,12 @@ mod tests {
                 ebx: u32::MAX,
                 ..Default::default()
             },
+            kvm_cpuid_entry2 {
+                function: 0x4000_0001,
+                eax: u32::MAX,
+                edx: u32::MAX,
+                ..Default::default()
+            },
         ];
         m.apply(&mut e);
         let want1 = !((1 << 13) | (1 << 26) | (1 << 23) | (1 << 9) | (1 << 19) | (1 << 20))
@@ -413,7 +491,14 @@ mod tests {
         assert_eq!(e[1].ebx, !((1 << 20) | (1 << 29) | (1 << 9)));
         assert_eq!(e[1].edx, !(1 << 4), "fsrm");
         assert_eq!(e[2].ebx, u32::MAX, "sub-leaf 1 untouched");
+        assert_eq!(
+            e[3].eax,
+            !((1 << 11) | (1 << 13) | (1 << 7)),
+            "PV IPI, yield, unhalt"
+        );
+        assert_eq!(e[3].edx, u32::MAX, "KVM hints untouched");
         assert!(m.shown_anyway(&e).is_empty());
+        assert_eq!(m.shown_anyway_note(&[]), None);
         // A host that puts POPCNT back.
         e[0].ecx |= 1 << 23;
         assert_eq!(m.shown_anyway(&e), ["popcnt"]);
@@ -421,5 +506,15 @@ mod tests {
         assert!(d.contains("hides cx16 xsave popcnt smap"), "{d}");
         assert!(d.contains("shows popcnt in CPUID anyway"), "{d}");
         assert!(d.contains("SYSCALL repaired"), "{d}");
+        // A host that shows PV IPIs again: no command line can hide those.
+        e[3].eax |= 1 << 11;
+        let note = m.shown_anyway_note(&m.shown_anyway(&e)).unwrap();
+        assert!(
+            note.contains("popcnt: the guest's command line hides it instead"),
+            "{note}"
+        );
+        assert!(note.contains("kvm_pv_send_ipi: NOT hidden"), "{note}");
+        // Paravirtual features have no clearcpuid= number.
+        assert!(!m.cmdline.contains(",,"), "{}", m.cmdline);
     }
 }

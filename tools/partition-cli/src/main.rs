@@ -374,12 +374,11 @@ fn launch(a: LaunchArgs) -> ExitCode {
     for line in &report.idle_readback {
         eprintln!("partition: read back: {line}");
     }
-    if !report.cpu_model_shown_anyway.is_empty() {
-        eprintln!(
-            "partition: read back: KVM_GET_CPUID2 shows {} although the {} model hides it: the guest's command line hides it instead",
-            report.cpu_model_shown_anyway.join(" "),
-            report.cpu_model.name
-        );
+    if let Some(note) = report
+        .cpu_model
+        .shown_anyway_note(&report.cpu_model_shown_anyway)
+    {
+        eprintln!("partition: read back: {note}");
     }
     if let Some(p) = &report.pool {
         eprintln!(
