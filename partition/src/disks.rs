@@ -17,11 +17,10 @@ use devices::Bus;
 use devices::virtio::VirtioInterrupt;
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
 use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY};
-use kvm_ioctls::IoEventAddress;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::kvm::Vm;
 use crate::memory::GuestMemory;
-use crate::vm::Vm;
 
 /// First GSI handed to disks (COM1 has 4).
 pub const FIRST_GSI: u32 = 5;
@@ -45,23 +44,15 @@ pub enum DiskError {
     /// The backing cannot be used.
     #[error("{0}")]
     Open(#[from] devices::virtio::block::disk::DiskError),
-    /// KVM refused an ioeventfd or irqfd.
-    #[error("{what}: {source}")]
-    Kvm {
-        /// What.
-        what: &'static str,
-        /// Why.
-        source: kvm_ioctls::Error,
-    },
     /// eventfd creation.
     #[error("eventfd: {0}")]
     EventFd(std::io::Error),
     /// The bus refused the window.
     #[error("{0}")]
     Bus(#[from] devices::BusError),
-    /// Setting up the interrupt line.
+    /// KVM refused a doorbell (ioeventfd) or an interrupt line (irqfd).
     #[error("{0}")]
-    Vm(#[from] crate::vm::VmError),
+    Vm(#[from] crate::kvm::VmError),
 }
 
 fn on_off(spec: &str, key: &str, v: &str) -> Result<bool, DiskError> {
@@ -204,12 +195,7 @@ pub fn attach(
         for q in 0..d.queue_sizes().len() {
             let evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DiskError::EventFd)?);
             if ioeventfd {
-                vm.fd()
-                    .register_ioevent(&evt, &IoEventAddress::Mmio(base + QUEUE_NOTIFY), q as u32)
-                    .map_err(|source| DiskError::Kvm {
-                        what: "KVM_IOEVENTFD",
-                        source,
-                    })?;
+                vm.bind_doorbell(&evt, base + QUEUE_NOTIFY, q as u32)?;
                 log::debug!(
                     "virtio-blk{i} queue {q}: doorbell at {:#x} (datamatch {q}) is answered by the kernel",
                     base + QUEUE_NOTIFY

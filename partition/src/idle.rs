@@ -15,13 +15,13 @@
 use std::fmt;
 
 /// `KVM_X86_DISABLE_EXITS_MWAIT`.
-pub const EXIT_MWAIT: u32 = 1;
+pub const EXIT_MWAIT: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_MWAIT;
 /// `KVM_X86_DISABLE_EXITS_HLT`.
-pub const EXIT_HLT: u32 = 2;
+pub const EXIT_HLT: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_HLT;
 /// `KVM_X86_DISABLE_EXITS_PAUSE`.
-pub const EXIT_PAUSE: u32 = 4;
+pub const EXIT_PAUSE: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_PAUSE;
 /// `KVM_X86_DISABLE_EXITS_CSTATE`.
-pub const EXIT_CSTATE: u32 = 8;
+pub const EXIT_CSTATE: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_CSTATE;
 
 /// Names of disable-exit bits.
 pub fn exit_bits(mask: u32) -> String {

@@ -29,12 +29,13 @@ use crate::cores::{self, CoreError};
 use crate::cpuid::IdleCpuid;
 use crate::cpumodel::{CpuModel, CpuModelRequest};
 use crate::idle::{IdlePlan, IdlePolicy};
-use crate::kvmstats::Stats;
+use crate::kvm::stats::Stats;
+use crate::kvm::vcpu::{self as kvm_vcpu, VcpuContext};
+use crate::kvm::{Vm, VmError};
 use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::signals::SignalGuard;
-use crate::vcpu::{self, StopReason, VcpuContext, VcpuHandle};
-use crate::vm::{Vm, VmError};
+use crate::vcpu::{self, StopReason, VcpuHandle};
 
 /// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
 /// interrupt; the RTC, whose interrupt is not emulated).
@@ -356,7 +357,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
             source: KernelError::NoPvhEntry,
         });
     }
-    let idle = crate::idle::resolve(cfg.idle, &crate::vm::idle_caps()?)?;
+    let idle = crate::idle::resolve(cfg.idle, &crate::kvm::idle_caps()?)?;
     let disks = crate::disks::open(&cfg.disks)?;
     let cpu_model = crate::cpumodel::resolve(cfg.cpu_model, crate::cpumodel::host_is_kvm_pvm());
     // The CPU model's words go first, so the user's own can override them (see
@@ -636,14 +637,14 @@ pub fn run(
             counters,
             kicker,
             isolation: isolation.clone(),
-            syscall: vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
+            syscall: kvm_vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
         });
     }
     let t_vcpus = Instant::now();
     observer.booting(&checked, &boot, &memory.describe());
 
     let os = |what| move |source| LaunchError::Os { what, source };
-    vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
+    kvm_vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
     let signals = SignalGuard::new().map_err(os("blocking SIGINT/SIGTERM"))?;
     let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
     let first_stop: Arc<Mutex<Option<(usize, StopReason)>>> = Arc::new(Mutex::new(None));
@@ -657,7 +658,7 @@ pub fn run(
         let t = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
             .spawn(move || {
-                let reason = vcpu::run(ctx);
+                let reason = kvm_vcpu::run(ctx);
                 if reason != StopReason::Kicked {
                     let mut f = first_stop.lock().unwrap_or_else(|e| e.into_inner());
                     f.get_or_insert((index, reason));

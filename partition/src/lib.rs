@@ -1,8 +1,9 @@
 //! Static partitions on KVM.
 //!
 //! A partition is a guest on dedicated cores (one vCPU pinned per core) with memory taken
-//! from a reservation. This crate is the only one that talks to KVM: [`vm`] sets the VM
-//! up, [`vcpu`] runs it, [`launch`] is the pipeline from user input to teardown.
+//! from a reservation. This crate is the only one that talks to KVM, and inside it only
+//! [`kvm`] does; [`vcpu`] says what an exit means, [`launch`] is the pipeline from user
+//! input to teardown.
 
 pub mod assist;
 pub mod cores;
@@ -11,7 +12,7 @@ pub mod cpumodel;
 pub mod disks;
 pub mod idle;
 pub mod isolation;
-pub mod kvmstats;
+pub mod kvm;
 pub mod launch;
 pub mod ledger;
 pub mod memory;
@@ -21,7 +22,6 @@ pub mod reserve;
 pub mod signals;
 pub mod size;
 pub mod vcpu;
-pub mod vm;
 
 pub use launch::{
     Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, PoolRequest,

@@ -329,7 +329,7 @@ pub fn status(state_dir: &Path, json: bool) -> ExitCode {
 
 pub fn caps(json: bool) -> ExitCode {
     use partition::idle::{IdlePolicy, exit_bits, resolve};
-    let caps = match partition::vm::idle_caps() {
+    let caps = match partition::kvm::idle_caps() {
         Ok(c) => c,
         Err(e) => return fail(e, false),
     };

@@ -1,25 +1,18 @@
-//! The KVM VM: in-kernel irqchip and PIT, memory slots, interrupt lines, vCPUs with their
-//! CPUID, LAPIC and boot registers. The only module that talks to KVM's VM and vCPU fds
-//! for setup (the run loop is in `vcpu`).
+//! The KVM VM: in-kernel irqchip and PIT, memory slots, interrupt lines, doorbells, vCPUs
+//! with their CPUID, LAPIC and boot registers (the run loop is in [`super::vcpu`]).
 
 use boot::regs::EntryState;
 use kvm_bindings::{
-    CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config,
-    kvm_userspace_memory_region,
+    CpuId, KVM_CAP_HALT_POLL, KVM_CAP_X86_DISABLE_EXITS, KVM_CAP_X86_USER_SPACE_MSR,
+    KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region,
 };
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::cpuid::IdleCpuid;
 use crate::idle::{IdleCaps, IdlePlan};
 use crate::memory::GuestMemory;
 
-/// `KVM_CAP_X86_DISABLE_EXITS`.
-const CAP_DISABLE_EXITS: u32 = 143;
-/// `KVM_CAP_HALT_POLL`.
-const CAP_HALT_POLL: u32 = 182;
-/// `KVM_CAP_X86_USER_SPACE_MSR`.
-const CAP_USER_SPACE_MSR: u32 = 188;
 /// `IA32_LSTAR`: the 64-bit SYSCALL entry.
 pub const MSR_LSTAR: u32 = 0xc000_0082;
 /// `IA32_STAR`: SYSCALL/SYSRET selectors.
@@ -28,8 +21,10 @@ pub const MSR_STAR: u32 = 0xc000_0081;
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
     let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-    let disable_exits = kvm.check_extension_raw(CAP_DISABLE_EXITS as _).max(0) as u32;
-    let halt_poll = kvm.check_extension_raw(CAP_HALT_POLL as _) > 0;
+    let disable_exits = kvm
+        .check_extension_raw(KVM_CAP_X86_DISABLE_EXITS as _)
+        .max(0) as u32;
+    let halt_poll = kvm.check_extension_raw(KVM_CAP_HALT_POLL as _) > 0;
     Ok(IdleCaps {
         disable_exits,
         halt_poll,
@@ -115,21 +110,11 @@ impl Vm {
         Ok(Self { kvm, fd })
     }
 
-    /// The VM fd.
-    pub fn fd(&self) -> &VmFd {
-        &self.fd
-    }
-
-    /// The system fd.
-    pub fn kvm(&self) -> &Kvm {
-        &self.kvm
-    }
-
     /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
     pub fn apply_idle(&self, plan: &IdlePlan) -> Result<(), VmError> {
         if plan.disable_exits != 0 {
             let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: CAP_DISABLE_EXITS,
+                cap: KVM_CAP_X86_DISABLE_EXITS,
                 ..Default::default()
             };
             cap.args[0] = plan.disable_exits as u64;
@@ -139,7 +124,7 @@ impl Vm {
         }
         if let Some(ns) = plan.halt_poll_ns {
             let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: CAP_HALT_POLL,
+                cap: KVM_CAP_HALT_POLL,
                 ..Default::default()
             };
             cap.args[0] = ns as u64;
@@ -170,11 +155,15 @@ impl Vm {
     /// Makes every guest write of IA32_LSTAR exit to the VMM, which completes it and arms
     /// the SYSCALL repair (see `assist::syscall`).
     pub fn trap_lstar_writes(&self) -> Result<(), VmError> {
-        if self.kvm.check_extension_raw(CAP_USER_SPACE_MSR as _) <= 0 {
+        if self
+            .kvm
+            .check_extension_raw(KVM_CAP_X86_USER_SPACE_MSR as _)
+            <= 0
+        {
             return Err(VmError::MissingCap("KVM_CAP_X86_USER_SPACE_MSR"));
         }
         let mut c = kvm_bindings::kvm_enable_cap {
-            cap: CAP_USER_SPACE_MSR,
+            cap: KVM_CAP_X86_USER_SPACE_MSR,
             ..Default::default()
         };
         c.args[0] = kvm_bindings::KVM_MSR_EXIT_REASON_FILTER as u64;
@@ -219,6 +208,19 @@ impl Vm {
             .register_irqfd(&evt, gsi)
             .map_err(kvm_err("KVM_IRQFD"))?;
         Ok(evt)
+    }
+
+    /// A doorbell: a guest write of `datamatch` (4 bytes) to `addr` signals `evt` inside
+    /// the kernel, without an exit to the VMM (KVM_IOEVENTFD).
+    pub fn bind_doorbell(&self, evt: &EventFd, addr: u64, datamatch: u32) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), datamatch)
+            .map_err(kvm_err("KVM_IOEVENTFD"))
+    }
+
+    /// KVM's statistics for the VM (KVM_GET_STATS_FD).
+    pub fn stats(&self) -> Result<super::stats::Stats, super::stats::StatsError> {
+        super::stats::Stats::open(&self.fd)
     }
 
     /// The host's supported CPUID.
