@@ -1,9 +1,12 @@
-//! Launching a partition: a pipeline of small steps.
+//! Launching a partition: one straight pipeline, [`launch`], read top to bottom.
 //!
 //! 1. [`check`]: every piece of user input is validated (cores, memory size, kernel, initrd,
-//!    command line, console) before anything is allocated or KVM is touched.
-//! 2. [`run`]: map memory, create the VM, write the boot structures, build the buses, start
-//!    one pinned thread per vCPU, wait for the guest, a fault or a signal, tear down.
+//!    command line, console, partition name) before anything is allocated or KVM is
+//!    touched.
+//! 2. [`acquire`]: guest memory, [`Acquired`]: anonymous memory, or a pool extent whose
+//!    claim ([`crate::claim::ExtentClaim`]) scrubs and frees it when it ends.
+//! 3. [`run`]: create the VM, write the boot structures, attach the devices, start one
+//!    pinned thread per vCPU, wait for the guest, a fault or a signal, tear down, report.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -22,20 +25,22 @@ use devices::power::{
 };
 use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
+use pool::poolfile::ExtentRam;
 use pool::{AnonRam, Backing, GuestRam};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::claim::{ClaimError, ClaimRequest, ExtentClaim};
 use crate::cores::{self, CoreError};
 use crate::cpuid::IdleCpuid;
 use crate::cpumodel::{CpuModel, CpuModelRequest};
 use crate::idle::{IdlePlan, IdlePolicy};
 use crate::kvm::stats::Stats;
-use crate::kvm::vcpu::{self as kvm_vcpu, VcpuContext};
+use crate::kvm::vcpu::{self as kvm_vcpu, VcpuContext, VcpuHandle};
 use crate::kvm::{Vm, VmError};
 use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::signals::SignalGuard;
-use crate::vcpu::{self, StopReason, VcpuHandle};
+use crate::vcpu::StopReason;
 
 /// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
 /// interrupt; the RTC, whose interrupt is not emulated).
@@ -99,10 +104,8 @@ pub struct LaunchConfig {
     pub console: Console,
     /// Entry protocol.
     pub protocol: BootProtocol,
-    /// Memory backing (ignored when `pool` is set: the memory is a pool extent).
-    pub backing: Backing,
-    /// Take cores and memory from the reservation, under this name.
-    pub pool: Option<PoolRequest>,
+    /// Where guest memory comes from.
+    pub source: MemorySource,
     /// State directory holding the ledger.
     pub state_dir: PathBuf,
     /// Idle policy.
@@ -113,6 +116,15 @@ pub struct LaunchConfig {
     pub ioeventfd: bool,
     /// What the guest is told about its CPU (see [`crate::cpumodel`]).
     pub cpu_model: CpuModelRequest,
+}
+
+/// Where a launch's guest memory comes from.
+#[derive(Clone, Debug)]
+pub enum MemorySource {
+    /// Anonymous memory of this backing, on cores the reservation does not hold.
+    Anonymous(Backing),
+    /// A pool extent and reserved cores, claimed under a partition name.
+    Pool(PoolRequest),
 }
 
 /// A launch from the reservation.
@@ -214,6 +226,16 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+impl From<ClaimError> for LaunchError {
+    fn from(e: ClaimError) -> Self {
+        match e {
+            ClaimError::Refused(why) => Self::Reservation(why),
+            ClaimError::Ledger(e) => Self::Ledger(e),
+            ClaimError::PoolFile(e) => Self::PoolFile(e),
+        }
+    }
 }
 
 impl LaunchError {
@@ -326,13 +348,19 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         .into());
     }
     let layout = MemoryLayout::new(cfg.memory)?;
-    let page = cfg.backing.page_size() as u64;
-    if cfg.pool.is_none() && cfg.memory % page != 0 {
-        return Err(LaunchError::PageMultiple {
-            size: cfg.memory,
-            page: page as usize,
-            backing: cfg.backing,
-        });
+    match &cfg.source {
+        MemorySource::Anonymous(backing) => {
+            let page = backing.page_size() as u64;
+            if cfg.memory % page != 0 {
+                return Err(LaunchError::PageMultiple {
+                    size: cfg.memory,
+                    page: page as usize,
+                    backing: *backing,
+                });
+            }
+            crate::claim::check_not_reserved(&cfg.state_dir, &cores)?;
+        }
+        MemorySource::Pool(req) => crate::claim::check_name(&req.name)?,
     }
     let (bytes, kernel_name) = match &cfg.kernel {
         KernelSource::Path(p) => (
@@ -507,17 +535,86 @@ pub trait Observer {
 
 impl Observer for () {}
 
-/// Anonymous memory for a checked launch (the non-pool source).
-pub fn anonymous_ram(checked: &Checked) -> Result<Box<dyn GuestRam>, LaunchError> {
-    Ok(Box::new(AnonRam::new(
-        checked.layout.size() as usize,
-        checked.cfg.backing,
-    )?))
+/// A launch's guest memory, and what must happen to it afterwards.
+pub enum Acquired {
+    /// Anonymous memory, gone with the mapping.
+    Anonymous(AnonRam),
+    /// A pool extent: the claim scrubs and frees it when it ends.
+    Extent {
+        /// The claim in the ledger (boxed: it holds the ledger as loaded).
+        claim: Box<ExtentClaim>,
+        /// The extent, mapped.
+        ram: ExtentRam,
+    },
+}
+
+/// Takes the memory a checked launch asks for.
+pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
+    let cfg = &checked.cfg;
+    match &cfg.source {
+        MemorySource::Anonymous(backing) => Ok(Acquired::Anonymous(AnonRam::new(
+            checked.layout.size() as usize,
+            *backing,
+        )?)),
+        MemorySource::Pool(req) => {
+            let claim = ExtentClaim::take(&ClaimRequest {
+                state_dir: &cfg.state_dir,
+                name: &req.name,
+                offset: req.offset,
+                size: checked.memory(),
+                cores: &checked.cores,
+                idle: checked.idle.policy.name(),
+                kernel: &checked.kernel_name,
+            })?;
+            match claim.map() {
+                Ok(ram) => Ok(Acquired::Extent {
+                    claim: Box::new(claim),
+                    ram,
+                }),
+                Err(e) => {
+                    // Nothing touched the extent: it is still clean.
+                    claim.forget_unused();
+                    Err(e.into())
+                }
+            }
+        }
+    }
+}
+
+/// Passes progress on, and records it in the partition's claim.
+struct ClaimObserver<'a> {
+    inner: &'a dyn Observer,
+    claim: &'a ExtentClaim,
+}
+
+impl Observer for ClaimObserver<'_> {
+    fn booting(&self, c: &Checked, b: &BootInfo, m: &str) {
+        self.inner.booting(c, b, m);
+    }
+    fn running(&self) {
+        self.claim.running();
+        self.inner.running();
+    }
+    fn tick(&self, vcpus: &[VcpuReport]) {
+        self.claim.record(
+            vcpus
+                .iter()
+                .map(|v| crate::claim::VcpuStats {
+                    vcpu: v.index,
+                    core: v.core,
+                    exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+                    kvm: v.kvm.clone(),
+                })
+                .collect(),
+        );
+        self.inner.tick(vcpus);
+    }
 }
 
 /// Runs a checked launch to its end on `ram`. `started` is when the caller began getting
 /// the memory (so memory setup counts towards the timings); `isolation` says where vCPU
-/// threads must go before they pin.
+/// threads must go before they pin. The steps, in order: memory, VM, boot structures,
+/// devices, vCPUs, run and wait, stop, report.
 pub fn run(
     mut checked: Checked,
     ram: Box<dyn GuestRam>,
@@ -525,22 +622,74 @@ pub fn run(
     isolation: Option<Isolation>,
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
-    let layout = checked.layout;
-    let t0 = started;
-    let memory = Arc::new(GuestMemory::new(ram, layout)?);
+    let memory = Arc::new(GuestMemory::new(ram, checked.layout)?);
     let t_mem = Instant::now();
+    let vm = build_vm(&checked, &memory)?;
+    let t_vm = Instant::now();
+    let boot = write_boot(&checked, &memory)?;
+    let t_boot = Instant::now();
+    let devices = attach_devices(&mut checked, &vm, &memory)?;
+    let vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, isolation)?;
+    let t_vcpus = Instant::now();
+    observer.booting(&checked, &boot, &memory.describe());
+
+    // Stop signals wait on a signalfd until teardown is over.
+    let signals = SignalGuard::new().map_err(|source| LaunchError::Os {
+        what: "blocking SIGINT/SIGTERM",
+        source,
+    })?;
+    let (ending, ran_for) = run_vcpus(vcpus.contexts, &vcpus.handles, &signals, observer)?;
+    // Workers write into guest memory: stop them before it goes away.
+    let disks = devices.shut_down();
+    drop(signals);
+
+    let first_output = devices.first_byte.get().map(|t| t.duration_since(started));
+    let vcpu_reports = reports(&vcpus.handles);
+    let idle_readback = readback(&checked.idle, vcpus.cpuid_back.as_ref(), &vcpu_reports);
+    let cpu_model_shown_anyway = vcpus
+        .cpuid_back
+        .as_ref()
+        .map(|c| checked.cpu_model.shown_anyway(c.as_slice()))
+        .unwrap_or_default();
+    Ok(LaunchReport {
+        idle: checked.idle.clone(),
+        idle_readback,
+        cpu_model: checked.cpu_model.clone(),
+        cpu_model_shown_anyway,
+        ending,
+        boot,
+        memory: memory.describe(),
+        ran_for,
+        vcpus: vcpu_reports,
+        timings: Timings {
+            memory: t_mem.duration_since(started),
+            vm: t_vm.duration_since(t_mem),
+            boot: t_boot.duration_since(t_vm),
+            vcpus: t_vcpus.duration_since(t_boot),
+            first_output,
+        },
+        pool: None,
+        disks,
+    })
+}
+
+/// The VM, with the idle plan's and the CPU model's settings and the guest's memory slots.
+fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, LaunchError> {
     let vm = Vm::new()?;
     vm.apply_idle(&checked.idle)?;
     vm.report_emulation_failures()?;
     if checked.cpu_model.syscall_repair {
         vm.trap_lstar_writes()?;
     }
-    vm.map_memory(&memory)?;
-    let t_vm = Instant::now();
+    vm.map_memory(memory)?;
+    Ok(vm)
+}
 
-    let boot = boot::setup(
+/// Kernel, initrd, command line and the boot structures, in guest memory.
+fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, LaunchError> {
+    Ok(boot::setup(
         memory.mem(),
-        &layout,
+        &checked.layout,
         &BootConfig {
             kernel: &checked.kernel,
             initrd: checked.initrd.as_deref(),
@@ -550,11 +699,50 @@ pub fn run(
             virtio_mmio: &crate::disks::windows(checked.disks.len()),
             isa: &LEGACY_DEVICES,
         },
-    )?;
+    )?)
+}
 
-    let t_boot = Instant::now();
+/// The device buses, frozen, and what teardown needs of them.
+struct Devices {
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    serial: Arc<Mutex<SerialPort>>,
+    first_byte: Arc<std::sync::OnceLock<Instant>>,
+    disks: Vec<crate::disks::AttachedDisk>,
+}
 
-    // Devices.
+impl Devices {
+    /// Stops the disks' queue workers and flushes the console; each disk's counters.
+    fn shut_down(&self) -> Vec<String> {
+        let stats = self
+            .disks
+            .iter()
+            .map(|d| {
+                let mut t = d.transport.lock().unwrap_or_else(|e| e.into_inner());
+                t.shutdown();
+                format!(
+                    "disk at {:#x} (gsi {}): {}",
+                    d.base,
+                    d.gsi,
+                    t.device().stats()
+                )
+            })
+            .collect();
+        self.serial
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush();
+        stats
+    }
+}
+
+/// The legacy devices on the PIO bus (the console on COM1 among them) and the disks on
+/// the MMIO bus.
+fn attach_devices(
+    checked: &mut Checked,
+    vm: &Vm,
+    memory: &Arc<GuestMemory>,
+) -> Result<Devices, LaunchError> {
     let serial_irq = vm.irq_line(COM1_IRQ)?;
     let console = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
     let first_byte = Arc::new(std::sync::OnceLock::new());
@@ -590,49 +778,72 @@ pub fn run(
         PCI_CONFIG_LEN,
         Arc::new(Mutex::new(NoPci)),
     )?;
-    let pio = Arc::new(pio);
     let mut mmio = Bus::new("mmio");
     // Queue workers go to a core the partition does not use, when there is one.
     let worker_core = crate::cores::available()
         .into_iter()
         .find(|c| !checked.cores.contains(c));
-    let disks = std::mem::take(&mut checked.disks);
-    let attached = crate::disks::attach(
-        &vm,
-        &memory,
+    let disks = crate::disks::attach(
+        vm,
+        memory,
         &mut mmio,
-        disks,
+        std::mem::take(&mut checked.disks),
         checked.cfg.ioeventfd,
         worker_core,
     )?;
-    let mmio = Arc::new(mmio);
+    Ok(Devices {
+        pio: Arc::new(pio),
+        mmio: Arc::new(mmio),
+        serial,
+        first_byte,
+        disks,
+    })
+}
 
-    // vCPUs, created and configured here, run on their own threads.
+/// Created vCPUs: what each thread takes, what the launcher keeps, and the CPUID KVM
+/// reported back for vCPU 0.
+struct Vcpus {
+    contexts: Vec<VcpuContext>,
+    handles: Vec<VcpuHandle>,
+    cpuid_back: Option<kvm_bindings::CpuId>,
+}
+
+/// One vCPU per core, configured (CPUID, LAPIC; vCPU 0 the entry registers), not running.
+fn create_vcpus(
+    checked: &Checked,
+    vm: &Vm,
+    boot: &BootInfo,
+    devices: &Devices,
+    memory: &Arc<GuestMemory>,
+    isolation: Option<Isolation>,
+) -> Result<Vcpus, LaunchError> {
     let supported = vm.supported_cpuid()?;
     let n = checked.cores.len();
-    let mut contexts = Vec::with_capacity(n);
-    let mut handles: Vec<VcpuHandle> = Vec::with_capacity(n);
     let idle_cpuid = IdleCpuid {
         mwait: checked.idle.expose_mwait,
         hints_realtime: checked.idle.hints_realtime,
     };
-    let mut cpuid_back = None;
+    let mut out = Vcpus {
+        contexts: Vec::with_capacity(n),
+        handles: Vec::with_capacity(n),
+        cpuid_back: None,
+    };
     for (index, &core) in checked.cores.iter().enumerate() {
         let entry = (index == 0).then_some(&boot.entry);
         let (fd, back) =
             vm.create_vcpu(index, n, &supported, entry, idle_cpuid, &checked.cpu_model)?;
         if index == 0 {
-            cpuid_back = back;
+            out.cpuid_back = back;
         }
-        let (counters, kicker, mut h) = vcpu::handles(index, core);
+        let (counters, kicker, mut h) = kvm_vcpu::handles(index, core);
         h.stats = Stats::open(&fd).ok();
-        handles.push(h);
-        contexts.push(VcpuContext {
+        out.handles.push(h);
+        out.contexts.push(VcpuContext {
             index,
             core,
             fd,
-            pio: pio.clone(),
-            mmio: mmio.clone(),
+            pio: devices.pio.clone(),
+            mmio: devices.mmio.clone(),
             memory: memory.clone(),
             counters,
             kicker,
@@ -640,17 +851,24 @@ pub fn run(
             syscall: kvm_vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
         });
     }
-    let t_vcpus = Instant::now();
-    observer.booting(&checked, &boot, &memory.describe());
+    Ok(out)
+}
 
+/// Starts one thread per vCPU, waits for the first stop (or a signal), stops and joins
+/// them all: how it ended, and for how long the vCPUs ran.
+fn run_vcpus(
+    contexts: Vec<VcpuContext>,
+    handles: &[VcpuHandle],
+    signals: &SignalGuard,
+    observer: &dyn Observer,
+) -> Result<(Ending, Duration), LaunchError> {
     let os = |what| move |source| LaunchError::Os { what, source };
     kvm_vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
-    let signals = SignalGuard::new().map_err(os("blocking SIGINT/SIGTERM"))?;
     let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
     let first_stop: Arc<Mutex<Option<(usize, StopReason)>>> = Arc::new(Mutex::new(None));
 
     let spawned = Instant::now();
-    let mut threads = Vec::with_capacity(n);
+    let mut threads = Vec::with_capacity(contexts.len());
     for ctx in contexts {
         let exit_evt = exit_evt.clone();
         let first_stop = first_stop.clone();
@@ -668,7 +886,7 @@ pub fn run(
         match t {
             Ok(t) => threads.push(t),
             Err(e) => {
-                stop_all(&handles, threads);
+                stop_all(handles, threads);
                 return Err(LaunchError::Os {
                     what: "starting a vCPU thread",
                     source: e,
@@ -678,55 +896,12 @@ pub fn run(
     }
 
     observer.running();
-    let ending = wait(&signals, &exit_evt, &first_stop, || {
-        observer.tick(&reports(&handles))
+    let ending = wait(signals, &exit_evt, &first_stop, || {
+        observer.tick(&reports(handles))
     });
     let ran_for = spawned.elapsed();
-    stop_all(&handles, threads);
-    // Workers write into guest memory: stop them before it goes away.
-    let disk_stats: Vec<String> = attached
-        .iter()
-        .map(|d| {
-            let mut t = d.transport.lock().unwrap_or_else(|e| e.into_inner());
-            t.shutdown();
-            format!(
-                "disk at {:#x} (gsi {}): {}",
-                d.base,
-                d.gsi,
-                t.device().stats()
-            )
-        })
-        .collect();
-    serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
-    drop(signals);
-
-    let first_output = first_byte.get().map(|t: &Instant| t.duration_since(t0));
-    let vcpus = reports(&handles);
-    let idle_readback = readback(&checked.idle, cpuid_back.as_ref(), &vcpus);
-    let cpu_model_shown_anyway = cpuid_back
-        .as_ref()
-        .map(|c| checked.cpu_model.shown_anyway(c.as_slice()))
-        .unwrap_or_default();
-    Ok(LaunchReport {
-        idle: checked.idle.clone(),
-        idle_readback,
-        cpu_model: checked.cpu_model.clone(),
-        cpu_model_shown_anyway,
-        ending,
-        boot,
-        memory: memory.describe(),
-        ran_for,
-        vcpus,
-        timings: Timings {
-            memory: t_mem.duration_since(t0),
-            vm: t_vm.duration_since(t_mem),
-            boot: t_boot.duration_since(t_vm),
-            vcpus: t_vcpus.duration_since(t_boot),
-            first_output,
-        },
-        pool: None,
-        disks: disk_stats,
-    })
+    stop_all(handles, threads);
+    Ok((ending, ran_for))
 }
 
 fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
@@ -885,19 +1060,149 @@ fn stop_all(handles: &[VcpuHandle], threads: Vec<std::thread::JoinHandle<()>>) {
     }
 }
 
-/// Checks and runs in one go: from the reservation when `cfg.pool` is set, else on
-/// anonymous memory (refusing cores the reservation holds).
+/// The whole launch: check, acquire memory, run, give the memory back.
 pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
-    if cfg.pool.is_some() {
-        return crate::partitions::launch_from_pool(cfg, observer);
-    }
-    let state_dir = cfg.state_dir.clone();
     let checked = check(cfg)?;
-    crate::partitions::check_not_reserved(&state_dir, &checked.cores)?;
     let started = Instant::now();
-    let ram = anonymous_ram(&checked)?;
-    run(checked, ram, started, None, observer)
+    match acquire(&checked)? {
+        Acquired::Anonymous(ram) => run(checked, Box::new(ram), started, None, observer),
+        Acquired::Extent { claim, ram } => {
+            let isolation = Some(claim.isolation());
+            let result = {
+                let obs = ClaimObserver {
+                    inner: observer,
+                    claim: &claim,
+                };
+                run(checked, Box::new(ram), started, isolation, &obs)
+            };
+            // The guest is gone (or never ran): scrub, then free the cores and the extent.
+            let released = claim.release();
+            let mut report = result?;
+            let r = released?;
+            report.pool = Some(PoolOutcome {
+                name: r.name,
+                offset: r.offset,
+                len: r.len,
+                scrub: r.scrub,
+            });
+            Ok(report)
+        }
+    }
 }
 
 // The FADT names the RTC's century register; the RTC device must keep it there.
 const _: () = assert!(boot::acpi::RTC_CENTURY_REG == devices::rtc::CENTURY_REG);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(source: MemorySource, memory: u64) -> LaunchConfig {
+        LaunchConfig {
+            cores: "0".into(),
+            memory,
+            kernel: KernelSource::Builtin {
+                name: "not-a-kernel",
+                bytes: b"nothing",
+            },
+            initrd: None,
+            cmdline: String::new(),
+            console: Console::Stdout,
+            protocol: BootProtocol::Linux64,
+            source,
+            state_dir: std::env::temp_dir().join("partition-launch-unit-no-ledger"),
+            idle: IdlePolicy::Auto,
+            disks: Vec::new(),
+            ioeventfd: true,
+            cpu_model: CpuModelRequest::Auto,
+        }
+    }
+
+    fn refused(cfg: LaunchConfig) -> LaunchError {
+        match check(cfg) {
+            Ok(_) => panic!("check accepted it"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn check_refuses_bad_input_before_anything_is_allocated() {
+        // 9 MiB of 2 MiB pages.
+        let e = refused(config(MemorySource::Anonymous(Backing::Hugetlb), 9 << 20));
+        assert!(matches!(e, LaunchError::PageMultiple { .. }), "{e}");
+        assert!(e.is_usage());
+        let e = refused(LaunchConfig {
+            cores: "0,0".into(),
+            ..config(MemorySource::Anonymous(Backing::Anonymous), 64 << 20)
+        });
+        assert!(matches!(e, LaunchError::Cores(_)), "{e}");
+        // A pool launch's name is checked with the rest of the input.
+        let e = refused(config(
+            MemorySource::Pool(PoolRequest {
+                name: "-bad".into(),
+                offset: None,
+            }),
+            64 << 20,
+        ));
+        assert!(
+            matches!(e, LaunchError::Reservation(_)) && e.is_usage(),
+            "{e}"
+        );
+        // A kernel that is not one.
+        let e = refused(config(
+            MemorySource::Anonymous(Backing::Anonymous),
+            64 << 20,
+        ));
+        assert!(
+            matches!(e, LaunchError::Kernel { .. } | LaunchError::Vm(_)),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn claim_errors_keep_their_meaning() {
+        let e: LaunchError = ClaimError::Refused("core 3 belongs to partition \"a\"".into()).into();
+        assert!(e.is_usage(), "{e}");
+        assert!(e.to_string().contains("core 3"));
+        let e: LaunchError = ClaimError::Ledger(crate::ledger::LedgerError::Io {
+            path: "/x".into(),
+            what: "reading",
+            source: std::io::Error::other("disk on fire"),
+        })
+        .into();
+        assert!(!e.is_usage(), "{e}");
+    }
+
+    #[test]
+    fn readback_states_each_fact_and_whether_it_held() {
+        let plan = IdlePlan {
+            policy: IdlePolicy::Hlt,
+            reason: String::new(),
+            disable_exits: crate::idle::EXIT_HLT,
+            halt_poll_ns: Some(0),
+            expose_mwait: false,
+            hints_realtime: true,
+            cmdline: "",
+        };
+        let v = |halts: u64| VcpuReport {
+            index: 0,
+            core: 0,
+            exits: Vec::new(),
+            kvm: [
+                ("halt_exits".to_string(), halts),
+                ("halt_attempted_poll".to_string(), 0),
+            ]
+            .into_iter()
+            .collect(),
+            assists: Vec::new(),
+        };
+        let quiet = readback(&plan, None, &[v(0)]);
+        assert!(quiet[0].ends_with("; no HLT exits, as set"), "{quiet:?}");
+        let ignored = readback(&plan, None, &[v(5)]);
+        assert!(
+            ignored[0].contains("yet the guest's HLTs exited")
+                && ignored[0].contains("no polls over those halts, as set"),
+            "{ignored:?}"
+        );
+    }
+}

@@ -6,6 +6,7 @@
 //! input to teardown.
 
 pub mod assist;
+pub mod claim;
 pub mod cores;
 pub mod cpuid;
 pub mod cpumodel;
@@ -16,6 +17,7 @@ pub mod kvm;
 pub mod launch;
 pub mod ledger;
 pub mod memory;
+pub mod outcome;
 pub mod partitions;
 pub mod plan;
 pub mod reserve;
@@ -24,5 +26,6 @@ pub mod size;
 pub mod vcpu;
 
 pub use launch::{
-    Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, PoolRequest,
+    Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, MemorySource,
+    PoolRequest,
 };

@@ -5,15 +5,12 @@
 //! synthetic exits without KVM; the thread loop in [`crate::kvm::vcpu`] only converts
 //! KVM's exit, counts it, and acts on the [`Action`] it gets back.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use devices::{Bus, VmEvent};
 use kvm_bindings::{KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 
 use crate::assist;
-use crate::kvm::stats::Stats;
-use crate::kvm::vcpu::Kicker;
 
 /// A VM exit, in our own terms.
 #[derive(Debug)]
@@ -247,38 +244,11 @@ fn internal_error_name(sub: u32) -> &'static str {
     }
 }
 
-/// A vCPU's handles, kept by the launcher.
-pub struct VcpuHandle {
-    /// vCPU index.
-    pub index: usize,
-    /// Host core.
-    pub core: usize,
-    /// Exit counters.
-    pub counters: Arc<ExitCounters>,
-    /// Stop control.
-    pub kicker: Arc<Kicker>,
-    /// KVM's statistics for the vCPU, if the host offers them.
-    pub stats: Option<Stats>,
-}
-
-/// Creates the shared parts of a vCPU.
-pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, VcpuHandle) {
-    let counters = Arc::new(ExitCounters::default());
-    let kicker = Arc::new(Kicker::new());
-    let h = VcpuHandle {
-        index,
-        core,
-        counters: counters.clone(),
-        kicker: kicker.clone(),
-        stats: None,
-    };
-    (counters, kicker, h)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use devices::BusDevice;
+    use std::sync::Arc;
     use std::sync::Mutex as StdMutex;
 
     struct Echo;
@@ -441,14 +411,14 @@ mod tests {
         assert_eq!(
             handle_exit(
                 Exit::WriteMsr {
-                    index: crate::kvm::vm::MSR_LSTAR,
+                    index: 0xc000_0082, /* IA32_LSTAR */
                     data: 0xffff_ffff_81c0_0080
                 },
                 &pio,
                 &mmio
             ),
             Action::WriteMsr {
-                index: crate::kvm::vm::MSR_LSTAR,
+                index: 0xc000_0082, /* IA32_LSTAR */
                 data: 0xffff_ffff_81c0_0080
             }
         );

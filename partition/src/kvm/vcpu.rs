@@ -126,6 +126,34 @@ pub struct VcpuContext {
     pub syscall: SyscallRepair,
 }
 
+/// A vCPU's handles, kept by the launcher.
+pub struct VcpuHandle {
+    /// vCPU index.
+    pub index: usize,
+    /// Host core.
+    pub core: usize,
+    /// Exit counters.
+    pub counters: Arc<ExitCounters>,
+    /// Stop control.
+    pub kicker: Arc<Kicker>,
+    /// KVM's statistics for the vCPU, if the host offers them.
+    pub stats: Option<super::stats::Stats>,
+}
+
+/// Creates the shared parts of a vCPU.
+pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, VcpuHandle) {
+    let counters = Arc::new(ExitCounters::default());
+    let kicker = Arc::new(Kicker::new());
+    let h = VcpuHandle {
+        index,
+        core,
+        counters: counters.clone(),
+        kicker: kicker.clone(),
+        stats: None,
+    };
+    (counters, kicker, h)
+}
+
 /// The vCPU thread: pin, run until something stops it, report why.
 pub fn run(mut ctx: VcpuContext) -> StopReason {
     if let Some(iso) = &ctx.isolation {
@@ -293,6 +321,10 @@ const EFER_LMA: u64 = 1 << 10;
 const XSAVE_FCW_FSW: usize = 0;
 /// u32 index of MXCSR in the XSAVE legacy region (byte 24).
 const XSAVE_MXCSR: usize = 6;
+/// u32 index of the low half of XSTATE_BV in the XSAVE header (byte 512).
+const XSAVE_XSTATE_BV: usize = 128;
+/// XSTATE_BV's SSE component bit (XMM registers and MXCSR).
+const XFEATURE_MASK_SSE: u32 = 1 << 1;
 
 /// The assist's view of the vCPU, with the registers it came from.
 fn cpu_state(fd: &VcpuFd) -> Result<(assist::Cpu, kvm_regs, kvm_sregs), kvm_ioctls::Error> {
@@ -385,9 +417,17 @@ fn apply(
     if let Some(v) = mxcsr {
         let mut x = fd.get_xsave()?;
         x.region[XSAVE_MXCSR] = v;
+        // MXCSR is part of the SSE component: with the SSE bit of XSTATE_BV clear (the
+        // guest has not touched SSE state yet) KVM_SET_XSAVE ignores it. The XMM registers
+        // in the image are then the init state, zeros, which setting the bit keeps.
+        x.region[XSAVE_XSTATE_BV] |= XFEATURE_MASK_SSE;
         // SAFETY: `x` is the kvm_xsave KVM_GET_XSAVE just filled, of the size KVM_SET_XSAVE
         // reads; only MXCSR changed.
         unsafe { fd.set_xsave(&x)? };
+        if log::log_enabled!(log::Level::Debug) {
+            let back = fd.get_xsave().map(|b| b.region[XSAVE_MXCSR]);
+            log::debug!("ldmxcsr assist: MXCSR {v:#x} set, KVM_GET_XSAVE reads back {back:?}");
+        }
     }
     if let Some(ev) = events {
         fd.set_vcpu_events(&ev)?;

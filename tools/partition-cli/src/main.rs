@@ -12,19 +12,15 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
 mod verbs;
-use partition::launch::{self, Checked, Ending, Observer};
-use partition::vcpu::StopReason;
-use partition::{Console, KernelSource, LaunchConfig, PoolRequest};
+use partition::launch::{self, Checked, Observer};
+use partition::{Console, KernelSource, LaunchConfig, MemorySource, PoolRequest};
 
 /// The probe guest, built from tools/probe-guest by build.rs.
 static PROBE_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe-guest.elf"));
 /// The hotpaths benchmark (benchmarks/hotpaths), a static binary, built by build.rs.
 pub static HOTPATHS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hotpaths"));
 
-const EXIT_VMM_ERROR: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-const EXIT_GUEST_CRASH: u8 = 3;
-const EXIT_GUEST_FAILED: u8 = 4;
+use partition::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERROR};
 
 #[derive(Parser)]
 #[command(
@@ -244,6 +240,12 @@ struct LaunchArgs {
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
     #[arg(long)]
     timings: bool,
+    /// At the end, print the launch report as one line of JSON on stdout: the outcome
+    /// (kind, vCPU, exit code), timings, idle plan and its read-back, CPU model, per-vCPU
+    /// exits, assists and KVM statistics, disks, pool extent. With the console on stdout
+    /// too, the report is its last line; `--console FILE` keeps them apart.
+    #[arg(long)]
+    json: bool,
     /// What the guest is told about its CPU: host (the host's CPUID), nested-safe (hide
     /// what a host that emulates guest ring 0 refuses: CPUID and `clearcpuid=` on the
     /// kernel command line, and repair SYSCALL), or auto (nested-safe when /dev/kvm is the
@@ -311,15 +313,17 @@ fn launch(a: LaunchArgs) -> ExitCode {
             Boot::Linux64 => boot::regs::BootProtocol::Linux64,
             Boot::Pvh => boot::regs::BootProtocol::Pvh,
         },
-        backing: match (a.hugepages, a.backing) {
-            (true, _) | (_, BackingArg::Hugetlb) => pool::Backing::Hugetlb,
-            (_, BackingArg::Prefault) => pool::Backing::AnonymousPopulated,
-            (_, BackingArg::Anonymous) => pool::Backing::Anonymous,
+        source: match a.name {
+            Some(name) => MemorySource::Pool(PoolRequest {
+                name,
+                offset: a.memory.offset,
+            }),
+            None => MemorySource::Anonymous(match (a.hugepages, a.backing) {
+                (true, _) | (_, BackingArg::Hugetlb) => pool::Backing::Hugetlb,
+                (_, BackingArg::Prefault) => pool::Backing::AnonymousPopulated,
+                (_, BackingArg::Anonymous) => pool::Backing::Anonymous,
+            }),
         },
-        pool: a.name.map(|name| PoolRequest {
-            name,
-            offset: a.memory.offset,
-        }),
         state_dir: a.state.state_dir,
         idle: a.idle,
         disks,
@@ -338,36 +342,9 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     };
     let secs = report.ran_for.as_secs_f64();
-    let code = match &report.ending {
-        Ending::Signal(s) => {
-            eprintln!("partition: stopped by signal {s} after {secs:.3} s");
-            128 + *s as u8
-        }
-        Ending::Guest { vcpu, reason } => {
-            let (what, code) = match reason {
-                StopReason::PowerOff(0) => ("guest powered off (status 0)".to_string(), 0),
-                StopReason::PowerOff(s) => (
-                    format!("guest powered off with failure status {s}"),
-                    EXIT_GUEST_FAILED,
-                ),
-                StopReason::Reset => ("guest reset (a partition stops on reset)".into(), 0),
-                StopReason::TripleFault => ("guest triple-faulted".into(), EXIT_GUEST_CRASH),
-                StopReason::InternalError(w) => {
-                    (format!("KVM internal error: {w}"), EXIT_GUEST_CRASH)
-                }
-                StopReason::FailEntry(r) => (
-                    format!("VM entry failed, hardware reason {r:#x}"),
-                    EXIT_GUEST_CRASH,
-                ),
-                StopReason::Crash => ("guest reported a crash".into(), EXIT_GUEST_CRASH),
-                StopReason::Unhandled(w) => (format!("unhandled exit: {w}"), EXIT_GUEST_CRASH),
-                StopReason::RunError(w) => (format!("vCPU failed: {w}"), EXIT_VMM_ERROR),
-                StopReason::Kicked => ("stopped".into(), EXIT_VMM_ERROR),
-            };
-            eprintln!("partition: {what} on vcpu{vcpu} after {secs:.3} s");
-            code
-        }
-    };
+    let outcome = partition::outcome::Outcome::of(&report.ending);
+    eprintln!("partition: {} after {secs:.3} s", outcome.describe());
+    let code = outcome.exit_code();
     for d in &report.disks {
         eprintln!("partition: {d}");
     }
@@ -427,6 +404,17 @@ fn launch(a: LaunchArgs) -> ExitCode {
             .collect();
         if !assists.is_empty() {
             eprintln!("partition: vcpu{} assists: {}", v.index, assists.join(" "));
+        }
+    }
+    if a.json {
+        match serde_json::to_string(&partition::outcome::document(&report)) {
+            Ok(j) => {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{j}");
+                let _ = out.flush();
+            }
+            Err(e) => eprintln!("partition: error: the report as JSON: {e}"),
         }
     }
     ExitCode::from(code)

@@ -16,16 +16,20 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// `partition: vcpuN assists: int3=1 ...` as (name, count) pairs (empty when none).
-fn assists(stderr: &str, vcpu: usize) -> Vec<(String, u64)> {
-    let prefix = format!("partition: vcpu{vcpu} assists: ");
-    stderr
-        .lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map(|rest| {
-            rest.split_whitespace()
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+/// The launch report `--json` printed as the last line of stdout.
+fn report(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().last().unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{stdout}"))
+}
+
+/// vCPU `vcpu`'s non-zero assists from the report, as (name, count) pairs.
+fn assists(report: &serde_json::Value, vcpu: usize) -> Vec<(String, u64)> {
+    report["vcpus"][vcpu]["assists"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .filter(|(_, n)| *n > 0)
                 .collect()
         })
         .unwrap_or_default()
@@ -46,10 +50,14 @@ fn the_probe_checks_every_assisted_instruction() {
             "--probe",
             "--cmdline",
             "probe.memtest=0 probe.assist=1",
+            "--json",
         ],
         LIMIT,
     );
     assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    let rep = report(&out.stdout);
+    assert_eq!(rep["outcome"]["kind"], "power_off", "{rep}");
+    assert_eq!(rep["outcome"]["exit_code"], 0, "{rep}");
     assert!(
         out.stdout
             .contains("probe: assist int3=ok int_n=ok fwait=ok ldmxcsr=ok"),
@@ -62,7 +70,7 @@ fn the_probe_checks_every_assisted_instruction() {
         "{}",
         out.stdout
     );
-    let got = assists(&out.stderr, 0);
+    let got = assists(&rep, 0);
     if nested_pvm() {
         // Each refused instruction was carried out once, by the VMM; SYSRET the host's
         // emulator runs itself.
@@ -73,21 +81,14 @@ fn the_probe_checks_every_assisted_instruction() {
                 out.stderr
             );
         }
-        assert!(
-            out.stderr.contains("cpu model nested-safe (auto:"),
-            "{}",
-            out.stderr
-        );
+        assert_eq!(rep["cpu_model"]["name"], "nested-safe", "{rep}");
+        assert_eq!(rep["cpu_model"]["syscall_repair"], true, "{rep}");
     } else {
         assert!(
             got.is_empty(),
             "assists on a host that runs ring 0: {got:?}"
         );
-        assert!(
-            out.stderr.contains("cpu model host (auto:"),
-            "{}",
-            out.stderr
-        );
+        assert_eq!(rep["cpu_model"]["name"], "host", "{rep}");
         println!(
             "NOTE the_probe_checks_every_assisted_instruction: ring 0 runs natively here, so \
              the probe's checks passed without assists"
@@ -115,19 +116,24 @@ fn an_instruction_outside_the_list_is_a_crash_report() {
             "16M",
             "--kernel",
             k.to_str().unwrap(),
+            "--json",
         ],
         LIMIT,
     );
     if nested_pvm() {
         assert_eq!(out.code(), 3, "{}", out.stderr);
+        let rep = report(&out.stdout);
+        let detail = rep["outcome"]["detail"].as_str().unwrap_or("");
+        assert_eq!(rep["outcome"]["kind"], "internal_error", "{rep}");
+        assert_eq!(rep["outcome"]["exit_code"], 3, "{rep}");
         assert!(
-            out.stderr
-                .contains("not assisted: not an instruction the VMM assists")
-                && out.stderr.contains("RIP 0x200000")
-                && out.stderr.contains("bytes f3 48 0f b8 c0"),
-            "{}",
-            out.stderr
+            detail.contains("not assisted: not an instruction the VMM assists")
+                && detail.contains("RIP 0x200000")
+                && detail.contains("bytes f3 48 0f b8 c0"),
+            "{rep}"
         );
+        // The same facts in the sentence a user reads.
+        assert!(out.stderr.contains(detail), "{}", out.stderr);
     } else {
         assert_eq!(out.code(), 0, "{}", out.stderr);
         println!(

@@ -1,0 +1,350 @@
+//! A partition's claim on the reservation: its cores and pool extent recorded in the ledger
+//! for as long as its launcher lives, and given back — the extent zeroed first — when the
+//! claim ends, however the launch ends.
+//!
+//! The ledger is written (state `launching`, our pid) before KVM is touched, so a launcher
+//! that dies at any point leaves a record `partition status` can explain and
+//! `partition release` can reclaim. This module knows the ledger and the pool, nothing of
+//! KVM or of the launch that uses the claim.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pool::Extent;
+use pool::poolfile::{ExtentRam, PoolFile, PoolFileError};
+use serde::{Deserialize, Serialize};
+
+use crate::cores;
+use crate::ledger::{
+    self, Isolation, Ledger, LedgerError, LedgerLock, PartitionRecord, PartitionState,
+};
+
+/// Environment variable naming a point at which the launcher or release kills itself with
+/// SIGKILL (for crash-recovery tests): `after-ledger`, `after-map`, `running`,
+/// `during-release`.
+pub const CRASH_ENV: &str = "PARTITION_TEST_CRASH_AT";
+
+pub(crate) fn crash_point(name: &str) {
+    if std::env::var(CRASH_ENV).as_deref() == Ok(name) {
+        eprintln!("partition: {CRASH_ENV}={name}: killing myself with SIGKILL");
+        // SAFETY: signalling ourselves.
+        unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+    }
+}
+
+/// Errors taking, using or giving back a claim.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// The reservation refused it (no reservation, cores or extent not available, name in
+    /// use or malformed): the user's input.
+    #[error("{0}")]
+    Refused(String),
+    /// The ledger could not be read or written.
+    #[error("{0}")]
+    Ledger(#[from] LedgerError),
+    /// The pool file could not be opened, mapped or scrubbed.
+    #[error("{0}")]
+    PoolFile(#[from] PoolFileError),
+}
+
+/// Checks a partition name: 1-64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+pub fn check_name(name: &str) -> Result<(), ClaimError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(['.', '-'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ClaimError::Refused(format!(
+            "--name {name:?}: use 1 to 64 letters, digits, '.', '_' or '-', not starting with '.' or '-'"
+        )))
+    }
+}
+
+/// Refuses a launch outside the reservation on cores the reservation holds.
+pub fn check_not_reserved(state_dir: &Path, cores: &[usize]) -> Result<(), ClaimError> {
+    if !state_dir.join("ledger.json").exists() {
+        return Ok(());
+    }
+    let lock = LedgerLock::shared(state_dir)?;
+    if let Some(l) = lock.load()? {
+        if let Some(c) = cores.iter().find(|c| l.cores.reserved.contains(c)) {
+            return Err(ClaimError::Refused(format!(
+                "core {c} is reserved for partitions (see `partition status`): launch with --name to use it"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a claim asks for.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest<'a> {
+    /// State directory holding the ledger.
+    pub state_dir: &'a Path,
+    /// Partition name.
+    pub name: &'a str,
+    /// Explicit extent offset in the pool; first fit if absent.
+    pub offset: Option<u64>,
+    /// Extent size (the guest's memory).
+    pub size: u64,
+    /// Host cores, all of which must be reserved and unowned.
+    pub cores: &'a [usize],
+    /// Idle policy name, for the record.
+    pub idle: &'a str,
+    /// Kernel name, for the record.
+    pub kernel: &'a str,
+}
+
+/// What a finished claim did with its extent.
+#[derive(Clone, Debug)]
+pub struct Released {
+    /// Partition name.
+    pub name: String,
+    /// Extent offset.
+    pub offset: u64,
+    /// Extent length.
+    pub len: u64,
+    /// Time spent zeroing the extent.
+    pub scrub: Duration,
+}
+
+/// A live claim. Dropping it without [`ExtentClaim::release`] still scrubs the extent and
+/// frees the cores (an error path); `release` does the same and says how it went.
+#[derive(Debug)]
+pub struct ExtentClaim {
+    state_dir: PathBuf,
+    name: String,
+    ledger: Ledger,
+    extent: Extent,
+    done: bool,
+}
+
+impl ExtentClaim {
+    /// Takes cores and an extent from the ledger, recording the partition as `launching`.
+    /// Nothing is written if anything is refused.
+    pub fn take(req: &ClaimRequest<'_>) -> Result<Self, ClaimError> {
+        check_name(req.name)?;
+        let lock = LedgerLock::exclusive(req.state_dir)?;
+        let mut l = lock.load()?.ok_or_else(|| {
+            ClaimError::Refused(format!(
+                "nothing is reserved in {}: run `partition reserve` first",
+                req.state_dir.display()
+            ))
+        })?;
+        let name = req.name;
+        if let Some(p) = l.partition(name) {
+            let how = if ledger::alive(p) {
+                format!("running (pid {})", p.pid)
+            } else {
+                "dead: `partition release` it first".to_string()
+            };
+            return Err(ClaimError::Refused(format!(
+                "a partition named {name:?} exists, {how}"
+            )));
+        }
+        let mut free = l.allocator().map_err(|e| {
+            ClaimError::Refused(format!("the ledger's extents are inconsistent: {e}"))
+        })?;
+        let extent = match req.offset {
+            Some(o) => free.alloc_at(Extent {
+                offset: o,
+                len: req.size,
+            }),
+            None => free.alloc(req.size),
+        }
+        .map_err(|e| {
+            ClaimError::Refused(format!(
+                "--memory: the {} pool cannot give this partition {}: {e}",
+                crate::size::format(l.pool.size),
+                crate::size::format(req.size)
+            ))
+        })?;
+        for c in req.cores {
+            if !l.cores.reserved.contains(c) {
+                return Err(ClaimError::Refused(format!(
+                    "core {c} is not reserved (reserved: {})",
+                    cores::format(&l.cores.reserved)
+                )));
+            }
+            if let Some(owner) = l.partitions.iter().find(|p| p.cores.contains(c)) {
+                return Err(ClaimError::Refused(format!(
+                    "core {c} belongs to partition {:?}",
+                    owner.name
+                )));
+            }
+        }
+        let pid = std::process::id();
+        l.partitions.push(PartitionRecord {
+            name: name.to_string(),
+            pid,
+            pid_start: ledger::pid_start_time(pid).unwrap_or(0),
+            cores: req.cores.to_vec(),
+            extent: extent.into(),
+            idle: req.idle.into(),
+            state: PartitionState::Launching,
+            started_at: ledger::now(),
+            kernel: req.kernel.to_string(),
+        });
+        lock.store(&l)?;
+        crash_point("after-ledger");
+        Ok(Self {
+            state_dir: req.state_dir.to_path_buf(),
+            name: name.to_string(),
+            ledger: l,
+            extent,
+            done: false,
+        })
+    }
+
+    /// The extent, mapped from the pool file.
+    pub fn map(&self) -> Result<ExtentRam, ClaimError> {
+        let p = &self.ledger.pool;
+        let m = PoolFile::open(&p.file, p.size, p.page_size).and_then(|f| f.map(self.extent))?;
+        crash_point("after-map");
+        Ok(m)
+    }
+
+    /// Where the partition's vCPU threads go before they pin.
+    pub fn isolation(&self) -> Isolation {
+        self.ledger.cores.isolation.clone()
+    }
+
+    /// Records that the guest runs.
+    pub fn running(&self) {
+        if let Err(e) = set_state(&self.state_dir, &self.name, PartitionState::Running) {
+            log::warn!("recording {} as running: {e}", self.name);
+        }
+        crash_point("running");
+    }
+
+    /// Writes the vCPUs' counters where `partition status` reads them.
+    pub fn record(&self, vcpus: Vec<VcpuStats>) {
+        write_stats(
+            &stats_path(&self.state_dir, &self.name),
+            &StatsFile {
+                updated_at: ledger::now(),
+                vcpus,
+            },
+        );
+    }
+
+    /// Gives the claim up without scrubbing: for an extent nothing has touched (its mapping
+    /// failed).
+    pub fn forget_unused(mut self) {
+        self.done = true;
+        if let Err(e) = forget(&self.state_dir, &self.name) {
+            log::error!("removing {} from the ledger: {e}", self.name);
+        }
+    }
+
+    /// The guest is gone (or never ran): scrub the extent, then free it and the cores. On
+    /// a scrub failure the partition stays recorded for `partition release`.
+    pub fn release(mut self) -> Result<Released, ClaimError> {
+        self.done = true;
+        self.finish()
+    }
+
+    fn finish(&self) -> Result<Released, ClaimError> {
+        let _ = set_state(&self.state_dir, &self.name, PartitionState::Stopping);
+        let scrub = match scrub(&self.ledger, self.extent) {
+            Ok(t) => t,
+            Err(e) => {
+                log::error!(
+                    "scrubbing {}'s memory failed ({e}); it stays recorded: run `partition release {}`",
+                    self.name,
+                    self.name
+                );
+                return Err(e.into());
+            }
+        };
+        forget(&self.state_dir, &self.name)?;
+        Ok(Released {
+            name: self.name.clone(),
+            offset: self.extent.offset,
+            len: self.extent.len,
+            scrub,
+        })
+    }
+}
+
+impl Drop for ExtentClaim {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.finish();
+        }
+    }
+}
+
+pub(crate) fn stats_path(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join("stats").join(format!("{name}.json"))
+}
+
+/// Updates partition `name`'s state in the ledger, if it is still ours.
+fn set_state(state_dir: &Path, name: &str, state: PartitionState) -> Result<(), LedgerError> {
+    let lock = LedgerLock::exclusive(state_dir)?;
+    if let Some(mut l) = lock.load()? {
+        if let Some(p) = l.partitions.iter_mut().find(|p| p.name == name) {
+            p.state = state;
+            lock.store(&l)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes partition `name` from the ledger, freeing its cores and (already scrubbed) extent.
+pub(crate) fn forget(state_dir: &Path, name: &str) -> Result<(), LedgerError> {
+    let lock = LedgerLock::exclusive(state_dir)?;
+    if let Some(mut l) = lock.load()? {
+        l.partitions.retain(|p| p.name != name);
+        lock.store(&l)?;
+    }
+    let _ = std::fs::remove_file(stats_path(state_dir, name));
+    Ok(())
+}
+
+/// Zeroes `extent` of the pool through a fresh mapping; returns the time it took.
+pub(crate) fn scrub(l: &Ledger, extent: Extent) -> Result<Duration, PoolFileError> {
+    let pool = PoolFile::open(&l.pool.file, l.pool.size, l.pool.page_size)?;
+    let m = pool.map(extent)?;
+    Ok(m.scrub())
+}
+
+/// Per-vCPU exit counts as the launcher last wrote them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StatsFile {
+    /// Unix time written.
+    pub updated_at: u64,
+    /// One entry per vCPU.
+    pub vcpus: Vec<VcpuStats>,
+}
+
+/// One vCPU's counters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VcpuStats {
+    /// vCPU index.
+    pub vcpu: usize,
+    /// Host core.
+    pub core: usize,
+    /// Exit counts by reason.
+    pub exits: BTreeMap<String, u64>,
+    /// KVM's halt statistics.
+    #[serde(default)]
+    pub kvm: BTreeMap<String, u64>,
+}
+
+fn write_stats(path: &Path, s: &StatsFile) {
+    let tmp = path.with_extension("tmp");
+    if let Some(d) = path.parent() {
+        let _ = std::fs::create_dir_all(d);
+    }
+    if let Ok(text) = serde_json::to_string(s) {
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! How a partition stopped, in one type with its exit status ([`Outcome`]), and the launch
+//! report as a document a program reads instead of the VMM's sentences ([`document`],
+//! printed by `partition launch --json`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::launch::{Ending, LaunchReport, Timings, VcpuReport};
+use crate::vcpu::StopReason;
+
+/// Exit statuses of `partition launch` (and of every other verb where they apply).
+pub mod status {
+    /// The guest powered off with status 0 (or reset).
+    pub const OK: u8 = 0;
+    /// The VMM failed (KVM, threads, a vCPU that could not run).
+    pub const VMM_ERROR: u8 = 1;
+    /// The user's input was refused; nothing was created.
+    pub const USAGE: u8 = 2;
+    /// The guest crashed: triple fault, KVM internal error, failed entry, crash event.
+    pub const GUEST_CRASH: u8 = 3;
+    /// The guest powered off with a non-zero status.
+    pub const GUEST_FAILED: u8 = 4;
+}
+
+/// How a partition stopped. Every way out of a launch that ran is one of these.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The guest powered off with `status`.
+    PowerOff {
+        /// The vCPU that did it.
+        vcpu: usize,
+        /// Its status (ACPI power-off is 0; the exit-status port gives others).
+        status: u8,
+    },
+    /// The guest asked for a reset (a partition stops on reset).
+    Reset {
+        /// The vCPU that did it.
+        vcpu: usize,
+    },
+    /// A triple fault.
+    TripleFault {
+        /// The vCPU.
+        vcpu: usize,
+    },
+    /// KVM reported an internal error the VMM did not assist.
+    InternalError {
+        /// The vCPU.
+        vcpu: usize,
+        /// Sub-error, why no assist, RIP and instruction bytes.
+        detail: String,
+    },
+    /// VM entry failed.
+    FailEntry {
+        /// The vCPU.
+        vcpu: usize,
+        /// Hardware entry-failure reason.
+        reason: u64,
+    },
+    /// The guest reported a crash (a system event).
+    Crash {
+        /// The vCPU.
+        vcpu: usize,
+    },
+    /// An exit the VMM does not handle.
+    Unhandled {
+        /// The vCPU.
+        vcpu: usize,
+        /// Which exit.
+        detail: String,
+    },
+    /// A vCPU thread could not run (pinning, KVM_RUN, the SYSCALL repair).
+    VcpuFailed {
+        /// The vCPU.
+        vcpu: usize,
+        /// Why.
+        detail: String,
+    },
+    /// A vCPU stopped because it was asked to, with nothing else recorded.
+    Stopped {
+        /// The vCPU.
+        vcpu: usize,
+    },
+    /// The VMM received a stop signal.
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+}
+
+impl Outcome {
+    /// The outcome of a launch that ended this way.
+    pub fn of(ending: &Ending) -> Self {
+        let (vcpu, reason) = match ending {
+            Ending::Signal(signal) => return Self::Signal { signal: *signal },
+            Ending::Guest { vcpu, reason } => (*vcpu, reason),
+        };
+        match reason {
+            StopReason::PowerOff(status) => Self::PowerOff {
+                vcpu,
+                status: *status,
+            },
+            StopReason::Reset => Self::Reset { vcpu },
+            StopReason::TripleFault => Self::TripleFault { vcpu },
+            StopReason::InternalError(d) => Self::InternalError {
+                vcpu,
+                detail: d.clone(),
+            },
+            StopReason::FailEntry(reason) => Self::FailEntry {
+                vcpu,
+                reason: *reason,
+            },
+            StopReason::Crash => Self::Crash { vcpu },
+            StopReason::Unhandled(d) => Self::Unhandled {
+                vcpu,
+                detail: d.clone(),
+            },
+            StopReason::RunError(d) => Self::VcpuFailed {
+                vcpu,
+                detail: d.clone(),
+            },
+            StopReason::Kicked => Self::Stopped { vcpu },
+        }
+    }
+
+    /// The exit status `partition launch` ends with.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::PowerOff { status: 0, .. } | Self::Reset { .. } => status::OK,
+            Self::PowerOff { .. } => status::GUEST_FAILED,
+            Self::TripleFault { .. }
+            | Self::InternalError { .. }
+            | Self::FailEntry { .. }
+            | Self::Crash { .. }
+            | Self::Unhandled { .. } => status::GUEST_CRASH,
+            Self::VcpuFailed { .. } | Self::Stopped { .. } => status::VMM_ERROR,
+            Self::Signal { signal } => 128u8.wrapping_add(*signal as u8),
+        }
+    }
+
+    /// The sentence the CLI prints, without the time.
+    pub fn describe(&self) -> String {
+        let on = |what: String, vcpu: &usize| format!("{what} on vcpu{vcpu}");
+        match self {
+            Self::PowerOff { vcpu, status: 0 } => on("guest powered off (status 0)".into(), vcpu),
+            Self::PowerOff { vcpu, status } => on(
+                format!("guest powered off with failure status {status}"),
+                vcpu,
+            ),
+            Self::Reset { vcpu } => on("guest reset (a partition stops on reset)".into(), vcpu),
+            Self::TripleFault { vcpu } => on("guest triple-faulted".into(), vcpu),
+            Self::InternalError { vcpu, detail } => {
+                on(format!("KVM internal error: {detail}"), vcpu)
+            }
+            Self::FailEntry { vcpu, reason } => on(
+                format!("VM entry failed, hardware reason {reason:#x}"),
+                vcpu,
+            ),
+            Self::Crash { vcpu } => on("guest reported a crash".into(), vcpu),
+            Self::Unhandled { vcpu, detail } => on(format!("unhandled exit: {detail}"), vcpu),
+            Self::VcpuFailed { vcpu, detail } => on(format!("vCPU failed: {detail}"), vcpu),
+            Self::Stopped { vcpu } => on("stopped".into(), vcpu),
+            Self::Signal { signal } => format!("stopped by signal {signal}"),
+        }
+    }
+}
+
+/// The outcome with its exit status.
+#[derive(Clone, Debug, Serialize)]
+pub struct OutcomeDoc {
+    /// How it stopped.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// `partition launch`'s exit status.
+    pub exit_code: u8,
+    /// The sentence the CLI printed.
+    pub description: String,
+}
+
+/// Stage durations in milliseconds.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TimingsDoc {
+    /// Getting guest memory.
+    pub memory_ms: f64,
+    /// VM creation, irqchip, memory slots.
+    pub vm_ms: f64,
+    /// Kernel load and boot structures.
+    pub boot_ms: f64,
+    /// Devices and vCPU creation.
+    pub vcpus_ms: f64,
+    /// From the start of the launch to the guest's first serial byte (none if it printed
+    /// nothing).
+    pub first_output_ms: Option<f64>,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl From<&Timings> for TimingsDoc {
+    fn from(t: &Timings) -> Self {
+        Self {
+            memory_ms: ms(t.memory),
+            vm_ms: ms(t.vm),
+            boot_ms: ms(t.boot),
+            vcpus_ms: ms(t.vcpus),
+            first_output_ms: t.first_output.map(ms),
+        }
+    }
+}
+
+/// One vCPU's counters.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct VcpuDoc {
+    /// vCPU index (= APIC ID).
+    pub index: usize,
+    /// Host core it was pinned to.
+    pub core: usize,
+    /// Exits that reached the VMM, by reason (every reason, zeros included).
+    pub exits: BTreeMap<String, u64>,
+    /// Instructions the VMM carried out for the guest, by kind (zeros included).
+    pub assists: BTreeMap<String, u64>,
+    /// KVM's own statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
+    pub kvm: BTreeMap<String, u64>,
+}
+
+impl From<&VcpuReport> for VcpuDoc {
+    fn from(v: &VcpuReport) -> Self {
+        let map = |p: &[(&'static str, u64)]| p.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        Self {
+            index: v.index,
+            core: v.core,
+            exits: map(&v.exits),
+            assists: map(&v.assists),
+            kvm: v.kvm.clone(),
+        }
+    }
+}
+
+/// The idle plan in force.
+#[derive(Clone, Debug, Serialize)]
+pub struct IdleDoc {
+    /// The policy (`hlt`, `haltpoll`, ...).
+    pub policy: &'static str,
+    /// Why this one.
+    pub reason: String,
+    /// KVM_X86_DISABLE_EXITS_* bits set.
+    pub disable_exits: u32,
+    /// Per-VM halt polling set (none: the host's default).
+    pub halt_poll_ns: Option<u32>,
+    /// MONITOR/MWAIT shown to the guest.
+    pub expose_mwait: bool,
+    /// KVM_HINTS_REALTIME set.
+    pub hints_realtime: bool,
+    /// What KVM reported back about the plan, one fact a line.
+    pub readback: Vec<String>,
+}
+
+/// What the guest was told about its CPU.
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuModelDoc {
+    /// `host` or `nested-safe`.
+    pub name: &'static str,
+    /// Why.
+    pub why: String,
+    /// Features hidden.
+    pub hidden: Vec<&'static str>,
+    /// Words put on the guest's command line.
+    pub cmdline: String,
+    /// Whether SYSCALL is repaired.
+    pub syscall_repair: bool,
+    /// Hidden features the host showed in CPUID anyway.
+    pub shown_anyway: Vec<&'static str>,
+}
+
+/// A partition's extent and its scrub.
+#[derive(Clone, Debug, Serialize)]
+pub struct PoolDoc {
+    /// Partition name.
+    pub name: String,
+    /// Extent offset in the pool.
+    pub offset: u64,
+    /// Extent length.
+    pub len: u64,
+    /// Time spent zeroing it after the guest stopped.
+    pub scrub_ms: f64,
+}
+
+/// The launch report, for `partition launch --json`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReportDoc {
+    /// How it stopped, and the exit status.
+    pub outcome: OutcomeDoc,
+    /// From the first KVM_RUN to teardown, in seconds.
+    pub ran_for_s: f64,
+    /// Stage durations.
+    pub timings: TimingsDoc,
+    /// The guest's memory and its backing.
+    pub memory: String,
+    /// Kernel entry point used.
+    pub entry_addr: u64,
+    /// Guest address of the ACPI RSDP.
+    pub rsdp: u64,
+    /// The idle plan and its read-back.
+    pub idle: IdleDoc,
+    /// The CPU model.
+    pub cpu_model: CpuModelDoc,
+    /// Per-vCPU counters.
+    pub vcpus: Vec<VcpuDoc>,
+    /// Per-disk queue counters.
+    pub disks: Vec<String>,
+    /// For a partition from the pool: its extent.
+    pub pool: Option<PoolDoc>,
+}
+
+/// The report as a document.
+pub fn document(r: &LaunchReport) -> ReportDoc {
+    let outcome = Outcome::of(&r.ending);
+    ReportDoc {
+        outcome: OutcomeDoc {
+            exit_code: outcome.exit_code(),
+            description: outcome.describe(),
+            outcome,
+        },
+        ran_for_s: r.ran_for.as_secs_f64(),
+        timings: (&r.timings).into(),
+        memory: r.memory.clone(),
+        entry_addr: r.boot.entry_addr,
+        rsdp: r.boot.rsdp,
+        idle: IdleDoc {
+            policy: r.idle.policy.name(),
+            reason: r.idle.reason.clone(),
+            disable_exits: r.idle.disable_exits,
+            halt_poll_ns: r.idle.halt_poll_ns,
+            expose_mwait: r.idle.expose_mwait,
+            hints_realtime: r.idle.hints_realtime,
+            readback: r.idle_readback.clone(),
+        },
+        cpu_model: CpuModelDoc {
+            name: r.cpu_model.name,
+            why: r.cpu_model.why.clone(),
+            hidden: r.cpu_model.hidden.iter().map(|f| f.name).collect(),
+            cmdline: r.cpu_model.cmdline.clone(),
+            syscall_repair: r.cpu_model.syscall_repair,
+            shown_anyway: r.cpu_model_shown_anyway.clone(),
+        },
+        vcpus: r.vcpus.iter().map(VcpuDoc::from).collect(),
+        disks: r.disks.clone(),
+        pool: r.pool.as_ref().map(|p| PoolDoc {
+            name: p.name.clone(),
+            offset: p.offset,
+            len: p.len,
+            scrub_ms: ms(p.scrub),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_ending_has_one_outcome_and_exit_status() {
+        let g = |reason| Ending::Guest { vcpu: 1, reason };
+        let cases = [
+            (g(StopReason::PowerOff(0)), status::OK, "power_off"),
+            (
+                g(StopReason::PowerOff(7)),
+                status::GUEST_FAILED,
+                "power_off",
+            ),
+            (g(StopReason::Reset), status::OK, "reset"),
+            (
+                g(StopReason::TripleFault),
+                status::GUEST_CRASH,
+                "triple_fault",
+            ),
+            (
+                g(StopReason::InternalError("suberror 1".into())),
+                status::GUEST_CRASH,
+                "internal_error",
+            ),
+            (
+                g(StopReason::FailEntry(0x21)),
+                status::GUEST_CRASH,
+                "fail_entry",
+            ),
+            (g(StopReason::Crash), status::GUEST_CRASH, "crash"),
+            (
+                g(StopReason::Unhandled("nmi".into())),
+                status::GUEST_CRASH,
+                "unhandled",
+            ),
+            (
+                g(StopReason::RunError("pinning".into())),
+                status::VMM_ERROR,
+                "vcpu_failed",
+            ),
+            (g(StopReason::Kicked), status::VMM_ERROR, "stopped"),
+            (Ending::Signal(15), 143, "signal"),
+        ];
+        for (ending, code, kind) in cases {
+            let o = Outcome::of(&ending);
+            assert_eq!(o.exit_code(), code, "{o:?}");
+            let v = serde_json::to_value(&o).unwrap();
+            assert_eq!(v["kind"], kind, "{v}");
+        }
+        let o = Outcome::of(&g(StopReason::PowerOff(7)));
+        assert_eq!(
+            serde_json::to_value(&o).unwrap(),
+            serde_json::json!({"kind": "power_off", "vcpu": 1, "status": 7})
+        );
+        assert_eq!(
+            o.describe(),
+            "guest powered off with failure status 7 on vcpu1"
+        );
+        assert_eq!(
+            Outcome::Signal { signal: 2 }.describe(),
+            "stopped by signal 2"
+        );
+    }
+
+    #[test]
+    fn timings_and_vcpus_become_plain_numbers_and_maps() {
+        let t = Timings {
+            memory: Duration::from_micros(1500),
+            vm: Duration::from_millis(2),
+            boot: Duration::ZERO,
+            vcpus: Duration::from_millis(1),
+            first_output: None,
+        };
+        let d = TimingsDoc::from(&t);
+        assert_eq!((d.memory_ms, d.vm_ms, d.first_output_ms), (1.5, 2.0, None));
+        let v = VcpuReport {
+            index: 0,
+            core: 3,
+            exits: vec![("io_out", 5), ("hlt", 0)],
+            kvm: [("halt_exits".to_string(), 9)].into_iter().collect(),
+            assists: vec![("int3", 1)],
+        };
+        let j = serde_json::to_value(VcpuDoc::from(&v)).unwrap();
+        assert_eq!(j["exits"]["io_out"], 5);
+        assert_eq!(j["exits"]["hlt"], 0);
+        assert_eq!(j["assists"]["int3"], 1);
+        assert_eq!(j["kvm"]["halt_exits"], 9);
+        assert_eq!(j["core"], 3);
+    }
+}
