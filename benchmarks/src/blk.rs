@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::stats::{Summary, faster, summary};
-use crate::{Env, Microvm, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::{Env, Launch, Microvm, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const SAMPLES: usize = 1000;
@@ -250,22 +250,18 @@ fn probe_cmdline() -> String {
 }
 
 fn ours_cmd(env: &Env, image: &Path, opts: &str, ioeventfd: bool) -> Command {
-    let mut c = Command::new(&env.partition);
-    c.env("PARTITION_STATE_DIR", env.work.join("blk-state"))
-        .env("RUST_LOG", "partition::disks=debug")
-        .args([
-            "launch",
-            "--cores",
-            &env.core.to_string(),
-            "--memory",
-            "64M",
-        ])
-        .args(["--probe", "--cmdline", &probe_cmdline(), "--disk"])
-        .arg(format!("path={}{opts}", image.display()));
-    if !ioeventfd {
-        c.arg("--no-ioeventfd");
-    }
-    c
+    Launch::new(
+        env,
+        &env.work.join("blk-state"),
+        &env.core.to_string(),
+        "64M",
+    )
+    .env("RUST_LOG", "partition::disks=debug")
+    .probe()
+    .cmdline(&probe_cmdline())
+    .disk(image, opts)
+    .ioeventfd(ioeventfd)
+    .command()
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, image: &Path, name: &str, qmp: &Path) -> Command {

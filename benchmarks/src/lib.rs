@@ -48,6 +48,86 @@ pub struct Env {
     pub lmbench: Option<PathBuf>,
 }
 
+/// One builder for every `partition launch` a benchmark runs: the state directory, the
+/// cores, the memory, the guest and its command line, devices and flags, in the order a
+/// person would type them.
+pub struct Launch {
+    cmd: Command,
+}
+
+impl Launch {
+    /// `partition launch --cores CORES --memory MEMORY`, with its own state directory.
+    pub fn new(env: &Env, state: &Path, cores: &str, memory: &str) -> Self {
+        let mut cmd = Command::new(&env.partition);
+        cmd.env("PARTITION_STATE_DIR", state)
+            .arg("launch")
+            .args(["--cores", cores, "--memory", memory]);
+        Self { cmd }
+    }
+    /// The built-in probe guest.
+    pub fn probe(mut self) -> Self {
+        self.cmd.arg("--probe");
+        self
+    }
+    /// A kernel and initrd from files.
+    pub fn kernel(mut self, kernel: &Path, initrd: &Path) -> Self {
+        self.cmd
+            .arg("--kernel")
+            .arg(kernel)
+            .arg("--initrd")
+            .arg(initrd);
+        self
+    }
+    /// `--backing anonymous|prefault|hugetlb`.
+    pub fn backing(mut self, backing: &str) -> Self {
+        self.cmd.args(["--backing", backing]);
+        self
+    }
+    /// `--name NAME`: a partition from the reservation.
+    pub fn name(mut self, name: &str) -> Self {
+        self.cmd.args(["--name", name]);
+        self
+    }
+    /// `--idle POLICY`.
+    pub fn idle(mut self, policy: &str) -> Self {
+        self.cmd.args(["--idle", policy]);
+        self
+    }
+    /// `--cmdline LINE`.
+    pub fn cmdline(mut self, line: &str) -> Self {
+        self.cmd.args(["--cmdline", line]);
+        self
+    }
+    /// `--disk path=PATH<opts>` (`opts` such as `,poll=on`).
+    pub fn disk(mut self, path: &Path, opts: &str) -> Self {
+        self.cmd
+            .arg("--disk")
+            .arg(format!("path={}{opts}", path.display()));
+        self
+    }
+    /// `--no-ioeventfd` unless `ioeventfd`.
+    pub fn ioeventfd(mut self, ioeventfd: bool) -> Self {
+        if !ioeventfd {
+            self.cmd.arg("--no-ioeventfd");
+        }
+        self
+    }
+    /// `--timings`.
+    pub fn timings(mut self) -> Self {
+        self.cmd.arg("--timings");
+        self
+    }
+    /// An environment variable for the VMM (`RUST_LOG`, say).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.cmd.env(key, value);
+        self
+    }
+    /// The command.
+    pub fn command(self) -> Command {
+        self.cmd
+    }
+}
+
 /// The peer VMM as every section runs it: QEMU's microvm booting the probe guest, the
 /// console on stdout, power-off through isa-debug-exit (status s exits `(s << 1) | 1`).
 /// Callers add what differs (QMP, a drive, `-overcommit`).
@@ -114,8 +194,8 @@ impl Microvm<'_> {
     }
 }
 
-/// Whether /dev/kvm is the nested kvm_pvm module (DESIGN.md, environment facts): guests we
-/// write run, a Linux kernel dies in early boot.
+/// Whether /dev/kvm is the nested kvm_pvm module (docs/measurement.md, the development
+/// host): guest ring 0 runs in the host's instruction emulator.
 pub fn nested_pvm() -> bool {
     std::path::Path::new("/sys/module/kvm_pvm").exists()
 }
@@ -181,6 +261,9 @@ pub fn provenance(env: &Env) -> Value {
 pub struct Run {
     /// From spawn to the first byte on stdout (None if there was none).
     pub first_byte: Option<Duration>,
+    /// The process as it was right after its first stdout byte (None if there was none or
+    /// it was already gone).
+    pub at_first_byte: Option<ProcSample>,
     /// From spawn to exit.
     pub total: Duration,
     /// Exit status.
@@ -189,6 +272,53 @@ pub struct Run {
     pub stdout: String,
     /// Everything on stderr.
     pub stderr: String,
+}
+
+/// A process's CPU time and memory, read from /proc.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcSample {
+    /// CPU time of all its threads so far (guest time of vCPU threads included), ns.
+    pub cpu_ns: u64,
+    /// Resident set (`VmRSS`), KiB: its own memory and any anonymous guest memory.
+    pub rss_kib: u64,
+    /// Hugetlb pages mapped (`HugetlbPages`), KiB: hugetlb guest memory is here, not in RSS.
+    pub hugetlb_kib: u64,
+}
+
+impl ProcSample {
+    /// `pid`'s sample, or None if it is gone.
+    pub fn of(pid: u32) -> Option<Self> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let mut cpu_ns = 0u64;
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .ok()?
+            .flatten()
+        {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            cpu_ns += Self::schedstat_ns(&s).unwrap_or(0);
+        }
+        Some(Self {
+            cpu_ns,
+            rss_kib: Self::status_kib(&status, "VmRSS:").unwrap_or(0),
+            hugetlb_kib: Self::status_kib(&status, "HugetlbPages:").unwrap_or(0),
+        })
+    }
+
+    /// The first field of `/proc/.../schedstat`: time on the CPU, ns.
+    fn schedstat_ns(s: &str) -> Option<u64> {
+        s.split_whitespace().next()?.parse().ok()
+    }
+
+    /// A `Key:   N kB` line of `/proc/PID/status`.
+    fn status_kib(status: &str, key: &str) -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
 }
 
 /// Runs `cmd`, timing its first stdout byte; kills it after `limit`.
@@ -246,6 +376,7 @@ pub fn timed_run_with(
         ),
         _ => (None, String::new()),
     };
+    let at_first_byte = first_byte.and_then(|_| ProcSample::of(pid));
     let mut rest = String::new();
     let _ = out.read_to_string(&mut rest);
     stdout.push_str(&rest);
@@ -254,6 +385,7 @@ pub fn timed_run_with(
     let _ = watchdog.join();
     Ok(Run {
         first_byte,
+        at_first_byte,
         total,
         status,
         stdout,
@@ -325,6 +457,62 @@ pub fn timing(stderr: &str, key: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_launch_builder_writes_what_a_person_would_type() {
+        let env = Env {
+            partition: "/bin/partition".into(),
+            work: "/w".into(),
+            repo: None,
+            qemu: None,
+            runs: 1,
+            core: 1,
+            host_core: 0,
+            guest_image: None,
+            lmbench: None,
+        };
+        let c = Launch::new(&env, Path::new("/w/s"), "1,0", "64M")
+            .probe()
+            .backing("hugetlb")
+            .idle("poll")
+            .cmdline("probe.memtest=0")
+            .disk(Path::new("/d.img"), ",poll=on")
+            .ioeventfd(false)
+            .timings()
+            .command();
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args.join(" "),
+            "launch --cores 1,0 --memory 64M --probe --backing hugetlb --idle poll \
+             --cmdline probe.memtest=0 --disk path=/d.img,poll=on --no-ioeventfd --timings"
+        );
+        assert!(c.get_envs().any(|(k, v)| k == "PARTITION_STATE_DIR"
+            && v == Some(std::ffi::OsStr::new("/w/s"))));
+        let with = Launch::new(&env, Path::new("/s"), "0", "1G")
+            .ioeventfd(true)
+            .command();
+        assert!(!with.get_args().any(|a| a == "--no-ioeventfd"));
+    }
+
+    #[test]
+    fn proc_samples_parse_status_and_schedstat() {
+        let status = "Name:\tx\nVmRSS:\t    2048 kB\nHugetlbPages:\t  524288 kB\n";
+        assert_eq!(ProcSample::status_kib(status, "VmRSS:"), Some(2048));
+        assert_eq!(
+            ProcSample::status_kib(status, "HugetlbPages:"),
+            Some(524288)
+        );
+        assert_eq!(ProcSample::status_kib(status, "VmSwap:"), None);
+        assert_eq!(ProcSample::schedstat_ns("123456 789 10\n"), Some(123456));
+        assert_eq!(ProcSample::schedstat_ns(""), None);
+        // Our own process: it has run and has resident memory.
+        let me = ProcSample::of(std::process::id()).unwrap();
+        assert!(me.cpu_ns > 0 && me.rss_kib > 0, "{me:?}");
+        assert_eq!(ProcSample::of(u32::MAX), None);
+    }
 
     #[test]
     fn first_byte_and_timings() {

@@ -8,10 +8,18 @@
 //! - `anon-prefault`: fresh anonymous memory with MAP_POPULATE (`--backing prefault`);
 //! - `hugetlb`: fresh MAP_HUGETLB | MAP_POPULATE from the kernel's free hugepages (grown
 //!   before and shrunk after each run, outside the timed part);
-//! - `qemu`: `qemu-system-x86_64 -M microvm -mem-prealloc`, the probe booted through PVH.
+//! - `qemu`: `qemu-system-x86_64 -M microvm -mem-prealloc`, the probe booted through PVH;
+//! - `qemu-hugetlbfs`: the strongest QEMU setup for the same job, guest memory from
+//!   preallocated 2 MiB hugepages (`-object memory-backend-file,mem-path=<hugetlbfs
+//!   mount>,prealloc=on`; the pages are taken from the kernel before and given back after
+//!   each run, outside the timed part, as for `hugetlb`).
 //!
 //! Time to first byte is measured from `spawn` to the first byte on the VMM's stdout;
 //! the memory part comes from our VMM's own `--timings` (QEMU has no such report: null).
+//! The VMM's own cost per launch, as Firecracker's specification counts it: at the first
+//! byte, the CPU time of all the VMM's threads since exec (`/proc/PID/task/*/schedstat`;
+//! its vCPU thread's guest time so far is in it) and its resident set (`VmRSS`; guest
+//! memory on hugepages is `HugetlbPages` instead, recorded beside it).
 //! One warm-up round is discarded; the sources then alternate, in an order rotated every
 //! round. Every launcher runs on the host core; the pool partition's vCPU runs on the
 //! reserved core (a pool partition can run nowhere else), the others' on the host core.
@@ -24,10 +32,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::stats::summary;
-use crate::{Env, HugepageCount, Microvm, failed, ms, now_utc, provenance, timed_run, timing};
+use crate::{
+    Env, HugepageCount, Launch, Microvm, failed, ms, now_utc, provenance, timed_run, timing,
+};
 
 /// The memory sources compared.
-pub const SOURCES: [&str; 4] = ["pool", "anon-prefault", "hugetlb", "qemu"];
+pub const SOURCES: [&str; 5] = ["pool", "anon-prefault", "hugetlb", "qemu", "qemu-hugetlbfs"];
 const HUGEPAGE: u64 = 2 << 20;
 
 /// Sizes measured.
@@ -35,46 +45,58 @@ pub fn default_sizes() -> Vec<u64> {
     vec![256 << 20, 1 << 30, 4 << 30, 8 << 30]
 }
 
-fn launch_cmd(env: &Env, state: &Path, source: &str, size: u64, probe: &Path) -> Command {
+/// Whether `source` takes its pages from the kernel's free hugepages for each run.
+fn takes_hugepages(source: &str) -> bool {
+    matches!(source, "hugetlb" | "qemu-hugetlbfs")
+}
+
+fn launch_cmd(
+    env: &Env,
+    state: &Path,
+    source: &str,
+    size: u64,
+    probe: &Path,
+    hugetlbfs: &Path,
+) -> Command {
     let mb = (size >> 20).to_string();
     match source {
-        "qemu" => Microvm {
-            pin: Some(env.host_core.to_string()),
-            smp: 1,
-            mb: size >> 20,
-            acpi: true,
-            prealloc: true,
-            probe,
-            cmdline: "probe.memtest=0",
-        }
-        .command(env),
-        _ => {
-            let mut c = Command::new(&env.partition);
-            c.env("PARTITION_STATE_DIR", state).arg("launch");
-            match source {
-                "pool" => c.args(["--name", "memsetup", "--cores", &env.core.to_string()]),
-                "anon-prefault" => c.args([
-                    "--cores",
-                    &env.host_core.to_string(),
-                    "--backing",
-                    "prefault",
-                ]),
-                _ => c.args([
-                    "--cores",
-                    &env.host_core.to_string(),
-                    "--backing",
-                    "hugetlb",
-                ]),
-            };
-            c.args([
-                "--memory",
-                &format!("{mb}M"),
-                "--probe",
-                "--cmdline",
-                "probe.memtest=0",
-                "--timings",
-            ]);
+        "qemu" | "qemu-hugetlbfs" => {
+            let hugepages = source == "qemu-hugetlbfs";
+            let mut c = Microvm {
+                pin: Some(env.host_core.to_string()),
+                smp: 1,
+                mb: size >> 20,
+                acpi: true,
+                prealloc: !hugepages,
+                probe,
+                cmdline: "probe.memtest=0",
+            }
+            .command(env);
+            if hugepages {
+                c.args([
+                    "-object",
+                    &format!(
+                        "memory-backend-file,id=ram,size={mb}M,mem-path={},prealloc=on,share=off",
+                        hugetlbfs.display()
+                    ),
+                    "-machine",
+                    "memory-backend=ram",
+                ]);
+            }
             c
+        }
+        _ => {
+            let memory = format!("{mb}M");
+            let l = match source {
+                "pool" => Launch::new(env, state, &env.core.to_string(), &memory).name("memsetup"),
+                "anon-prefault" => {
+                    Launch::new(env, state, &env.host_core.to_string(), &memory).backing("prefault")
+                }
+                _ => {
+                    Launch::new(env, state, &env.host_core.to_string(), &memory).backing("hugetlb")
+                }
+            };
+            l.probe().cmdline("probe.memtest=0").timings().command()
         }
     }
 }
@@ -82,7 +104,7 @@ fn launch_cmd(env: &Env, state: &Path, source: &str, size: u64, probe: &Path) ->
 fn ok(source: &str, status: std::process::ExitStatus) -> bool {
     match source {
         // isa-debug-exit: status s exits with (s << 1) | 1.
-        "qemu" => status.code() == Some(1),
+        "qemu" | "qemu-hugetlbfs" => status.code() == Some(1),
         _ => status.success(),
     }
 }
@@ -96,9 +118,10 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         "started_at": started_at,
         "provenance": prov,
         "method": "time from spawn to the first byte of the guest's serial output; memory part \
-                   from the VMM's --timings (mmap + prefault); one discarded warm-up round, then \
-                   rounds alternating the sources in a rotated order; probe guest with \
-                   probe.memtest=0",
+                   from the VMM's --timings (mmap + prefault); at the first byte, the VMM \
+                   process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \
+                   and HugetlbPages; one discarded warm-up round, then rounds alternating the \
+                   sources in a rotated order; probe guest with probe.memtest=0",
         "params": { "sizes_bytes": sizes, "runs": env.runs, "sources": SOURCES,
                     "reserved_core": env.core, "host_core": env.host_core },
     });
@@ -139,20 +162,39 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         .and_then(|s| s.parse::<f64>().ok());
     section["pool_preallocation"] = json!({ "bytes": max, "seconds": prealloc_s });
 
-    let sources: Vec<&str> = SOURCES
+    let mut sources: Vec<&str> = SOURCES
         .iter()
         .copied()
-        .filter(|s| *s != "qemu" || env.qemu.is_some())
+        .filter(|s| !s.starts_with("qemu") || env.qemu.is_some())
         .collect();
     if env.qemu.is_none() {
         section["qemu_note"] = json!("qemu-system-x86_64 not found: no peer rows");
+    }
+    // QEMU's hugepage backend needs a hugetlbfs mount of its own (in the scratch directory,
+    // which the bench supervisor unmounts if this run dies).
+    let hugetlbfs = env.work.join("qemu-hugetlbfs");
+    let mounted = sources.contains(&"qemu-hugetlbfs") && {
+        let _ = std::fs::create_dir_all(&hugetlbfs);
+        match mount_hugetlbfs(&hugetlbfs) {
+            Ok(()) => true,
+            Err(e) => {
+                section["qemu_hugetlbfs_note"] = json!(format!(
+                    "mounting hugetlbfs at {}: {e}",
+                    hugetlbfs.display()
+                ));
+                false
+            }
+        }
+    };
+    if !mounted {
+        sources.retain(|s| *s != "qemu-hugetlbfs");
     }
     let base = HugepageCount::read();
     // Puts the count back to `base` (the pool's own pages) however the loop ends; it must
     // go before unreserve, which gives the pool's pages back.
     let restore = HugepageCount(base.to_string());
-    // (source, size) -> (first byte ms, memory ms)
-    let mut samples: BTreeMap<(String, u64), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    // (source, size) -> per-run values
+    let mut samples: BTreeMap<(String, u64), Samples> = BTreeMap::new();
     let mut failures = Vec::new();
     for round in 0..=env.runs {
         let mut order = sources.clone();
@@ -160,11 +202,11 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         order.rotate_left(round % n);
         for &size in sizes {
             for &source in &order {
-                if source == "hugetlb" {
+                if takes_hugepages(source) {
                     let want = base + size / HUGEPAGE;
                     if HugepageCount::set(want) < want {
                         failures.push(format!(
-                            "hugetlb {size}: the kernel would not give {} more hugepages",
+                            "{source} {size}: the kernel would not give {} more hugepages",
                             size / HUGEPAGE
                         ));
                         HugepageCount::set(base);
@@ -172,10 +214,14 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
                     }
                 }
                 let r = timed_run(
-                    launch_cmd(env, &state, source, size, &probe),
+                    launch_cmd(env, &state, source, size, &probe, &hugetlbfs),
                     Duration::from_secs(300),
                 );
-                if source == "hugetlb" {
+                if source == "qemu-hugetlbfs" {
+                    // QEMU unlinks its backing file; whatever is left goes before the pages do.
+                    clear_dir(&hugetlbfs);
+                }
+                if takes_hugepages(source) {
                     HugepageCount::set(base);
                 }
                 match r {
@@ -184,9 +230,14 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
                             continue; // warm-up
                         }
                         let e = samples.entry((source.to_string(), size)).or_default();
-                        e.0.push(ms(r.first_byte.unwrap_or_default()));
+                        e.first_byte.push(ms(r.first_byte.unwrap_or_default()));
                         if let Some(m) = timing(&r.stderr, "memory_ms") {
-                            e.1.push(m);
+                            e.memory.push(m);
+                        }
+                        if let Some(p) = r.at_first_byte {
+                            e.cpu.push(p.cpu_ns as f64 / 1e6);
+                            e.rss.push(p.rss_kib as f64);
+                            e.hugetlb.push(p.hugetlb_kib as f64);
                         }
                     }
                     Ok(r) => failures.push(format!(
@@ -201,26 +252,38 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         }
     }
     drop(restore);
+    if mounted {
+        if let Err(e) = umount(&hugetlbfs) {
+            failures.push(format!("unmounting {}: {e}", hugetlbfs.display()));
+        }
+        let _ = std::fs::remove_dir(&hugetlbfs);
+    }
     let _ = Command::new(&env.partition)
         .env("PARTITION_STATE_DIR", &state)
         .arg("unreserve")
         .output();
 
     let mut rows = Vec::new();
-    for ((source, size), (fb, mem)) in &samples {
+    for ((source, size), v) in &samples {
         rows.push(json!({
             "source": source,
             "size_bytes": size,
-            "first_byte_ms": summary(fb),
-            "memory_ms": summary(mem),
-            "runs_first_byte_ms": fb,
-            "runs_memory_ms": mem,
+            "first_byte_ms": summary(&v.first_byte),
+            "memory_ms": summary(&v.memory),
+            "vmm_cpu_ms_at_first_byte": summary(&v.cpu),
+            "vmm_rss_kib_at_first_byte": summary(&v.rss),
+            "vmm_hugetlb_kib_at_first_byte": summary(&v.hugetlb),
+            "guest_memory_kib": size >> 10,
+            "runs_first_byte_ms": v.first_byte,
+            "runs_memory_ms": v.memory,
+            "runs_vmm_cpu_ms": v.cpu,
+            "runs_vmm_rss_kib": v.rss,
         }));
     }
     let med = |source: &str, size: u64, which: usize| {
-        samples
-            .get(&(source.to_string(), size))
-            .and_then(|(a, b)| summary(if which == 0 { a } else { b }).map(|s| s.median))
+        samples.get(&(source.to_string(), size)).and_then(|v| {
+            summary(if which == 0 { &v.first_byte } else { &v.memory }).map(|s| s.median)
+        })
     };
     let small = sizes.iter().copied().min().unwrap_or(0);
     let first_ratio = med("pool", max, 0)
@@ -238,14 +301,15 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
     });
     section["failures"] = json!(failures);
     let expected = sources.len() * sizes.len();
-    section["completed"] =
-        json!(samples.len() == expected && samples.values().all(|(a, _)| a.len() == env.runs));
+    section["completed"] = json!(
+        samples.len() == expected && samples.values().all(|v| v.first_byte.len() == env.runs)
+    );
     if section["completed"] == json!(false) {
         section["reason"] = json!(format!(
             "{} of {} configurations measured fully; failures: {:?}",
             samples
                 .values()
-                .filter(|(a, _)| a.len() == env.runs)
+                .filter(|v| v.first_byte.len() == env.runs)
                 .count(),
             expected,
             failures
@@ -253,4 +317,116 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
     }
     section["finished_at"] = json!(now_utc());
     section
+}
+
+/// Per-run values of one (source, size).
+#[derive(Default)]
+struct Samples {
+    first_byte: Vec<f64>,
+    memory: Vec<f64>,
+    cpu: Vec<f64>,
+    rss: Vec<f64>,
+    hugetlb: Vec<f64>,
+}
+
+fn cstr(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// Mounts a 2 MiB hugetlbfs at `dir`.
+fn mount_hugetlbfs(dir: &Path) -> std::io::Result<()> {
+    let target = cstr(dir);
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"memsetup-hugetlbfs".as_ptr(),
+            target.as_ptr(),
+            c"hugetlbfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            c"pagesize=2M,mode=0700".as_ptr().cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn umount(dir: &Path) -> std::io::Result<()> {
+    let target = cstr(dir);
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Removes the files in `dir` (a hugetlbfs mount), so their pages go back.
+fn clear_dir(dir: &Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let _ = std::fs::remove_file(e.path());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {
+        let env = crate::Env {
+            partition: "/bin/partition".into(),
+            work: "/w".into(),
+            repo: None,
+            qemu: Some("/bin/qemu".into()),
+            runs: 1,
+            core: 1,
+            host_core: 0,
+            guest_image: None,
+            lmbench: None,
+        };
+        let dir = Path::new("/mnt/h");
+        let c = launch_cmd(
+            &env,
+            Path::new("/s"),
+            "qemu-hugetlbfs",
+            256 << 20,
+            Path::new("/p"),
+            dir,
+        );
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let obj = args.iter().position(|a| a == "-object").unwrap();
+        assert_eq!(
+            args[obj + 1],
+            "memory-backend-file,id=ram,size=256M,mem-path=/mnt/h,prealloc=on,share=off"
+        );
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["-machine", "memory-backend=ram"])
+        );
+        assert!(!args.contains(&"-mem-prealloc".to_string()), "{args:?}");
+        let plain = launch_cmd(
+            &env,
+            Path::new("/s"),
+            "qemu",
+            256 << 20,
+            Path::new("/p"),
+            dir,
+        );
+        let args: Vec<String> = plain
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            args.contains(&"-mem-prealloc".to_string()) && !args.contains(&"-object".to_string())
+        );
+        assert!(takes_hugepages("qemu-hugetlbfs") && takes_hugepages("hugetlb"));
+        assert!(!takes_hugepages("pool"));
+    }
 }

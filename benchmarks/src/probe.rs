@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::hotpaths::{self, Series};
 use crate::stats::summary;
-use crate::{Env, Microvm, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::{Env, Launch, Microvm, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
 
 const GUEST_MB: u64 = 640;
 /// Staircase points: 512 B to 256 MiB, doubling.
@@ -134,21 +134,13 @@ fn record(s: &mut Runs, r: std::io::Result<crate::Run>, ok_code: i32) {
 
 /// Our launch of the probe for the paths benchmark.
 pub fn ours_cmd(env: &Env, state: &Path, disk: &Path, ioeventfd: bool, extra: &str) -> Command {
-    let mut c = Command::new(&env.partition);
-    c.env("PARTITION_STATE_DIR", state)
-        .args(["launch", "--cores", &env.core.to_string()])
-        .args(["--memory", &format!("{GUEST_MB}M"), "--backing", "hugetlb"])
-        .arg("--probe")
-        .arg("--disk")
-        .arg(format!("path={}", disk.display()))
-        .args([
-            "--cmdline",
-            &format!("probe.memtest=0 probe.bench=paths {extra}"),
-        ]);
-    if !ioeventfd {
-        c.arg("--no-ioeventfd");
-    }
-    c
+    Launch::new(env, state, &env.core.to_string(), &format!("{GUEST_MB}M"))
+        .backing("hugetlb")
+        .probe()
+        .disk(disk, "")
+        .cmdline(&format!("probe.memtest=0 probe.bench=paths {extra}"))
+        .ioeventfd(ioeventfd)
+        .command()
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, disk: &Path, qmp: &Path) -> Command {

@@ -4,11 +4,10 @@
 //! staircase of the probe guest against the host with their ratios.
 
 use std::fmt::Write as _;
-use std::process::Command;
 use std::time::Duration;
 
 use crate::report::SEED;
-use crate::{Env, HugepageCount, hotpaths, probe, timed_run};
+use crate::{Env, HugepageCount, Launch, hotpaths, probe, timed_run};
 
 const GUEST_MB: u64 = 160;
 
@@ -33,24 +32,21 @@ pub fn run(env: &Env) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let pages = GUEST_MB / 2;
     let guard = HugepageCount::grow(pages);
-    let mut c = Command::new(&env.partition);
-    c.env("PARTITION_STATE_DIR", env.work.join("quick-state"))
-        .args(["launch", "--cores", &env.core.to_string()])
-        .args(["--memory", &format!("{GUEST_MB}M"), "--probe"])
-        .args([
-            "--backing",
-            if guard.is_some() {
-                "hugetlb"
-            } else {
-                "prefault"
-            },
-        ])
-        .arg("--disk")
-        .arg(format!("path={}", disk.display()))
-        .args([
-            "--cmdline",
-            "probe.memtest=0 probe.bench=paths probe.paths_n=300 probe.paths_max_mem=67108864",
-        ]);
+    let c = Launch::new(
+        env,
+        &env.work.join("quick-state"),
+        &env.core.to_string(),
+        &format!("{GUEST_MB}M"),
+    )
+    .probe()
+    .backing(if guard.is_some() {
+        "hugetlb"
+    } else {
+        "prefault"
+    })
+    .disk(&disk, "")
+    .cmdline("probe.memtest=0 probe.bench=paths probe.paths_n=300 probe.paths_max_mem=67108864")
+    .command();
     let r = timed_run(c, Duration::from_secs(120)).map_err(|e| e.to_string());
     drop(guard);
     let _ = std::fs::remove_file(&disk);

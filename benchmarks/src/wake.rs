@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::stats::{Summary, faster, summary};
-use crate::{Env, Microvm, now_utc, provenance};
+use crate::{Env, Launch, Microvm, now_utc, provenance};
 
 /// Policies measured, in the order of the seed's table.
 pub const POLICIES: [&str; 5] = ["mwait", "poll", "haltpoll", "hlt", "shared"];
@@ -310,23 +310,16 @@ fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
     } else {
         cmdline.to_string()
     };
-    let mut c = Command::new(&env.partition);
-    c.env("PARTITION_STATE_DIR", env.work.join("wake-state"))
-        .args([
-            "launch",
-            "--cores",
-            &format!("{},{}", env.host_core, env.core),
-        ])
-        .args([
-            "--memory",
-            "64M",
-            "--probe",
-            "--idle",
-            policy,
-            "--cmdline",
-            &cmdline,
-        ]);
-    c
+    Launch::new(
+        env,
+        &env.work.join("wake-state"),
+        &format!("{},{}", env.host_core, env.core),
+        "64M",
+    )
+    .probe()
+    .idle(policy)
+    .cmdline(&cmdline)
+    .command()
 }
 
 fn qemu_cmd(env: &Env, probe: &Path, cpu_pm: bool, cmdline: &str) -> Command {

@@ -33,7 +33,7 @@ pub fn kvm_available(test: &str) -> bool {
     }
 }
 
-/// Whether this host is the nested kvm_pvm kind (see DESIGN.md, environment facts).
+/// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
 pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
 }
