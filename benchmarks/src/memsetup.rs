@@ -329,39 +329,13 @@ struct Samples {
     hugetlb: Vec<f64>,
 }
 
-fn cstr(p: &Path) -> std::ffi::CString {
-    use std::os::unix::ffi::OsStrExt;
-    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
+/// Mounts a 2 MiB hugetlbfs at `dir` (the pool crate's mount, as `partition reserve` uses).
+fn mount_hugetlbfs(dir: &Path) -> Result<(), pool::hugetlbfs::HugetlbfsError> {
+    pool::hugetlbfs::mount(dir, HUGEPAGE)
 }
 
-/// Mounts a 2 MiB hugetlbfs at `dir`.
-fn mount_hugetlbfs(dir: &Path) -> std::io::Result<()> {
-    let target = cstr(dir);
-    // SAFETY: NUL-terminated strings that outlive the call.
-    let rc = unsafe {
-        libc::mount(
-            c"memsetup-hugetlbfs".as_ptr(),
-            target.as_ptr(),
-            c"hugetlbfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            c"pagesize=2M,mode=0700".as_ptr().cast(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-fn umount(dir: &Path) -> std::io::Result<()> {
-    let target = cstr(dir);
-    // SAFETY: a NUL-terminated path.
-    if unsafe { libc::umount2(target.as_ptr(), 0) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+fn umount(dir: &Path) -> Result<(), pool::hugetlbfs::HugetlbfsError> {
+    pool::hugetlbfs::umount(dir)
 }
 
 /// Removes the files in `dir` (a hugetlbfs mount), so their pages go back.
