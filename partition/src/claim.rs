@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pool::Extent;
-use pool::poolfile::{ExtentRam, PoolFile, PoolFileError};
+use pool::poolfile::{ExtentFile, PoolFile, PoolFileError};
 use serde::{Deserialize, Serialize};
 
 use crate::cores;
@@ -201,10 +201,10 @@ impl ExtentClaim {
         })
     }
 
-    /// The extent, mapped from the pool file.
-    pub fn map(&self) -> Result<ExtentRam, ClaimError> {
+    /// The extent of the pool file, for the guest's memory to map.
+    pub fn extent_file(&self) -> Result<ExtentFile, ClaimError> {
         let p = &self.ledger.pool;
-        let m = PoolFile::open(&p.file, p.size, p.page_size).and_then(|f| f.map(self.extent))?;
+        let m = PoolFile::open(&p.file, p.size, p.page_size).and_then(|f| f.extent(self.extent))?;
         crash_point("after-map");
         Ok(m)
     }
@@ -310,7 +310,7 @@ pub(crate) fn forget(state_dir: &Path, name: &str) -> Result<(), LedgerError> {
 /// Zeroes `extent` of the pool through a fresh mapping; returns the time it took.
 pub(crate) fn scrub(l: &Ledger, extent: Extent) -> Result<Duration, PoolFileError> {
     let pool = PoolFile::open(&l.pool.file, l.pool.size, l.pool.page_size)?;
-    let m = pool.map(extent)?;
+    let mut m = pool.map(extent)?;
     Ok(m.scrub())
 }
 

@@ -25,8 +25,7 @@ use devices::power::{
 };
 use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
-use pool::poolfile::ExtentRam;
-use pool::{AnonRam, Backing, GuestRam};
+use pool::{Backing, RamSource};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::claim::{ClaimError, ClaimRequest, ExtentClaim};
@@ -190,9 +189,6 @@ pub enum LaunchError {
     /// Boot setup refused the configuration.
     #[error("{0}")]
     Boot(#[from] BootError),
-    /// Guest memory could not be mapped.
-    #[error("guest memory: {0}")]
-    Backing(#[from] pool::anon::AnonError),
     /// Guest memory could not be assembled.
     #[error("guest memory: {0}")]
     GuestMemory(#[from] MemoryError),
@@ -538,13 +534,13 @@ impl Observer for () {}
 /// A launch's guest memory, and what must happen to it afterwards.
 pub enum Acquired {
     /// Anonymous memory, gone with the mapping.
-    Anonymous(AnonRam),
+    Anonymous(RamSource),
     /// A pool extent: the claim scrubs and frees it when it ends.
     Extent {
         /// The claim in the ledger (boxed: it holds the ledger as loaded).
         claim: Box<ExtentClaim>,
-        /// The extent, mapped.
-        ram: ExtentRam,
+        /// The extent of the pool file, to be mapped as the guest's RAM.
+        ram: RamSource,
     },
 }
 
@@ -552,10 +548,7 @@ pub enum Acquired {
 pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
     let cfg = &checked.cfg;
     match &cfg.source {
-        MemorySource::Anonymous(backing) => Ok(Acquired::Anonymous(AnonRam::new(
-            checked.layout.size() as usize,
-            *backing,
-        )?)),
+        MemorySource::Anonymous(backing) => Ok(Acquired::Anonymous(RamSource::Anonymous(*backing))),
         MemorySource::Pool(req) => {
             let claim = ExtentClaim::take(&ClaimRequest {
                 state_dir: &cfg.state_dir,
@@ -566,10 +559,10 @@ pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
                 idle: checked.idle.policy.name(),
                 kernel: &checked.kernel_name,
             })?;
-            match claim.map() {
+            match claim.extent_file() {
                 Ok(ram) => Ok(Acquired::Extent {
                     claim: Box::new(claim),
-                    ram,
+                    ram: RamSource::Extent(ram),
                 }),
                 Err(e) => {
                     // Nothing touched the extent: it is still clean.
@@ -617,12 +610,12 @@ impl Observer for ClaimObserver<'_> {
 /// devices, vCPUs, run and wait, stop, report.
 pub fn run(
     mut checked: Checked,
-    ram: Box<dyn GuestRam>,
+    ram: RamSource,
     started: Instant,
     isolation: Option<Isolation>,
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
-    let memory = Arc::new(GuestMemory::new(ram, checked.layout)?);
+    let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
     let t_mem = Instant::now();
     let vm = build_vm(&checked, &memory)?;
     let t_vm = Instant::now();
@@ -675,7 +668,7 @@ pub fn run(
 
 /// The VM, with the idle plan's and the CPU model's settings and the guest's memory slots.
 fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, LaunchError> {
-    let vm = Vm::new()?;
+    let mut vm = Vm::new()?;
     vm.apply_idle(&checked.idle)?;
     vm.report_emulation_failures()?;
     if checked.cpu_model.syscall_repair {
@@ -1065,7 +1058,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
     let checked = check(cfg)?;
     let started = Instant::now();
     match acquire(&checked)? {
-        Acquired::Anonymous(ram) => run(checked, Box::new(ram), started, None, observer),
+        Acquired::Anonymous(ram) => run(checked, ram, started, None, observer),
         Acquired::Extent { claim, ram } => {
             let isolation = Some(claim.isolation());
             let result = {
@@ -1073,7 +1066,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
                     inner: observer,
                     claim: &claim,
                 };
-                run(checked, Box::new(ram), started, isolation, &obs)
+                run(checked, ram, started, isolation, &obs)
             };
             // The guest is gone (or never ran): scrub, then free the cores and the extent.
             let released = claim.release();

@@ -6,9 +6,9 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::GuestRam;
 use crate::extent::Extent;
 
 /// Bytes preallocated between progress reports.
@@ -52,7 +52,7 @@ pub enum PoolFileError {
 /// The open pool file.
 #[derive(Debug)]
 pub struct PoolFile {
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     size: u64,
     page_size: u64,
@@ -91,7 +91,7 @@ impl PoolFile {
             .open(path)
             .map_err(io("create"))?;
         let pf = Self {
-            file,
+            file: Arc::new(file),
             path: path.to_path_buf(),
             size,
             page_size,
@@ -148,7 +148,7 @@ impl PoolFile {
             });
         }
         Ok(Self {
-            file,
+            file: Arc::new(file),
             path: path.to_path_buf(),
             size,
             page_size,
@@ -160,58 +160,82 @@ impl PoolFile {
         self.size
     }
 
-    /// Maps `extent` shared and prefaulted.
-    pub fn map(&self, extent: Extent) -> Result<ExtentRam, PoolFileError> {
-        let bad = PoolFileError::BadExtent {
-            offset: extent.offset,
-            len: extent.len,
-            size: self.size,
-        };
+    fn check(&self, extent: Extent) -> Result<(), PoolFileError> {
         let end = extent.offset.checked_add(extent.len);
         if extent.len == 0
             || extent.offset % self.page_size != 0
             || extent.len % self.page_size != 0
             || end.is_none_or(|e| e > self.size)
         {
-            return Err(bad);
+            return Err(PoolFileError::BadExtent {
+                offset: extent.offset,
+                len: extent.len,
+                size: self.size,
+            });
         }
-        let start = Instant::now();
-        // SAFETY: maps a range of our own open file; the kernel checks the rest.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                extent.len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                self.file.as_raw_fd(),
-                extent.offset as i64,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(self.err("mmap")(std::io::Error::last_os_error()));
-        }
-        Ok(ExtentRam {
-            ptr: ptr.cast(),
+        Ok(())
+    }
+
+    /// `extent` as guest RAM: what the VMM's guest memory maps (shared, prefaulted).
+    pub fn extent(&self, extent: Extent) -> Result<ExtentFile, PoolFileError> {
+        self.check(extent)?;
+        Ok(ExtentFile {
+            file: Arc::clone(&self.file),
             extent,
             page_size: self.page_size,
-            map_time: start.elapsed(),
         })
+    }
+
+    /// Maps `extent` shared and prefaulted, for scrubbing and checking it.
+    pub fn map(&self, extent: Extent) -> Result<ExtentRam, PoolFileError> {
+        self.check(extent)?;
+        // SAFETY: a shared mapping of our own pool file (mode 0600, root's, only ever
+        // changed through such mappings); a concurrent truncation by someone else would
+        // make accesses fault, which the ledger lock and the file's ownership rule out.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(extent.offset)
+                .len(extent.len as usize)
+                .populate()
+                .map_mut(&*self.file)
+        }
+        .map_err(self.err("mmap"))?;
+        Ok(ExtentRam { map, extent })
     }
 }
 
-/// One extent of the pool, mapped: a partition's memory.
-#[derive(Debug)]
-pub struct ExtentRam {
-    ptr: *mut u8,
+/// One extent of the pool file, to be mapped as a guest's RAM. The mapping is made and owned
+/// by the guest's memory, so everything holding a clone of that memory keeps it mapped.
+#[derive(Clone, Debug)]
+pub struct ExtentFile {
+    file: Arc<File>,
     extent: Extent,
     page_size: u64,
-    map_time: Duration,
 }
 
-// SAFETY: a plain shared mapping; users synchronise their own accesses to guest memory.
-unsafe impl Send for ExtentRam {}
-// SAFETY: as above.
-unsafe impl Sync for ExtentRam {}
+impl ExtentFile {
+    /// The pool file.
+    pub fn file(&self) -> &Arc<File> {
+        &self.file
+    }
+
+    /// The extent.
+    pub fn extent(&self) -> Extent {
+        self.extent
+    }
+
+    /// The pool's page size.
+    pub fn page_size(&self) -> u64 {
+        self.page_size
+    }
+}
+
+/// One extent of the pool, mapped by the pool itself: for scrubbing and checking it.
+#[derive(Debug)]
+pub struct ExtentRam {
+    map: memmap2::MmapMut,
+    extent: Extent,
+}
 
 impl ExtentRam {
     /// The extent.
@@ -219,52 +243,17 @@ impl ExtentRam {
         self.extent
     }
 
-    /// How long mmap + prefault took.
-    pub fn map_time(&self) -> Duration {
-        self.map_time
-    }
-
-    /// Zeroes the whole extent; returns how long it took.
-    pub fn scrub(&self) -> Duration {
+    /// Zeroes the whole extent; returns how long it took. Callers scrub only once the guest
+    /// (the only other user of these pages) has stopped.
+    pub fn scrub(&mut self) -> Duration {
         let start = Instant::now();
-        // SAFETY: ptr..ptr+len is our live read-write mapping; callers scrub only once the
-        // guest (the only other user) has stopped.
-        unsafe { std::ptr::write_bytes(self.ptr, 0, self.extent.len as usize) };
+        self.map.fill(0);
         start.elapsed()
     }
 
     /// Whether every byte is zero (for tests and checks).
     pub fn is_zero(&self) -> bool {
-        // SAFETY: as above, read-only view of our mapping.
-        let s = unsafe { std::slice::from_raw_parts(self.ptr, self.extent.len as usize) };
-        s.iter().all(|&b| b == 0)
-    }
-}
-
-impl Drop for ExtentRam {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what map() mapped, once.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.extent.len as usize);
-        }
-    }
-}
-
-// SAFETY: the mapping lives until drop.
-unsafe impl GuestRam for ExtentRam {
-    fn as_ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-    fn len(&self) -> usize {
-        self.extent.len as usize
-    }
-    fn describe(&self) -> String {
-        format!(
-            "pool extent {:#x}+{:#x} ({} KiB pages)",
-            self.extent.offset,
-            self.extent.len,
-            self.page_size >> 10
-        )
+        self.map.iter().all(|&b| b == 0)
     }
 }
 
@@ -287,17 +276,17 @@ mod tests {
             offset: 8192,
             len: 16384,
         };
-        let m = pf.map(e).unwrap();
+        let mut m = pf.map(e).unwrap();
         assert!(m.is_zero());
-        // SAFETY: byte 100 is inside the 16 KiB mapping.
-        let p = unsafe { m.as_ptr().add(100) };
-        // SAFETY: as above; nothing else uses the mapping.
-        unsafe { p.write(7) };
+        m.map[100] = 7;
         assert!(!m.is_zero());
+        // The same bytes through a second mapping of the file: the pool is shared memory.
+        assert_eq!(pf.map(e).unwrap().map[100], 7);
         m.scrub();
         assert!(m.is_zero());
-        assert!(m.describe().contains("0x2000+0x4000"));
         drop(m);
+        let src = pf.extent(e).unwrap();
+        assert_eq!((src.extent(), src.page_size()), (e, 4096));
         for bad in [
             Extent {
                 offset: 1,
@@ -315,6 +304,10 @@ mod tests {
         ] {
             assert!(
                 matches!(pf.map(bad), Err(PoolFileError::BadExtent { .. })),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(pf.extent(bad), Err(PoolFileError::BadExtent { .. })),
                 "{bad:?}"
             );
         }

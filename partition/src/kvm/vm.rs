@@ -67,6 +67,12 @@ pub enum VmError {
     /// An eventfd could not be created.
     #[error("eventfd: {0}")]
     EventFd(#[source] std::io::Error),
+    /// A RAM range of the layout has no region of its own in guest memory.
+    #[error("guest RAM at {guest_addr:#x} has no host mapping of its own")]
+    NoHostMapping {
+        /// Guest address of the range.
+        guest_addr: u64,
+    },
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -77,6 +83,9 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 pub struct Vm {
     kvm: Kvm,
     fd: VmFd,
+    /// The guest memory behind the memory slots: a clone keeps its mappings alive for as
+    /// long as the VM (and so any vCPU) can reach them. Dropped after `fd`.
+    memory: Option<vm_memory::GuestMemoryMmap>,
 }
 
 impl Vm {
@@ -107,7 +116,11 @@ impl Vm {
         };
         fd.create_pit2(pit)
             .map_err(kvm_err("creating the in-kernel PIT"))?;
-        Ok(Self { kvm, fd })
+        Ok(Self {
+            kvm,
+            fd,
+            memory: None,
+        })
     }
 
     /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
@@ -184,17 +197,22 @@ impl Vm {
     }
 
     /// Registers every RAM range of `mem` as a memory slot.
-    pub fn map_memory(&self, mem: &GuestMemory) -> Result<(), VmError> {
+    pub fn map_memory(&mut self, mem: &GuestMemory) -> Result<(), VmError> {
+        // Kept before the first slot exists, so even a half-mapped VM cannot outlive it.
+        self.memory = Some(mem.mem().clone());
         for (slot, r) in mem.layout().ram_ranges().iter().enumerate() {
+            let userspace_addr = mem.host_addr(r).ok_or(VmError::NoHostMapping {
+                guest_addr: r.guest_addr,
+            })?;
             let region = kvm_userspace_memory_region {
                 slot: slot as u32,
                 flags: 0,
                 guest_phys_addr: r.guest_addr,
                 memory_size: r.len,
-                userspace_addr: mem.host_addr(r),
+                userspace_addr,
             };
-            // SAFETY: the host range is a live mapping owned by `mem`, which the launcher
-            // keeps alive until the VM fd is closed.
+            // SAFETY: the host range is a live mapping of a vm-memory region; the clone kept
+            // in `self.memory` holds it mapped until after the VM fd is closed.
             unsafe { self.fd.set_user_memory_region(region) }
                 .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
         }
