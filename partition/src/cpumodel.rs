@@ -174,6 +174,13 @@ pub const NESTED_SAFE_PARAMS: &[(&str, &str)] = &[
         "init_on_alloc=0",
         "do not zero every page the allocator hands out (Debian's default is 1)",
     ),
+    (
+        "initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init",
+        "skip two tracing initcalls that are minutes here: ftrace's scan of every traced \
+         function with a symbol lookup (it only keeps overridden weak functions out of \
+         available_filter_functions) and the rewrite of every trace event's format with \
+         enum values (formats then show the enum names); tracing itself works",
+    ),
 ];
 
 /// The model in force for a launch.
@@ -422,7 +429,11 @@ mod tests {
         let m = resolve(CpuModelRequest::NestedSafe, true);
         let ours = m.cmdline.clone();
         let (bits, params) = ours.split_once(' ').unwrap();
-        assert_eq!(params, "cryptomgr.notests init_on_alloc=0");
+        assert_eq!(
+            params,
+            "cryptomgr.notests init_on_alloc=0 \
+             initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init"
+        );
         assert_eq!(command_line(&m, ""), ours);
         assert_eq!(
             command_line(&m, "console=ttyS0 quiet"),

@@ -38,6 +38,7 @@ use crate::kvm::vcpu::{self as kvm_vcpu, VcpuContext, VcpuHandle};
 use crate::kvm::{Vm, VmError};
 use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
+use crate::readback::Readback;
 use crate::signals::SignalGuard;
 use crate::vcpu::StopReason;
 
@@ -481,14 +482,38 @@ pub struct LaunchReport {
     /// The idle plan in force.
     pub idle: IdlePlan,
     /// What KVM reported back about it.
-    pub idle_readback: Vec<String>,
+    pub idle_readback: Readback,
     /// The CPU model in force.
     pub cpu_model: CpuModel,
     /// The features it hides that the host shows in CPUID anyway (so only the command line
     /// hides them).
     pub cpu_model_shown_anyway: Vec<&'static str>,
     /// Per-disk queue counters.
-    pub disks: Vec<String>,
+    pub disks: Vec<DiskReport>,
+}
+
+/// One disk's window and its queues' counters at teardown.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DiskReport {
+    /// virtio-mmio window base.
+    pub base: u64,
+    /// Its GSI.
+    pub gsi: u32,
+    /// Each queue's counters.
+    pub queues: Vec<devices::virtio::QueueCounters>,
+}
+
+impl std::fmt::Display for DiskReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?;
+        for (i, q) in self.queues.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{q}")?;
+        }
+        Ok(())
+    }
 }
 
 /// What a pool-backed launch did with its extent.
@@ -638,7 +663,12 @@ pub fn run(
 
     let first_output = devices.first_byte.get().map(|t| t.duration_since(started));
     let vcpu_reports = reports(&vcpus.handles);
-    let idle_readback = readback(&checked.idle, vcpus.cpuid_back.as_ref(), &vcpu_reports);
+    let idle_readback = Readback::new(
+        &checked.idle,
+        vcpus.cpuid_back.as_ref().map(|c| c.as_slice()),
+        crate::cpuid::host_leaf5().is_some(),
+        vcpu_reports.iter().map(|v| (v.index, &v.kvm)),
+    );
     let cpu_model_shown_anyway = vcpus
         .cpuid_back
         .as_ref()
@@ -706,19 +736,18 @@ struct Devices {
 
 impl Devices {
     /// Stops the disks' queue workers and flushes the console; each disk's counters.
-    fn shut_down(&self) -> Vec<String> {
+    fn shut_down(&self) -> Vec<DiskReport> {
         let stats = self
             .disks
             .iter()
             .map(|d| {
                 let mut t = d.transport.lock().unwrap_or_else(|e| e.into_inner());
                 t.shutdown();
-                format!(
-                    "disk at {:#x} (gsi {}): {}",
-                    d.base,
-                    d.gsi,
-                    t.device().stats()
-                )
+                DiskReport {
+                    base: d.base,
+                    gsi: d.gsi,
+                    queues: t.device().stats(),
+                }
             })
             .collect();
         self.serial
@@ -919,71 +948,6 @@ fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
         .collect()
 }
 
-/// What KVM's own view says about the idle plan: CPUID as read back, and the vCPUs' halt
-/// statistics. Each line states a fact and whether it matches what was asked.
-fn readback(
-    plan: &IdlePlan,
-    cpuid: Option<&kvm_bindings::CpuId>,
-    vcpus: &[VcpuReport],
-) -> Vec<String> {
-    use crate::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
-    use crate::idle::EXIT_HLT;
-    let mut out = Vec::new();
-    if let Some(c) = cpuid {
-        let find = |f: u32| c.as_slice().iter().find(|e| e.function == f);
-        let mwait = find(1).is_some_and(|e| e.ecx & LEAF1_ECX_MONITOR != 0);
-        let leaf5 = find(5).is_some();
-        let rt = find(0x4000_0001).is_some_and(|e| e.edx & KVM_HINTS_REALTIME != 0);
-        let verdict = |got: bool, want: bool| {
-            if got == want {
-                "as set"
-            } else {
-                "NOT as set: the host changed it"
-            }
-        };
-        out.push(format!(
-            "KVM_GET_CPUID2: MONITOR/MWAIT {} ({}), leaf 5 {} ({}), KVM_HINTS_REALTIME {} ({})",
-            if mwait { "shown" } else { "hidden" },
-            verdict(mwait, plan.expose_mwait),
-            if leaf5 { "present" } else { "absent" },
-            verdict(
-                leaf5,
-                plan.expose_mwait && crate::cpuid::host_leaf5().is_some()
-            ),
-            if rt { "set" } else { "clear" },
-            verdict(rt, plan.hints_realtime),
-        ));
-    }
-    for v in vcpus {
-        let (Some(halts), Some(polls)) =
-            (v.kvm.get("halt_exits"), v.kvm.get("halt_attempted_poll"))
-        else {
-            continue;
-        };
-        let mut line = format!(
-            "vcpu{} stats: halt_exits={halts} halt_attempted_poll={polls} halt_successful_poll={} halt_wakeup={}",
-            v.index,
-            v.kvm.get("halt_successful_poll").copied().unwrap_or(0),
-            v.kvm.get("halt_wakeup").copied().unwrap_or(0),
-        );
-        if plan.disable_exits & EXIT_HLT != 0 && *halts > 0 {
-            line.push_str("; HLT exits were disabled, yet the guest's HLTs exited: this host accepts the setting and ignores it");
-        } else if plan.disable_exits & EXIT_HLT != 0 {
-            line.push_str("; no HLT exits, as set");
-        }
-        match plan.halt_poll_ns {
-            Some(0) if *polls == 0 && *halts > 0 => {
-                line.push_str("; halt polling off: no polls over those halts, as set")
-            }
-            Some(0) if *polls > 0 => line.push_str("; halt polling was set to 0, yet KVM polled"),
-            None if *halts > 0 => line.push_str("; host halt polling in force (shared)"),
-            _ => {}
-        }
-        out.push(line);
-    }
-    out
-}
-
 /// Passes output through and notes when the first byte went by.
 struct FirstByte {
     inner: Box<dyn Write + Send>,
@@ -1164,38 +1128,5 @@ mod tests {
         })
         .into();
         assert!(!e.is_usage(), "{e}");
-    }
-
-    #[test]
-    fn readback_states_each_fact_and_whether_it_held() {
-        let plan = IdlePlan {
-            policy: IdlePolicy::Hlt,
-            reason: String::new(),
-            disable_exits: crate::idle::EXIT_HLT,
-            halt_poll_ns: Some(0),
-            expose_mwait: false,
-            hints_realtime: true,
-            cmdline: "",
-        };
-        let v = |halts: u64| VcpuReport {
-            index: 0,
-            core: 0,
-            exits: Vec::new(),
-            kvm: [
-                ("halt_exits".to_string(), halts),
-                ("halt_attempted_poll".to_string(), 0),
-            ]
-            .into_iter()
-            .collect(),
-            assists: Vec::new(),
-        };
-        let quiet = readback(&plan, None, &[v(0)]);
-        assert!(quiet[0].ends_with("; no HLT exits, as set"), "{quiet:?}");
-        let ignored = readback(&plan, None, &[v(5)]);
-        assert!(
-            ignored[0].contains("yet the guest's HLTs exited")
-                && ignored[0].contains("no polls over those halts, as set"),
-            "{ignored:?}"
-        );
     }
 }

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod outcome;
 pub mod partitions;
 pub mod plan;
+pub mod readback;
 pub mod reserve;
 pub mod signals;
 pub mod size;

@@ -254,8 +254,8 @@ pub struct IdleDoc {
     pub expose_mwait: bool,
     /// KVM_HINTS_REALTIME set.
     pub hints_realtime: bool,
-    /// What KVM reported back about the plan, one fact a line.
-    pub readback: Vec<String>,
+    /// What KVM reported back about the plan.
+    pub readback: crate::readback::Readback,
 }
 
 /// What the guest was told about its CPU.
@@ -310,7 +310,7 @@ pub struct ReportDoc {
     /// Per-vCPU counters.
     pub vcpus: Vec<VcpuDoc>,
     /// Per-disk queue counters.
-    pub disks: Vec<String>,
+    pub disks: Vec<crate::launch::DiskReport>,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
 }

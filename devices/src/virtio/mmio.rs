@@ -371,8 +371,8 @@ mod tests {
         fn needs_reset(&self) -> bool {
             false
         }
-        fn stats(&self) -> String {
-            String::new()
+        fn stats(&self) -> Vec<crate::virtio::QueueCounters> {
+            Vec::new()
         }
     }
 

@@ -91,6 +91,38 @@ pub trait VirtioDevice: Send {
     fn reset(&mut self);
     /// Whether the device found a queue violation and needs a reset.
     fn needs_reset(&self) -> bool;
-    /// One line of counters for teardown.
-    fn stats(&self) -> String;
+    /// Each queue's counters, for teardown.
+    fn stats(&self) -> Vec<QueueCounters>;
+}
+
+/// One queue's counters as a device read them at teardown.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueCounters {
+    /// Queue index.
+    pub queue: u16,
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests refused (completed with an error status).
+    pub refused: u64,
+    /// Doorbells (queue notifications) seen.
+    pub doorbells: u64,
+    /// Interrupts sent.
+    pub interrupts: u64,
+    /// Times the submission ring was full (requests waited in the avail ring).
+    pub ring_full: u64,
+}
+
+impl std::fmt::Display for QueueCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "q{}: requests={} refused={} doorbells={} interrupts={} ring_full={}",
+            self.queue,
+            self.requests,
+            self.refused,
+            self.doorbells,
+            self.interrupts,
+            self.ring_full
+        )
+    }
 }

@@ -348,7 +348,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
     for d in &report.disks {
         eprintln!("partition: {d}");
     }
-    for line in &report.idle_readback {
+    for line in &report.idle_readback.lines() {
         eprintln!("partition: read back: {line}");
     }
     if let Some(note) = report

@@ -16,12 +16,6 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// The launch report `--json` printed as the last line of stdout.
-fn report(stdout: &str) -> serde_json::Value {
-    let line = stdout.lines().last().unwrap_or("");
-    serde_json::from_str(line).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{stdout}"))
-}
-
 /// vCPU `vcpu`'s non-zero assists from the report, as (name, count) pairs.
 fn assists(report: &serde_json::Value, vcpu: usize) -> Vec<(String, u64)> {
     report["vcpus"][vcpu]["assists"]

@@ -55,6 +55,7 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
                 policy,
                 "--cmdline",
                 "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2",
+                "--json",
             ],
             LIMIT,
         );
@@ -109,36 +110,34 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
             assert!(line.contains(" n=20 "), "{line}");
             assert!(line.contains("median_ns="), "{line}");
         }
-        // What KVM said back: CPUID as read back, and the halt statistics.
+        // What KVM said back, from the JSON report: CPUID as read back, and the halt
+        // statistics of both vCPUs.
+        let r = report(&out.stdout);
+        assert_eq!(r["outcome"]["exit_code"], 0, "{policy}: {r}");
+        assert_eq!(r["idle"]["policy"], resolved, "{policy}");
+        let back = &r["idle"]["readback"];
+        let rt = &back["cpuid"]["hints_realtime"];
+        assert_eq!(rt["want"], resolved != "shared", "{policy}: {back}");
+        assert_eq!(rt["held"], true, "{policy}: KVM changed the hint: {back}");
+        let vcpus = back["vcpus"].as_array().unwrap();
+        assert_eq!(vcpus.len(), 2, "{policy}: {back}");
+        for v in vcpus {
+            if resolved != "shared" {
+                // Halt polling was set to 0: KVM must not have polled.
+                assert_eq!(v["halt_attempted_poll"], 0, "{policy}: {v}");
+                assert_ne!(v["polling"], "polled_despite_off", "{policy}: {v}");
+            }
+            if resolved == "poll" {
+                assert_eq!(v["halt_exits"], 0, "{policy}: a polling guest halted: {v}");
+            }
+        }
+        // The same facts in the sentences the launch prints.
         assert!(
-            out.stderr.contains("read back: KVM_GET_CPUID2: "),
+            out.stderr.contains("read back: KVM_GET_CPUID2: ")
+                && out.stderr.contains("read back: vcpu0 stats: "),
             "{}",
             out.stderr
         );
-        let rt = if resolved == "shared" {
-            "KVM_HINTS_REALTIME clear (as set)"
-        } else {
-            "KVM_HINTS_REALTIME set (as set)"
-        };
-        assert!(out.stderr.contains(rt), "{policy}: {}", out.stderr);
-        let stats = out
-            .stderr
-            .lines()
-            .find(|l| l.contains("read back: vcpu0 stats: "))
-            .unwrap_or_else(|| panic!("{policy}: no vcpu stats read back:\n{}", out.stderr));
-        if resolved != "shared" {
-            // Halt polling was set to 0: KVM must not have polled.
-            assert!(
-                stats.contains("halt_attempted_poll=0 "),
-                "{policy}: {stats}"
-            );
-        }
-        if resolved == "poll" {
-            assert!(
-                stats.contains("halt_exits=0 "),
-                "{policy}: a polling guest halted: {stats}"
-            );
-        }
     }
     assert!(ran >= 2, "fewer than two policies offered: {caps}");
     assert_eq!(host_state(), before);

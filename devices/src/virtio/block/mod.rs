@@ -21,7 +21,9 @@ use self::disk::{Disk, DiskError};
 use self::request::Limits;
 use self::worker::{Shared, Worker, WorkerConfig};
 use super::queue::MAX_QUEUE_SIZE;
-use super::{Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, TYPE_BLOCK, VirtioDevice};
+use super::{
+    Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK, VirtioDevice,
+};
 
 const F_SEG_MAX: u64 = 1 << 2;
 const F_RO: u64 = 1 << 5;
@@ -199,21 +201,20 @@ impl VirtioDevice for VirtioBlock {
             .any(|s| s.needs_reset.load(Ordering::Acquire))
     }
 
-    fn stats(&self) -> String {
-        let mut parts = Vec::new();
-        for (i, s) in self.shared.iter().enumerate() {
-            let st = &s.stats;
-            let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            parts.push(format!(
-                "q{i}: requests={} refused={} doorbells={} interrupts={} ring_full={}",
-                l(&st.requests),
-                l(&st.refused),
-                l(&st.doorbells),
-                l(&st.interrupts),
-                l(&st.ring_full)
-            ));
-        }
-        parts.join(", ")
+    fn stats(&self) -> Vec<QueueCounters> {
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        self.shared
+            .iter()
+            .enumerate()
+            .map(|(i, s)| QueueCounters {
+                queue: i as u16,
+                requests: l(&s.stats.requests),
+                refused: l(&s.stats.refused),
+                doorbells: l(&s.stats.doorbells),
+                interrupts: l(&s.stats.interrupts),
+                ring_full: l(&s.stats.ring_full),
+            })
+            .collect()
     }
 }
 

@@ -51,7 +51,7 @@ pub fn vmm_cmdline(stderr: &str) -> String {
 pub fn cpu_model_words() -> &'static str {
     if nested_pvm() {
         "clearcpuid=141,154,151,308,137,147,148,129,153,317,297,580 cryptomgr.notests \
-         init_on_alloc=0 "
+         init_on_alloc=0 initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init "
     } else {
         ""
     }
@@ -129,6 +129,12 @@ pub fn tail(s: &str, n: usize) -> &str {
         i += 1;
     }
     &s[i..]
+}
+
+/// The launch report `partition launch --json` prints as the last line of stdout.
+pub fn report(stdout: &str) -> serde_json::Value {
+    let line = stdout.lines().last().unwrap_or("");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("no JSON report ({e}):\n{stdout}"))
 }
 
 /// Runs `partition` with `args`, up to `limit`.
