@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 need_root "$@"
 need_cargo
 apt_lists
-apt_install gcc make bc bison flex libelf-dev xz-utils cpio gzip dpkg perl
+apt_install gcc make bc bison flex libelf-dev xz-utils cpio gzip lz4 dpkg perl
 
 repo=$(pwd)
 cache=$repo/benchmarks/cache/guest-image

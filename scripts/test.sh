@@ -2,10 +2,19 @@
 # Everything CI runs: install what the tests need, check formatting and lints, build the
 # no_std core, run every test. No timing assertions anywhere.
 #
-#   scripts/test.sh        (as root)
+#   scripts/test.sh          (as root)
+#   scripts/test.sh --long   also the boots that take longest on a nested kvm_pvm host
+#                            (Debian's kernel to userspace on two vCPUs: about a quarter
+#                            of an hour there; elsewhere they always run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+case "${1:-}" in
+    --long) export PARTITION_LONG_TESTS=1 ;;
+    "") ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option $1 (scripts/test.sh [--long])" ;;
+esac
 need_root "$@"
 need_cargo
 need_kvm
