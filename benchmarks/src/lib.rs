@@ -112,9 +112,9 @@ impl Launch {
         }
         self
     }
-    /// `--timings`.
-    pub fn timings(mut self) -> Self {
-        self.cmd.arg("--timings");
+    /// `--json`: the launch report as the last line of stdout ([`LaunchJson::from_stdout`]).
+    pub fn json(mut self) -> Self {
+        self.cmd.arg("--json");
         self
     }
     /// An environment variable for the VMM (`RUST_LOG`, say).
@@ -445,13 +445,48 @@ pub fn now_utc() -> String {
         .unwrap_or_default()
 }
 
-/// `key=value` from a `partition: timings ...` line.
-pub fn timing(stderr: &str, key: &str) -> Option<f64> {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("partition: timings "))?;
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+/// The parts of `partition launch --json`'s report the sections read (the VMM's own
+/// document; unknown fields are ignored, so the report can grow).
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct LaunchJson {
+    /// How the guest stopped.
+    pub outcome: OutcomeJson,
+    /// Stage durations.
+    pub timings: TimingsJson,
+    /// The idle plan and what KVM read back about it, as the VMM wrote them.
+    pub idle: Value,
+}
+
+/// The report's `outcome`.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct OutcomeJson {
+    /// `partition launch`'s exit status.
+    pub exit_code: u8,
+    /// The sentence the CLI printed.
+    pub description: String,
+}
+
+/// The report's `timings`, milliseconds.
+#[derive(Clone, Copy, Debug, serde::Deserialize)]
+pub struct TimingsJson {
+    /// Getting guest memory.
+    pub memory_ms: f64,
+    /// VM creation.
+    pub vm_ms: f64,
+    /// Boot structures.
+    pub boot_ms: f64,
+    /// Devices and vCPUs.
+    pub vcpus_ms: f64,
+    /// Launch to the guest's first serial byte.
+    pub first_output_ms: Option<f64>,
+}
+
+impl LaunchJson {
+    /// The report a `--json` launch printed as the last line of `stdout`.
+    pub fn from_stdout(stdout: &str) -> Result<Self, String> {
+        let line = stdout.lines().last().unwrap_or("");
+        serde_json::from_str(line).map_err(|e| format!("no launch report on stdout ({e})"))
+    }
 }
 
 #[cfg(test)]
@@ -478,7 +513,7 @@ mod tests {
             .cmdline("probe.memtest=0")
             .disk(Path::new("/d.img"), ",poll=on")
             .ioeventfd(false)
-            .timings()
+            .json()
             .command();
         let args: Vec<String> = c
             .get_args()
@@ -487,7 +522,7 @@ mod tests {
         assert_eq!(
             args.join(" "),
             "launch --cores 1,0 --memory 64M --probe --backing hugetlb --idle poll \
-             --cmdline probe.memtest=0 --disk path=/d.img,poll=on --no-ioeventfd --timings"
+             --cmdline probe.memtest=0 --disk path=/d.img,poll=on --no-ioeventfd --json"
         );
         assert!(c.get_envs().any(|(k, v)| k == "PARTITION_STATE_DIR"
             && v == Some(std::ffi::OsStr::new("/w/s"))));
@@ -515,19 +550,26 @@ mod tests {
     }
 
     #[test]
-    fn first_byte_and_timings() {
+    fn first_byte_and_the_json_report() {
         let mut c = Command::new("sh");
         c.args([
             "-c",
-            "sleep 0.05; printf x; echo 'partition: timings memory_ms=1.5 vm_ms=2' >&2; printf yz",
+            r#"sleep 0.05; printf 'x\n'; printf '{"outcome":{"kind":"power_off","exit_code":0,"description":"off"},"timings":{"memory_ms":1.5,"vm_ms":2,"boot_ms":0.25,"vcpus_ms":3,"first_output_ms":null},"idle":{"policy":"hlt"},"extra":1}\n'"#,
         ]);
         let r = timed_run(c, Duration::from_secs(10)).unwrap();
         assert!(r.status.success());
-        assert_eq!(r.stdout, "xyz");
+        assert!(r.stdout.starts_with("x\n"));
         assert!(r.first_byte.unwrap() >= Duration::from_millis(40));
-        assert_eq!(timing(&r.stderr, "memory_ms"), Some(1.5));
-        assert_eq!(timing(&r.stderr, "vm_ms"), Some(2.0));
-        assert_eq!(timing(&r.stderr, "boot_ms"), None);
+        let j = LaunchJson::from_stdout(&r.stdout).unwrap();
+        assert_eq!(
+            (j.outcome.exit_code, j.outcome.description.as_str()),
+            (0, "off")
+        );
+        assert_eq!((j.timings.memory_ms, j.timings.vm_ms), (1.5, 2.0));
+        assert_eq!(j.timings.first_output_ms, None);
+        assert_eq!(j.idle["policy"], "hlt");
+        // A launch that printed no report (it failed before the end) is an error.
+        assert!(LaunchJson::from_stdout("probe: hello\n").is_err());
         let mut c = Command::new("sleep");
         c.arg("5");
         let r = timed_run(c, Duration::from_millis(200)).unwrap();

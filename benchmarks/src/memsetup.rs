@@ -15,7 +15,8 @@
 //!   each run, outside the timed part, as for `hugetlb`).
 //!
 //! Time to first byte is measured from `spawn` to the first byte on the VMM's stdout;
-//! the memory part comes from our VMM's own `--timings` (QEMU has no such report: null).
+//! the memory part comes from our VMM's own report (`--json` timings; QEMU has no such
+//! report: null).
 //! The VMM's own cost per launch, as Firecracker's specification counts it: at the first
 //! byte, the CPU time of all the VMM's threads since exec (`/proc/PID/task/*/schedstat`;
 //! its vCPU thread's guest time so far is in it) and its resident set (`VmRSS`; guest
@@ -32,9 +33,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::stats::summary;
-use crate::{
-    Env, HugepageCount, Launch, Microvm, failed, ms, now_utc, provenance, timed_run, timing,
-};
+use crate::{Env, HugepageCount, Launch, Microvm, failed, ms, now_utc, provenance, timed_run};
 
 /// The memory sources compared.
 pub const SOURCES: [&str; 5] = ["pool", "anon-prefault", "hugetlb", "qemu", "qemu-hugetlbfs"];
@@ -96,7 +95,7 @@ fn launch_cmd(
                     Launch::new(env, state, &env.host_core.to_string(), &memory).backing("hugetlb")
                 }
             };
-            l.probe().cmdline("probe.memtest=0").timings().command()
+            l.probe().cmdline("probe.memtest=0").json().command()
         }
     }
 }
@@ -118,7 +117,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         "started_at": started_at,
         "provenance": prov,
         "method": "time from spawn to the first byte of the guest's serial output; memory part \
-                   from the VMM's --timings (mmap + prefault); at the first byte, the VMM \
+                   from the VMM's --json report (mmap + prefault); at the first byte, the VMM \
                    process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \
                    and HugetlbPages; one discarded warm-up round, then rounds alternating the \
                    sources in a rotated order; probe guest with probe.memtest=0",
@@ -231,8 +230,8 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
                         }
                         let e = samples.entry((source.to_string(), size)).or_default();
                         e.first_byte.push(ms(r.first_byte.unwrap_or_default()));
-                        if let Some(m) = timing(&r.stderr, "memory_ms") {
-                            e.memory.push(m);
+                        if let Ok(j) = crate::LaunchJson::from_stdout(&r.stdout) {
+                            e.memory.push(j.timings.memory_ms);
                         }
                         if let Some(p) = r.at_first_byte {
                             e.cpu.push(p.cpu_ns as f64 / 1e6);

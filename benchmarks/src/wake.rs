@@ -276,7 +276,7 @@ struct Series {
     modes: BTreeMap<String, String>,
     busy: Vec<f64>,
     energy: Vec<f64>,
-    readback: Vec<String>,
+    readback: Option<Value>,
     failures: Vec<String>,
 }
 
@@ -319,6 +319,7 @@ fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
     .probe()
     .idle(policy)
     .cmdline(&cmdline)
+    .json()
     .command()
 }
 
@@ -502,7 +503,7 @@ pub fn run(env: &Env) -> Value {
             "idle_busy_share": summary(&s.busy),
             "idle_energy_j": summary(&s.energy),
             "energy_note": if rapl_joules().is_none() { json!("no RAPL on this host: null") } else { Value::Null },
-            "readback": s.readback.first().map(|_| &s.readback),
+            "readback": s.readback,
             "failures": s.failures,
         })
     };
@@ -600,16 +601,11 @@ fn measure_guest(
                 s.add(&test, m, p);
                 s.modes.insert(test, mode);
             }
-            if s.readback.is_empty() {
-                s.readback = r
-                    .stderr
-                    .lines()
-                    .filter_map(|l| {
-                        l.strip_prefix("partition: read back: ")
-                            .or_else(|| l.strip_prefix("partition: idle policy "))
-                    })
-                    .map(String::from)
-                    .collect();
+            if s.readback.is_none()
+                && let Ok(j) = crate::LaunchJson::from_stdout(&r.stdout)
+            {
+                // The idle plan and KVM's read-back, as the VMM's JSON report has them.
+                s.readback = Some(j.idle);
             }
         }
         Ok(r) => {
