@@ -12,7 +12,9 @@ pub mod probe;
 pub mod quick;
 pub mod report;
 pub mod results;
+pub mod sections;
 pub mod stats;
+pub mod supervisor;
 pub mod wake;
 
 use std::io::Read;

@@ -1,0 +1,155 @@
+//! The benchmark sections behind `partition bench`: one [`Section`] each, in the order a
+//! full run takes them. A section returns the results-file sections it measured (the hot
+//! paths return `host` and `guest` together: they alternate).
+
+use serde_json::Value;
+
+use crate::Env;
+
+/// What a run asks of the sections beyond the environment.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// memsetup sizes, largest last.
+    pub sizes: Vec<u64>,
+}
+
+/// One benchmark section.
+pub trait Section: Sync {
+    /// The results-file sections it can write, each with what it measures (`--list`).
+    fn names(&self) -> &'static [(&'static str, &'static str)];
+    /// Runs the parts `wanted` selects (by results-file name); returns what it measured,
+    /// as results-file sections.
+    fn run(
+        &self,
+        env: &Env,
+        opts: &Options,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, Value)>;
+}
+
+struct HotPaths;
+struct Probe;
+struct Crosscheck;
+struct Wake;
+struct Blk;
+struct MemSetup;
+
+impl Section for HotPaths {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[
+            (
+                "host",
+                "the hotpaths suite (lmbench's loops: syscalls, signals, context switch, pipe, AF_UNIX, fork/exec, memory latency and bandwidth) on the bare host, pinned to the partition's cores; alternates with `guest`",
+            ),
+            (
+                "guest",
+                "the same suite in a Linux partition on those cores, per idle policy (needs scripts/guest-image.sh; on a host that cannot run Linux guests it says why)",
+            ),
+        ]
+    }
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, Value)> {
+        crate::hotpaths::run(env, wanted("host"), wanted("guest"))
+    }
+}
+
+impl Section for Probe {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "probe",
+            "the VMM's own paths from the probe guest (CPUID, port and MMIO exits, ioeventfd doorbell) and its memory-latency staircase against the same chase on the host; ours with and without ioeventfd, and QEMU microvm",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        vec![("probe", crate::probe::run(env))]
+    }
+}
+
+impl Section for Crosscheck {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "crosscheck",
+            "our bare-host figures against lmbench, stress-ng, cyclictest and fio run in the same session",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        vec![("crosscheck", crate::crosscheck::run(env))]
+    }
+}
+
+impl Section for Wake {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "wake",
+            "the price of a fast wakeup per idle policy: timer lateness, IPI and shared-memory ping-pong in a 2-vCPU probe guest vs futex/spin/clock_nanosleep on the bare host; idle busy share and energy; QEMU microvm default and cpu-pm=on",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        vec![("wake", crate::wake::run(env))]
+    }
+}
+
+impl Section for Blk {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "blk",
+            "4 KiB reads at depth 1 (and depth 32, GET_ID fences, a 64 MiB sequential read): host pread/io_uring warm and O_DIRECT vs the probe guest over exit notify, ioeventfd, ioeventfd+polling, O_DIRECT vs QEMU microvm virtio-blk (io_uring, iothread+polling)",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        vec![("blk", crate::blk::run(env))]
+    }
+}
+
+impl Section for MemSetup {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "memsetup",
+            "launch to first serial byte, its memory-setup part and the VMM's own CPU time and RSS: pool vs fresh anonymous (prefault) vs fresh hugetlb vs QEMU microvm -mem-prealloc, anonymous and from hugetlbfs, 256 MiB to 8 GiB",
+        )]
+    }
+    fn run(
+        &self,
+        env: &Env,
+        opts: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, Value)> {
+        let sizes = if opts.sizes.is_empty() {
+            crate::memsetup::default_sizes()
+        } else {
+            opts.sizes.clone()
+        };
+        vec![("memsetup", crate::memsetup::run(env, &sizes))]
+    }
+}
+
+/// Every section, in the order a full run takes them.
+pub static ALL: &[&dyn Section] = &[&HotPaths, &Probe, &Crosscheck, &Wake, &Blk, &MemSetup];
+
+/// Whether `name` is a results-file section some [`Section`] writes.
+pub fn known(name: &str) -> bool {
+    ALL.iter()
+        .any(|s| s.names().iter().any(|(n, _)| *n == name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_written_by_one_section_only() {
+        let mut seen = std::collections::HashSet::new();
+        for s in ALL {
+            for (n, what) in s.names() {
+                assert!(seen.insert(*n), "{n} twice");
+                assert!(!what.is_empty());
+            }
+        }
+        assert_eq!(seen.len(), 7);
+        assert!(known("guest") && known("memsetup") && !known("gpu"));
+    }
+}
