@@ -11,7 +11,8 @@
 //!   32-bit fixed memory resource and its GSI as an edge-triggered, active-high interrupt,
 //!   as QEMU's microvm describes them. Stock kernels built without
 //!   `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (Debian's) find virtio-mmio devices only this way;
-//! - a power-off path: FADT's sleep control register is I/O port [`SLEEP_CONTROL_PORT`],
+//! - a power-off path: FADT's sleep control register is the I/O port the VMM names
+//!   ([`AcpiConfig::sleep_port`]),
 //!   and the DSDT's `\_S5_` package gives sleep type 5, so `poweroff` writes
 //!   `(5 << 2) | SLP_EN` = 0x34 there ([`S5_SLEEP_VALUE`]);
 //! - a reset path: FADT's reset register is the i8042 command port 0x64 with value 0xfe,
@@ -39,10 +40,6 @@ use zerocopy::{Immutable, IntoBytes};
 
 use crate::layout::{IOAPIC_ADDR, LAPIC_ADDR};
 
-/// I/O port of the sleep control register.
-pub const SLEEP_CONTROL_PORT: u16 = 0x600;
-/// I/O port of the sleep status register.
-pub const SLEEP_STATUS_PORT: u16 = 0x601;
 /// What Linux writes to the sleep control register to enter S5 (soft off).
 pub const S5_SLEEP_VALUE: u8 = (5 << 2) | 0x20;
 /// I/O port of the reset register (the i8042 command port).
@@ -104,6 +101,9 @@ pub struct AcpiConfig<'a> {
     pub virtio_mmio: &'a [MmioDevice],
     /// Legacy port-I/O devices.
     pub isa: &'a [IsaDevice],
+    /// I/O port of the FADT's sleep control register (the status register is the next
+    /// port): where the VMM's power device listens.
+    pub sleep_port: u16,
 }
 
 /// Why the ACPI tables could not be built.
@@ -321,8 +321,8 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     fadt.century = RTC_CENTURY_REG;
     fadt.reset_reg = io_port(RESET_PORT);
     fadt.reset_value = RESET_VALUE;
-    fadt.sleep_control_reg = io_port(SLEEP_CONTROL_PORT);
-    fadt.sleep_status_reg = io_port(SLEEP_STATUS_PORT);
+    fadt.sleep_control_reg = io_port(cfg.sleep_port);
+    fadt.sleep_status_reg = io_port(cfg.sleep_port.wrapping_add(1));
     fadt.hypervisor_vendor_identity = u64::from_le_bytes(*b"PARTITN ").into();
     let fadt = serialize(&fadt.finalize());
 
@@ -414,6 +414,7 @@ mod tests {
             cpus: 3,
             virtio_mmio: &[],
             isa: &[],
+            sleep_port: 0x6a0,
         };
         let n = write(&mut buf, base, &cfg).unwrap();
         assert_eq!(n, build(base, &cfg).unwrap().len());
@@ -423,7 +424,10 @@ mod tests {
         assert!(find(dsdt, b"\x08_S5_\x12\x07\x04\x0a\x05\x00\x00\x00").is_some());
         // Hardware reduced, sleep control at our port, reset through the i8042, century.
         assert_ne!(u32_at(&buf, fadt + 112) & (1 << 20), 0);
-        assert_eq!(u64_at(&buf, fadt + 248), SLEEP_CONTROL_PORT as u64);
+        // The control and status registers are the ports the config names (the VMM's
+        // power device).
+        assert_eq!(u64_at(&buf, fadt + 248), 0x6a0);
+        assert_eq!(u64_at(&buf, fadt + 260), 0x6a1);
         assert_eq!(buf[fadt + 244], 1, "sleep control is in system I/O space");
         assert_eq!(u64_at(&buf, fadt + 120), RESET_PORT as u64);
         assert_eq!(buf[fadt + 128], RESET_VALUE);
@@ -469,6 +473,7 @@ mod tests {
                 cpus: 1,
                 virtio_mmio: &devs,
                 isa: &[],
+                sleep_port: 0x600,
             },
         )
         .unwrap();
@@ -525,6 +530,7 @@ mod tests {
                 cpus: 1,
                 virtio_mmio: &[],
                 isa: &isa,
+                sleep_port: 0x600,
             },
         )
         .unwrap();
@@ -564,7 +570,8 @@ mod tests {
                 &AcpiConfig {
                     cpus: 1,
                     virtio_mmio: &[],
-                    isa: &bad
+                    isa: &bad,
+                    sleep_port: 0x600,
                 }
             ),
             Err(AcpiError::IsaDevice("com1"))
@@ -577,6 +584,7 @@ mod tests {
             cpus,
             virtio_mmio,
             isa: &[],
+            sleep_port: 0x600,
         };
         assert_eq!(build(0, &cfg(0, &[])), Err(AcpiError::CpuCount(0)));
         assert_eq!(

@@ -57,10 +57,9 @@ pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// Local APIC MMIO base.
 pub const LAPIC_ADDR: u64 = 0xfee0_0000;
-/// First address handed out to virtio-mmio devices.
+/// First address handed out to virtio-mmio devices (each window's size is the device's:
+/// `devices::virtio::mmio::WINDOW`).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
-/// Size of one virtio-mmio window.
-pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 
 /// Smallest guest we build: the low megabyte plus room for a small kernel.
 pub const MIN_MEMORY: u64 = 8 << 20;

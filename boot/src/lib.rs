@@ -93,6 +93,8 @@ mod setup {
         pub virtio_mmio: &'a [acpi::MmioDevice],
         /// Legacy port-I/O devices, described in the ACPI DSDT.
         pub isa: &'a [acpi::IsaDevice],
+        /// The power device's sleep control port (the FADT's sleep control register).
+        pub sleep_port: u16,
     }
 
     /// What was built, for the VMM to report and to load into the boot vCPU.
@@ -238,6 +240,7 @@ mod setup {
             cpus: cfg.cpus,
             virtio_mmio: cfg.virtio_mmio,
             isa: cfg.isa,
+            sleep_port: cfg.sleep_port,
         };
         let n = acpi::write(&mut buf, layout::ACPI_ADDR, &acpi_cfg)
             .map_err(|e| BootError::Tables(e.to_string()))?;
@@ -337,6 +340,7 @@ mod setup {
                     protocol: BootProtocol::Linux64,
                     virtio_mmio: &[],
                     isa: &[],
+                    sleep_port: 0x600,
                 },
             )
             .unwrap();
@@ -384,6 +388,7 @@ mod setup {
                     protocol: BootProtocol::Pvh,
                     virtio_mmio: &[],
                     isa: &[],
+                    sleep_port: 0x600,
                 },
             )
             .unwrap();
@@ -409,6 +414,7 @@ mod setup {
                 protocol: BootProtocol::Linux64,
                 virtio_mmio: &[],
                 isa: &[],
+                sleep_port: 0x600,
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];
@@ -418,6 +424,7 @@ mod setup {
                         protocol: BootProtocol::Pvh,
                         virtio_mmio: &[],
                         isa: &[],
+                        sleep_port: 0x600,
                         ..base
                     },
                     "no PVH note",
@@ -470,6 +477,7 @@ mod setup {
                     protocol: BootProtocol::Linux64,
                     virtio_mmio: &[],
                     isa: &[],
+                    sleep_port: 0x600,
                 },
             )
             .unwrap();

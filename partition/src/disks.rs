@@ -12,11 +12,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use boot::acpi::MmioDevice;
-use boot::layout::{VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
+use boot::layout::VIRTIO_MMIO_BASE;
 use devices::Bus;
 use devices::virtio::VirtioInterrupt;
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
-use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY};
+use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY, WINDOW};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::kvm::Vm;
@@ -159,8 +159,8 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
 pub fn windows(n: usize) -> Vec<MmioDevice> {
     (0..n)
         .map(|i| MmioDevice {
-            base: VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE,
-            len: VIRTIO_MMIO_SIZE,
+            base: VIRTIO_MMIO_BASE + i as u64 * WINDOW,
+            len: WINDOW,
             gsi: FIRST_GSI + i as u32,
         })
         .collect()
@@ -211,7 +211,7 @@ pub fn attach(
             interrupt,
             doorbells,
         )));
-        bus.insert(&format!("virtio-blk{i}"), base, VIRTIO_MMIO_SIZE, t.clone())?;
+        bus.insert(&format!("virtio-blk{i}"), base, WINDOW, t.clone())?;
         out.push(AttachedDisk {
             transport: t,
             base,

@@ -721,6 +721,7 @@ fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, Launc
             protocol: checked.cfg.protocol,
             virtio_mmio: &crate::disks::windows(checked.disks.len()),
             isa: &LEGACY_DEVICES,
+            sleep_port: ACPI_PM_BASE as u16,
         },
     )?)
 }

@@ -675,6 +675,7 @@ fn debian_bzimage_loads_with_a_correct_zero_page() {
             protocol: BootProtocol::Linux64,
             virtio_mmio: &[],
             isa: &[],
+            sleep_port: 0x600,
         },
     )
     .unwrap();
