@@ -14,31 +14,30 @@
 
 use std::fmt;
 
-/// `KVM_X86_DISABLE_EXITS_MWAIT`.
-pub const EXIT_MWAIT: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_MWAIT;
-/// `KVM_X86_DISABLE_EXITS_HLT`.
-pub const EXIT_HLT: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_HLT;
-/// `KVM_X86_DISABLE_EXITS_PAUSE`.
-pub const EXIT_PAUSE: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_PAUSE;
-/// `KVM_X86_DISABLE_EXITS_CSTATE`.
-pub const EXIT_CSTATE: u32 = kvm_bindings::KVM_X86_DISABLE_EXITS_CSTATE;
+bitflags::bitflags! {
+    /// Exits KVM can be told not to take (`KVM_CAP_X86_DISABLE_EXITS`); bits from
+    /// kvm-bindings.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct DisableExits: u32 {
+        /// `KVM_X86_DISABLE_EXITS_MWAIT`.
+        const MWAIT = kvm_bindings::KVM_X86_DISABLE_EXITS_MWAIT;
+        /// `KVM_X86_DISABLE_EXITS_HLT`.
+        const HLT = kvm_bindings::KVM_X86_DISABLE_EXITS_HLT;
+        /// `KVM_X86_DISABLE_EXITS_PAUSE`.
+        const PAUSE = kvm_bindings::KVM_X86_DISABLE_EXITS_PAUSE;
+        /// `KVM_X86_DISABLE_EXITS_CSTATE`.
+        const CSTATE = kvm_bindings::KVM_X86_DISABLE_EXITS_CSTATE;
+    }
+}
 
-/// Names of disable-exit bits.
-pub fn exit_bits(mask: u32) -> String {
-    let names: Vec<&str> = [
-        (EXIT_MWAIT, "MWAIT"),
-        (EXIT_HLT, "HLT"),
-        (EXIT_PAUSE, "PAUSE"),
-        (EXIT_CSTATE, "CSTATE"),
-    ]
-    .iter()
-    .filter(|(b, _)| mask & b != 0)
-    .map(|(_, n)| *n)
-    .collect();
-    if names.is_empty() {
-        "none".into()
-    } else {
-        names.join("|")
+impl fmt::Display for DisableExits {
+    /// `HLT|PAUSE`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.iter_names().map(|(n, _)| n).collect();
+        f.write_str(&names.join("|"))
     }
 }
 
@@ -98,8 +97,8 @@ impl fmt::Display for IdlePolicy {
 /// What the host's KVM offers for idling.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IdleCaps {
-    /// `KVM_CAP_X86_DISABLE_EXITS`: the bits it will disable.
-    pub disable_exits: u32,
+    /// `KVM_CAP_X86_DISABLE_EXITS`: the exits it will disable.
+    pub disable_exits: DisableExits,
     /// `KVM_CAP_HALT_POLL`: per-VM halt polling can be set.
     pub halt_poll: bool,
     /// The host CPU has MONITOR/MWAIT (raw CPUID leaf 1 ECX bit 3).
@@ -128,8 +127,8 @@ pub struct IdlePlan {
     pub policy: IdlePolicy,
     /// Why (for `auto`, why this one).
     pub reason: String,
-    /// Exits to disable (0: none).
-    pub disable_exits: u32,
+    /// Exits to disable (empty: none).
+    pub disable_exits: DisableExits,
     /// Per-VM halt polling to set (None: leave the host default).
     pub halt_poll_ns: Option<u32>,
     /// Expose MONITOR/MWAIT and leaf 5 in CPUID.
@@ -153,23 +152,26 @@ fn missing(policy: IdlePolicy, what: Vec<String>) -> Result<(), IdleError> {
 
 /// Resolves `policy` against `caps`.
 pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleError> {
-    let offered = exit_bits(caps.disable_exits);
+    let offered = caps.disable_exits;
+    let (mwait, hlt, pause, cstate) = (
+        DisableExits::MWAIT,
+        DisableExits::HLT,
+        DisableExits::PAUSE,
+        DisableExits::CSTATE,
+    );
     let policy_reason = match policy {
         IdlePolicy::Auto => {
-            let (p, why) = if caps.disable_exits & (EXIT_MWAIT | EXIT_HLT) == EXIT_MWAIT | EXIT_HLT
-                && caps.halt_poll
-                && caps.host_mwait
-            {
+            let (p, why) = if offered.contains(mwait | hlt) && caps.halt_poll && caps.host_mwait {
                 (
                     IdlePolicy::Mwait,
                     format!("the host disables {offered} exits and has MONITOR/MWAIT"),
                 )
-            } else if caps.disable_exits & EXIT_HLT != 0 && caps.halt_poll {
+            } else if offered.contains(hlt) && caps.halt_poll {
                 (
                     IdlePolicy::Hlt,
                     format!(
                         "the host disables {offered} exits{}",
-                        if caps.disable_exits & EXIT_MWAIT == 0 {
+                        if !offered.contains(mwait) {
                             ", not MWAIT"
                         } else {
                             "; its CPU lacks MONITOR/MWAIT"
@@ -198,19 +200,19 @@ pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleErro
     };
     let mut need = Vec::new();
     let want_exits = match policy_reason {
-        IdlePolicy::Mwait => EXIT_MWAIT | EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
-        IdlePolicy::Hlt => EXIT_HLT | EXIT_PAUSE,
-        _ => 0,
+        IdlePolicy::Mwait => mwait | hlt | pause | cstate,
+        IdlePolicy::Hlt => hlt | pause,
+        _ => DisableExits::empty(),
     };
     let required = match policy_reason {
-        IdlePolicy::Mwait => EXIT_MWAIT | EXIT_HLT,
-        IdlePolicy::Hlt => EXIT_HLT,
-        _ => 0,
+        IdlePolicy::Mwait => mwait | hlt,
+        IdlePolicy::Hlt => hlt,
+        _ => DisableExits::empty(),
     };
-    if caps.disable_exits & required != required {
+    if !offered.contains(required) {
         need.push(format!(
             "KVM_CAP_X86_DISABLE_EXITS offers {offered}, not {}",
-            exit_bits(required & !caps.disable_exits)
+            required - offered
         ));
     }
     if policy_reason == IdlePolicy::Mwait && !caps.host_mwait {
@@ -221,7 +223,7 @@ pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleErro
         need.push("KVM_CAP_HALT_POLL (per-VM halt polling) is not offered".into());
     }
     missing(policy_reason, need)?;
-    let disable_exits = want_exits & caps.disable_exits;
+    let disable_exits = want_exits & offered;
     Ok(IdlePlan {
         policy: policy_reason,
         reason: format!("asked for; the host disables {offered} exits"),
@@ -247,10 +249,10 @@ impl IdlePlan {
             "idle policy {} ({}): {} disabled, halt polling {}, {}{}",
             self.policy,
             self.reason,
-            if self.disable_exits == 0 {
+            if self.disable_exits.is_empty() {
                 "no exits".to_string()
             } else {
-                format!("{} exits", exit_bits(self.disable_exits))
+                format!("{} exits", self.disable_exits)
             },
             match self.halt_poll_ns {
                 Some(n) => format!("{n} ns"),
@@ -275,13 +277,15 @@ mod tests {
     use super::*;
 
     const NESTED: IdleCaps = IdleCaps {
-        disable_exits: EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
+        disable_exits: DisableExits::HLT
+            .union(DisableExits::PAUSE)
+            .union(DisableExits::CSTATE),
         halt_poll: true,
         host_mwait: false,
         host_halt_poll_ns: Some(200_000),
     };
     const METAL: IdleCaps = IdleCaps {
-        disable_exits: EXIT_MWAIT | EXIT_HLT | EXIT_PAUSE | EXIT_CSTATE,
+        disable_exits: DisableExits::all(),
         halt_poll: true,
         host_mwait: true,
         host_halt_poll_ns: Some(200_000),
@@ -291,12 +295,12 @@ mod tests {
     fn auto_picks_the_best_offered() {
         let p = resolve(IdlePolicy::Auto, &METAL).unwrap();
         assert_eq!(p.policy, IdlePolicy::Mwait);
-        assert_eq!(p.disable_exits, 15);
+        assert_eq!(p.disable_exits.bits(), 15);
         assert!(p.expose_mwait && p.hints_realtime);
         let p = resolve(IdlePolicy::Auto, &NESTED).unwrap();
         assert_eq!(p.policy, IdlePolicy::Hlt);
         assert!(p.reason.contains("not MWAIT"), "{}", p.reason);
-        assert_eq!(p.disable_exits, EXIT_HLT | EXIT_PAUSE);
+        assert_eq!(p.disable_exits, DisableExits::HLT | DisableExits::PAUSE);
         let p = resolve(
             IdlePolicy::Auto,
             &IdleCaps {
@@ -335,19 +339,19 @@ mod tests {
         let h = resolve(IdlePolicy::Hlt, &METAL).unwrap();
         assert_eq!(
             (h.disable_exits, h.halt_poll_ns, h.expose_mwait),
-            (EXIT_HLT | EXIT_PAUSE, Some(0), false)
+            (DisableExits::HLT | DisableExits::PAUSE, Some(0), false)
         );
         let hp = resolve(IdlePolicy::Haltpoll, &METAL).unwrap();
         assert_eq!(
             (hp.disable_exits, hp.halt_poll_ns, hp.hints_realtime),
-            (0, Some(0), true)
+            (DisableExits::empty(), Some(0), true)
         );
         let p = resolve(IdlePolicy::Poll, &METAL).unwrap();
         assert_eq!(p.cmdline, "idle=poll");
         let s = resolve(IdlePolicy::Shared, &METAL).unwrap();
         assert_eq!(
             (s.disable_exits, s.halt_poll_ns, s.hints_realtime),
-            (0, None, false)
+            (DisableExits::empty(), None, false)
         );
         assert!(
             h.describe()
@@ -358,6 +362,12 @@ mod tests {
             assert_eq!(IdlePolicy::parse(p.name()), Some(p));
         }
         assert_eq!(IdlePolicy::parse("idle"), None);
-        assert_eq!(exit_bits(14), "HLT|PAUSE|CSTATE");
+        assert_eq!(
+            DisableExits::from_bits_truncate(14).to_string(),
+            "HLT|PAUSE|CSTATE"
+        );
+        assert_eq!(DisableExits::empty().to_string(), "none");
+        // Bits the host offers beyond the four we know are dropped, not passed to KVM.
+        assert_eq!(DisableExits::from_bits_truncate(0x10f), DisableExits::all());
     }
 }

@@ -332,7 +332,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         idle: IdleDoc {
             policy: r.idle.policy.name(),
             reason: r.idle.reason.clone(),
-            disable_exits: r.idle.disable_exits,
+            disable_exits: r.idle.disable_exits.bits(),
             halt_poll_ns: r.idle.halt_poll_ns,
             expose_mwait: r.idle.expose_mwait,
             hints_realtime: r.idle.hints_realtime,

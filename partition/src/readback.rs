@@ -8,7 +8,7 @@ use kvm_bindings::kvm_cpuid_entry2;
 use serde::Serialize;
 
 use crate::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
-use crate::idle::{EXIT_HLT, IdlePlan};
+use crate::idle::{DisableExits, IdlePlan};
 
 /// One setting: what KVM shows, and what the plan asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -128,7 +128,7 @@ impl Readback {
                 ),
             }
         });
-        let hlt_disabled = plan.disable_exits & EXIT_HLT != 0;
+        let hlt_disabled = plan.disable_exits.contains(DisableExits::HLT);
         let vcpus = vcpus
             .into_iter()
             .filter_map(|(vcpu, kvm)| {
@@ -211,7 +211,7 @@ mod tests {
         IdlePlan {
             policy: IdlePolicy::Hlt,
             reason: String::new(),
-            disable_exits: EXIT_HLT,
+            disable_exits: DisableExits::HLT,
             halt_poll_ns: Some(0),
             expose_mwait: false,
             hints_realtime: true,

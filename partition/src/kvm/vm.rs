@@ -21,9 +21,10 @@ pub const MSR_STAR: u32 = 0xc000_0081;
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
     let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-    let disable_exits = kvm
-        .check_extension_raw(KVM_CAP_X86_DISABLE_EXITS as _)
-        .max(0) as u32;
+    let disable_exits = crate::idle::DisableExits::from_bits_truncate(
+        kvm.check_extension_raw(KVM_CAP_X86_DISABLE_EXITS as _)
+            .max(0) as u32,
+    );
     let halt_poll = kvm.check_extension_raw(KVM_CAP_HALT_POLL as _) > 0;
     Ok(IdleCaps {
         disable_exits,
@@ -125,12 +126,12 @@ impl Vm {
 
     /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
     pub fn apply_idle(&self, plan: &IdlePlan) -> Result<(), VmError> {
-        if plan.disable_exits != 0 {
+        if !plan.disable_exits.is_empty() {
             let mut cap = kvm_bindings::kvm_enable_cap {
                 cap: KVM_CAP_X86_DISABLE_EXITS,
                 ..Default::default()
             };
-            cap.args[0] = plan.disable_exits as u64;
+            cap.args[0] = plan.disable_exits.bits() as u64;
             self.fd
                 .enable_cap(&cap)
                 .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_DISABLE_EXITS)"))?;

@@ -328,7 +328,7 @@ pub fn status(state_dir: &Path, json: bool) -> ExitCode {
 }
 
 pub fn caps(json: bool) -> ExitCode {
-    use partition::idle::{IdlePolicy, exit_bits, resolve};
+    use partition::idle::{IdlePolicy, resolve};
     let caps = match partition::kvm::idle_caps() {
         Ok(c) => c,
         Err(e) => return fail(e, false),
@@ -347,8 +347,8 @@ pub fn caps(json: bool) -> ExitCode {
         .collect();
     if json {
         let v = serde_json::json!({
-            "disable_exits": caps.disable_exits,
-            "disable_exits_names": exit_bits(caps.disable_exits),
+            "disable_exits": caps.disable_exits.bits(),
+            "disable_exits_names": caps.disable_exits.to_string(),
             "halt_poll": caps.halt_poll,
             "host_mwait": caps.host_mwait,
             "host_halt_poll_ns": caps.host_halt_poll_ns,
@@ -358,8 +358,8 @@ pub fn caps(json: bool) -> ExitCode {
     } else {
         println!(
             "KVM_CAP_X86_DISABLE_EXITS: {} ({:#x})",
-            exit_bits(caps.disable_exits),
-            caps.disable_exits
+            caps.disable_exits,
+            caps.disable_exits.bits()
         );
         println!(
             "KVM_CAP_HALT_POLL: {}",
