@@ -452,7 +452,15 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp_millis()
         .init();
-    match Cli::parse().cmd {
+    let cmd = Cli::parse().cmd;
+    if matches!(cmd, Cmd::Status { .. } | Cmd::Caps { .. }) {
+        // Read-only reports: a closed pipe (`partition status | head`) ends the process
+        // quietly, as for any Unix filter, instead of a panic on the next print. The verbs
+        // that change state, and a running guest, keep SIGPIPE ignored.
+        // SAFETY: setting a signal disposition to its default, before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
+    match cmd {
         Cmd::Reserve(a) => verbs::reserve(a),
         Cmd::Unreserve { state } => verbs::unreserve(&state.state_dir),
         Cmd::Status { json, state } => verbs::status(&state.state_dir, json),

@@ -201,3 +201,36 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
     assert_eq!(before, after, "host state changed");
 }
+
+/// A report piped into a reader that has gone (`partition status | head -1`) ends quietly,
+/// as a Unix filter does, not with a panic and a backtrace.
+#[test]
+fn a_closed_pipe_ends_a_report_quietly() {
+    let dir = Scratch::new("closed-pipe");
+    let state = dir.path("state");
+    for args in [
+        vec!["caps".to_string()],
+        vec![
+            "status".to_string(),
+            "--state-dir".to_string(),
+            state.display().to_string(),
+        ],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = partition()
+            .args(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?}: {stderr}"
+        );
+    }
+}
