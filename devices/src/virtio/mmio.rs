@@ -9,6 +9,8 @@
 
 use std::sync::Arc;
 
+use virtio_bindings::virtio_config;
+use virtio_bindings::virtio_mmio::*;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -20,15 +22,17 @@ use crate::{BusDevice, VmEvent, warn_ratelimited};
 /// Size of one device's window.
 pub const WINDOW: u64 = 0x1000;
 /// Offset of QueueNotify (where ioeventfds are bound).
-pub const QUEUE_NOTIFY: u64 = 0x50;
+pub const QUEUE_NOTIFY: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+/// Where config space starts.
+const CONFIG: u64 = VIRTIO_MMIO_CONFIG as u64;
 const MAGIC: u32 = 0x7472_6976; // "virt"
 const VENDOR: u32 = 0x4e52_5450; // "PTRN"
-const STATUS_ACK: u32 = 1;
-const STATUS_DRIVER: u32 = 2;
-const STATUS_DRIVER_OK: u32 = 4;
-const STATUS_FEATURES_OK: u32 = 8;
-const STATUS_NEEDS_RESET: u32 = 64;
-const STATUS_FAILED: u32 = 128;
+const STATUS_ACK: u32 = virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE;
+const STATUS_DRIVER: u32 = virtio_config::VIRTIO_CONFIG_S_DRIVER;
+const STATUS_DRIVER_OK: u32 = virtio_config::VIRTIO_CONFIG_S_DRIVER_OK;
+const STATUS_FEATURES_OK: u32 = virtio_config::VIRTIO_CONFIG_S_FEATURES_OK;
+const STATUS_NEEDS_RESET: u32 = virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
+const STATUS_FAILED: u32 = virtio_config::VIRTIO_CONFIG_S_FAILED;
 
 /// One virtio device's MMIO window.
 pub struct MmioTransport {
@@ -189,20 +193,23 @@ impl MmioTransport {
 
     fn read_reg(&self, offset: u64) -> u32 {
         let q = self.queues.get(self.queue_sel as usize);
-        match offset {
-            0x000 => MAGIC,
-            0x004 => 2,
-            0x008 => self.device.device_type(),
-            0x00c => VENDOR,
-            0x010 => match self.device_features_sel {
+        let Ok(reg) = u32::try_from(offset) else {
+            return 0;
+        };
+        match reg {
+            VIRTIO_MMIO_MAGIC_VALUE => MAGIC,
+            VIRTIO_MMIO_VERSION => 2,
+            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_VENDOR_ID => VENDOR,
+            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
                 0 => self.device.features() as u32,
                 1 => (self.device.features() >> 32) as u32,
                 _ => 0,
             },
-            0x034 => q.map_or(0, |q| q.max_size as u32),
-            0x044 => q.map_or(0, |q| q.ready as u32),
-            0x060 => self.interrupt.status(),
-            0x070 => {
+            VIRTIO_MMIO_QUEUE_NUM_MAX => q.map_or(0, |q| q.max_size as u32),
+            VIRTIO_MMIO_QUEUE_READY => q.map_or(0, |q| q.ready as u32),
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
+            VIRTIO_MMIO_STATUS => {
                 self.status
                     | if self.device.needs_reset() {
                         STATUS_NEEDS_RESET
@@ -210,7 +217,7 @@ impl MmioTransport {
                         0
                     }
             }
-            0x0fc => self.config_generation,
+            VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
             _ => 0,
         }
     }
@@ -218,9 +225,12 @@ impl MmioTransport {
     fn write_reg(&mut self, offset: u64, v: u32) {
         let lo = |old: u64| (old & !0xffff_ffff) | v as u64;
         let hi = |old: u64| (old & 0xffff_ffff) | ((v as u64) << 32);
-        match offset {
-            0x014 => self.device_features_sel = v,
-            0x020 => {
+        let Ok(reg) = u32::try_from(offset) else {
+            return;
+        };
+        match reg {
+            VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel = v,
+            VIRTIO_MMIO_DRIVER_FEATURES => {
                 if self.status & STATUS_FEATURES_OK == 0 {
                     match self.driver_features_sel {
                         0 => self.driver_features = lo(self.driver_features),
@@ -229,45 +239,45 @@ impl MmioTransport {
                     }
                 }
             }
-            0x024 => self.driver_features_sel = v,
-            0x030 => self.queue_sel = v,
-            0x038 => {
+            VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel = v,
+            VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = v,
+            VIRTIO_MMIO_QUEUE_NUM => {
                 if let Some(q) = self.queue() {
                     // Validated at DRIVER_OK (a power of two within max_size).
                     q.size = v.min(u16::MAX as u32) as u16;
                 }
             }
-            0x044 => {
+            VIRTIO_MMIO_QUEUE_READY => {
                 if let Some(q) = self.queues.get_mut(self.queue_sel as usize) {
                     if self.status & STATUS_DRIVER_OK == 0 {
                         q.ready = v == 1;
                     }
                 }
             }
-            QUEUE_NOTIFY => self.notify(v),
-            0x064 => self.interrupt.ack(v),
-            0x070 => self.set_status(v),
-            0x080 => self
+            VIRTIO_MMIO_QUEUE_NOTIFY => self.notify(v),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt.ack(v),
+            VIRTIO_MMIO_STATUS => self.set_status(v),
+            VIRTIO_MMIO_QUEUE_DESC_LOW => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.desc_table = lo(q.desc_table)),
-            0x084 => self
+            VIRTIO_MMIO_QUEUE_DESC_HIGH => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.desc_table = hi(q.desc_table)),
-            0x090 => self
+            VIRTIO_MMIO_QUEUE_AVAIL_LOW => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.avail_ring = lo(q.avail_ring)),
-            0x094 => self
+            VIRTIO_MMIO_QUEUE_AVAIL_HIGH => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.avail_ring = hi(q.avail_ring)),
-            0x0a0 => self
+            VIRTIO_MMIO_QUEUE_USED_LOW => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.used_ring = lo(q.used_ring)),
-            0x0a4 => self
+            VIRTIO_MMIO_QUEUE_USED_HIGH => self
                 .queue()
                 .into_iter()
                 .for_each(|q| q.used_ring = hi(q.used_ring)),
@@ -300,8 +310,8 @@ impl MmioTransport {
 
 impl BusDevice for MmioTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        if offset >= 0x100 {
-            self.device.read_config(offset - 0x100, data);
+        if let Some(at) = offset.checked_sub(CONFIG) {
+            self.device.read_config(at, data);
             return;
         }
         if data.len() != 4 || offset % 4 != 0 {
@@ -312,8 +322,8 @@ impl BusDevice for MmioTransport {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Option<VmEvent> {
-        if offset >= 0x100 {
-            self.device.write_config(offset - 0x100, data);
+        if let Some(at) = offset.checked_sub(CONFIG) {
+            self.device.write_config(at, data);
             self.config_generation = self.config_generation.wrapping_add(1);
             return None;
         }

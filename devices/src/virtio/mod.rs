@@ -11,18 +11,20 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::Interrupt;
 
-/// `VIRTIO_F_VERSION_1`.
-pub const F_VERSION_1: u64 = 1 << 32;
-/// `VIRTIO_RING_F_INDIRECT_DESC`.
-pub const F_INDIRECT_DESC: u64 = 1 << 28;
-/// `VIRTIO_RING_F_EVENT_IDX`.
-pub const F_EVENT_IDX: u64 = 1 << 29;
+use virtio_bindings::{virtio_config, virtio_ids, virtio_mmio, virtio_ring};
+
+/// `VIRTIO_F_VERSION_1`, as a feature mask.
+pub const F_VERSION_1: u64 = 1 << virtio_config::VIRTIO_F_VERSION_1;
+/// `VIRTIO_RING_F_INDIRECT_DESC`, as a feature mask.
+pub const F_INDIRECT_DESC: u64 = 1 << virtio_ring::VIRTIO_RING_F_INDIRECT_DESC;
+/// `VIRTIO_RING_F_EVENT_IDX`, as a feature mask.
+pub const F_EVENT_IDX: u64 = 1 << virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 /// InterruptStatus: used buffer notification.
-pub const INT_VRING: u32 = 1;
+pub const INT_VRING: u32 = virtio_mmio::VIRTIO_MMIO_INT_VRING;
 /// InterruptStatus: configuration change (also: the device needs a reset).
-pub const INT_CONFIG: u32 = 2;
+pub const INT_CONFIG: u32 = virtio_mmio::VIRTIO_MMIO_INT_CONFIG;
 /// Device type: block.
-pub const TYPE_BLOCK: u32 = 2;
+pub const TYPE_BLOCK: u32 = virtio_ids::VIRTIO_ID_BLOCK;
 
 /// A device's interrupt: the InterruptStatus register and the line (an irqfd).
 pub struct VirtioInterrupt {

@@ -10,6 +10,7 @@
 use std::num::Wrapping;
 use std::sync::atomic::{Ordering, fence};
 
+use virtio_bindings::virtio_ring as vr;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// Largest queue we offer.
@@ -17,15 +18,15 @@ pub const MAX_QUEUE_SIZE: u16 = 256;
 /// Largest indirect table we accept.
 pub const MAX_INDIRECT: u32 = 1024;
 /// `VIRTQ_DESC_F_NEXT`.
-pub const DESC_F_NEXT: u16 = 1;
+pub const DESC_F_NEXT: u16 = vr::VRING_DESC_F_NEXT as u16;
 /// `VIRTQ_DESC_F_WRITE`: device-writable.
-pub const DESC_F_WRITE: u16 = 2;
+pub const DESC_F_WRITE: u16 = vr::VRING_DESC_F_WRITE as u16;
 /// `VIRTQ_DESC_F_INDIRECT`.
-pub const DESC_F_INDIRECT: u16 = 4;
+pub const DESC_F_INDIRECT: u16 = vr::VRING_DESC_F_INDIRECT as u16;
 /// `VIRTQ_USED_F_NO_NOTIFY`.
-const USED_F_NO_NOTIFY: u16 = 1;
+const USED_F_NO_NOTIFY: u16 = vr::VRING_USED_F_NO_NOTIFY as u16;
 /// `VIRTQ_AVAIL_F_NO_INTERRUPT`.
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
+const AVAIL_F_NO_INTERRUPT: u16 = vr::VRING_AVAIL_F_NO_INTERRUPT as u16;
 
 /// Structural violations of the queue (the transport resets the device for them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

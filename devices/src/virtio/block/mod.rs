@@ -25,13 +25,15 @@ use super::{
     Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK, VirtioDevice,
 };
 
-const F_SEG_MAX: u64 = 1 << 2;
-const F_RO: u64 = 1 << 5;
-const F_BLK_SIZE: u64 = 1 << 6;
-const F_FLUSH: u64 = 1 << 9;
-const F_MQ: u64 = 1 << 12;
-const F_DISCARD: u64 = 1 << 13;
-const F_WRITE_ZEROES: u64 = 1 << 14;
+use virtio_bindings::virtio_blk as vb;
+
+const F_SEG_MAX: u64 = 1 << vb::VIRTIO_BLK_F_SEG_MAX;
+const F_RO: u64 = 1 << vb::VIRTIO_BLK_F_RO;
+const F_BLK_SIZE: u64 = 1 << vb::VIRTIO_BLK_F_BLK_SIZE;
+const F_FLUSH: u64 = 1 << vb::VIRTIO_BLK_F_FLUSH;
+const F_MQ: u64 = 1 << vb::VIRTIO_BLK_F_MQ;
+const F_DISCARD: u64 = 1 << vb::VIRTIO_BLK_F_DISCARD;
+const F_WRITE_ZEROES: u64 = 1 << vb::VIRTIO_BLK_F_WRITE_ZEROES;
 const CONFIG_LEN: usize = 60;
 /// Most queues a disk may have.
 pub const MAX_QUEUES: u16 = 16;

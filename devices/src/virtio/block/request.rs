@@ -9,32 +9,34 @@
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use virtio_bindings::virtio_blk as vb;
+
 use crate::virtio::queue::{Chain, Desc, host_range};
 
 /// Sector size of the virtio-blk interface.
 pub const SECTOR: u64 = 512;
 /// Read.
-pub const T_IN: u32 = 0;
+pub const T_IN: u32 = vb::VIRTIO_BLK_T_IN;
 /// Write.
-pub const T_OUT: u32 = 1;
+pub const T_OUT: u32 = vb::VIRTIO_BLK_T_OUT;
 /// Flush.
-pub const T_FLUSH: u32 = 4;
+pub const T_FLUSH: u32 = vb::VIRTIO_BLK_T_FLUSH;
 /// Device ID string.
-pub const T_GET_ID: u32 = 8;
+pub const T_GET_ID: u32 = vb::VIRTIO_BLK_T_GET_ID;
 /// Discard.
-pub const T_DISCARD: u32 = 11;
+pub const T_DISCARD: u32 = vb::VIRTIO_BLK_T_DISCARD;
 /// Write zeroes.
-pub const T_WRITE_ZEROES: u32 = 13;
+pub const T_WRITE_ZEROES: u32 = vb::VIRTIO_BLK_T_WRITE_ZEROES;
 /// Success.
-pub const S_OK: u8 = 0;
+pub const S_OK: u8 = vb::VIRTIO_BLK_S_OK as u8;
 /// I/O error (also: any malformed request).
-pub const S_IOERR: u8 = 1;
+pub const S_IOERR: u8 = vb::VIRTIO_BLK_S_IOERR as u8;
 /// Unsupported request type.
-pub const S_UNSUPP: u8 = 2;
+pub const S_UNSUPP: u8 = vb::VIRTIO_BLK_S_UNSUPP as u8;
 /// Length of the device ID.
-pub const ID_BYTES: u32 = 20;
+pub const ID_BYTES: u32 = vb::VIRTIO_BLK_ID_BYTES;
 /// `VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP`.
-const WZ_UNMAP: u32 = 1;
+const WZ_UNMAP: u32 = vb::VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP;
 
 /// Limits of the disk, as the config space advertises them.
 #[derive(Clone, Copy, Debug)]
