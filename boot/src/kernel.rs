@@ -294,7 +294,7 @@ pub(crate) fn zero<M: GuestMemoryBackend>(mem: &M, addr: u64, len: u64) -> Resul
 }
 
 fn setup_size(b: &[u8]) -> usize {
-    let sects = match b[0x1f1] {
+    let sects = match b.get(0x1f1).copied().unwrap_or(0) {
         0 => 4,
         n => n as usize,
     };
@@ -423,7 +423,8 @@ fn parse_bzimage(b: &[u8]) -> Result<KernelKind, KernelError> {
     if version < 0x0200 {
         return Err(BadBzImage("boot protocol older than 2.00"));
     }
-    if b[0x211] & 1 == 0 {
+    let loadflags = *b.get(0x211).ok_or(BadBzImage("truncated setup header"))?;
+    if loadflags & 1 == 0 {
         return Err(BadBzImage("not loaded high (LOADED_HIGH unset): a zImage"));
     }
     let setup = setup_size(b);
@@ -554,6 +555,21 @@ pub(crate) mod tests {
         b[0x260..0x264].copy_from_slice(&0x800000u32.to_le_bytes()); // init_size
         b.extend_from_slice(payload);
         b
+    }
+
+    #[test]
+    fn every_truncated_bzimage_is_an_error_not_a_panic() {
+        // A 0x208-byte file with both magics once indexed past its end (0x211).
+        let full = tiny_bzimage(0x020f, XLF_KERNEL_64, &[0u8; 64]);
+        assert!(KernelImage::from_bytes(full.clone()).is_ok());
+        let setup = setup_size(&full);
+        for len in 0..full.len() {
+            let r = std::panic::catch_unwind(|| KernelImage::from_bytes(full[..len].to_vec()));
+            let r = r.unwrap_or_else(|_| panic!("panicked on {len} bytes"));
+            // Cut inside the header or the setup sectors: refused. After them it is a
+            // bzImage with a shorter payload (its decompressor would find out).
+            assert!(len > setup || r.is_err(), "{len} bytes parsed");
+        }
     }
 
     #[test]

@@ -21,6 +21,13 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     let mut truncated = tiny_kernel(&[0xf4; 64], 0);
     truncated.truncate(100);
     let truncated = dir.file("truncated-kernel", &truncated);
+    // Both bzImage magics and nothing after the version field: it once panicked the
+    // parser (an index past the end of the file).
+    let mut stub = vec![0u8; 0x208];
+    stub[0x1fe..0x200].copy_from_slice(&[0x55, 0xaa]);
+    stub[0x202..0x206].copy_from_slice(b"HdrS");
+    stub[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
+    let stub = dir.file("stub-bzimage", &stub);
     let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
     let long_cmdline = "a".repeat(3000);
     let base = ["launch", "--cores", "0", "--memory", "16M"];
@@ -50,6 +57,11 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             "truncated ELF",
             vec!["--kernel".into(), s(&truncated)],
             "malformed ELF",
+        ),
+        (
+            "bzImage cut after its version field",
+            vec!["--kernel".into(), s(&stub)],
+            "malformed bzImage",
         ),
         (
             "kernel larger than memory",
