@@ -223,6 +223,52 @@ impl Ledger {
         Ok(a)
     }
 
+    /// Whether the ledger is one this VMM could have written: a pool whose size is a
+    /// multiple of a power-of-two page size of at least 4 KiB (the plan's), partitions with
+    /// distinct names on reserved cores, each core in one partition, extents inside the
+    /// pool, page aligned and disjoint. A ledger that fails is refused before anything
+    /// acts on it (a forged one must not make `release` divide by zero or scrub outside
+    /// the pool).
+    pub fn check(&self) -> Result<(), String> {
+        let page = self.pool.page_size;
+        if page < 4096 || !page.is_power_of_two() {
+            return Err(format!(
+                "pool page size {page} is not a power of two of at least 4096"
+            ));
+        }
+        if self.plan.page_size != page {
+            return Err(format!(
+                "the plan's page size {} is not the pool's {page}",
+                self.plan.page_size
+            ));
+        }
+        self.allocator().map_err(|e| {
+            format!(
+                "pool of {} bytes and its partitions' extents: {e}",
+                self.pool.size
+            )
+        })?;
+        let mut names = std::collections::HashSet::new();
+        let mut cores = std::collections::HashSet::new();
+        for p in &self.partitions {
+            if !names.insert(p.name.as_str()) {
+                return Err(format!("partition {:?} is recorded twice", p.name));
+            }
+            for c in &p.cores {
+                if !self.cores.reserved.contains(c) {
+                    return Err(format!(
+                        "partition {:?} has core {c}, which is not reserved",
+                        p.name
+                    ));
+                }
+                if !cores.insert(*c) {
+                    return Err(format!("core {c} is in two partitions"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Cores assigned to partitions.
     pub fn assigned_cores(&self) -> Vec<usize> {
         self.partitions
@@ -316,6 +362,8 @@ impl LedgerLock {
                 reason: format!("version {} (this build writes {VERSION})", l.version),
             });
         }
+        l.check()
+            .map_err(|reason| LedgerError::Corrupt { path: p, reason })?;
         Ok(Some(l))
     }
 
@@ -441,6 +489,75 @@ pub(crate) mod tests {
                 kernel: "probe".into(),
             }],
         }
+    }
+
+    #[test]
+    fn a_ledger_no_reserve_could_write_is_refused() {
+        assert_eq!(sample().check(), Ok(()));
+        type Forge = Box<dyn Fn(&mut Ledger)>;
+        let bad: Vec<(&str, Forge)> = vec![
+            (
+                "page size 0",
+                Box::new(|l| {
+                    l.pool.page_size = 0;
+                    l.plan.page_size = 0;
+                }),
+            ),
+            ("page size 3000", Box::new(|l| l.pool.page_size = 3000)),
+            (
+                "plan and pool disagree",
+                Box::new(|l| l.plan.page_size = 4096),
+            ),
+            (
+                "extent past the pool",
+                Box::new(|l| l.partitions[0].extent.offset = 60 << 20),
+            ),
+            (
+                "extent not page aligned",
+                Box::new(|l| l.partitions[0].extent.offset = 4096),
+            ),
+            ("empty extent", Box::new(|l| l.partitions[0].extent.len = 0)),
+            ("pool not whole pages", Box::new(|l| l.pool.size += 4096)),
+            (
+                "unreserved core",
+                Box::new(|l| l.partitions[0].cores = vec![0]),
+            ),
+            (
+                "overlapping extents",
+                Box::new(|l| {
+                    let mut b = l.partitions[0].clone();
+                    b.name = "b".into();
+                    b.cores = vec![];
+                    b.extent.offset += 2 << 20;
+                    l.partitions.push(b);
+                }),
+            ),
+            (
+                "one name twice",
+                Box::new(|l| {
+                    let mut b = l.partitions[0].clone();
+                    b.cores = vec![];
+                    b.extent.offset = 32 << 20;
+                    l.partitions.push(b);
+                }),
+            ),
+        ];
+        let dir = std::env::temp_dir().join(format!("ledger-forged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lock = LedgerLock::exclusive(&dir).unwrap();
+        for (what, f) in bad {
+            let mut l = sample();
+            f(&mut l);
+            assert!(l.check().is_err(), "{what}: accepted");
+            // Written by someone else, it is refused on load with the reason.
+            std::fs::write(lock.path(), serde_json::to_string(&l).unwrap()).unwrap();
+            match lock.load() {
+                Err(LedgerError::Corrupt { reason, .. }) => assert!(!reason.is_empty(), "{what}"),
+                other => panic!("{what}: loaded as {other:?}"),
+            }
+        }
+        lock.remove().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
