@@ -114,6 +114,24 @@ pub struct QueueCounters {
     pub ring_full: u64,
 }
 
+impl QueueCounters {
+    /// Adds `c` to the entry for its queue in `all` (or appends it), keeping `all` in
+    /// queue order.
+    pub fn merge_into(c: QueueCounters, all: &mut Vec<QueueCounters>) {
+        match all.iter_mut().find(|t| t.queue == c.queue) {
+            Some(t) => {
+                t.requests += c.requests;
+                t.refused += c.refused;
+                t.doorbells += c.doorbells;
+                t.interrupts += c.interrupts;
+                t.ring_full += c.ring_full;
+            }
+            None => all.push(c),
+        }
+        all.sort_by_key(|t| t.queue);
+    }
+}
+
 impl std::fmt::Display for QueueCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

@@ -65,7 +65,11 @@ pub struct VirtioBlock {
     cfg: BlockConfig,
     lim: Limits,
     workers: Vec<(JoinHandle<()>, Arc<EventFd>)>,
-    shared: Vec<Arc<Shared>>,
+    /// The running activation's queues: (queue index, its worker's state).
+    shared: Vec<(u16, Arc<Shared>)>,
+    /// Counters of activations that ended (a driver resets and re-activates; the guest
+    /// may do so without end), folded in per queue so nothing grows with them.
+    totals: Vec<QueueCounters>,
 }
 
 impl VirtioBlock {
@@ -85,6 +89,7 @@ impl VirtioBlock {
             lim,
             workers: Vec::new(),
             shared: Vec::new(),
+            totals: Vec::new(),
         })
     }
 
@@ -185,7 +190,7 @@ impl VirtioDevice for VirtioBlock {
                 .spawn(move || w.run())
                 .map_err(|e| e.to_string())?;
             self.workers.push((t, stop));
-            self.shared.push(shared);
+            self.shared.push((i as u16, shared));
         }
         Ok(())
     }
@@ -195,33 +200,118 @@ impl VirtioDevice for VirtioBlock {
             let _ = stop.write(1);
             let _ = t.join();
         }
+        // The activation is over: its counters join the totals and its state (NEEDS_RESET
+        // among it) goes, so a reset clears the condition and nothing accumulates.
+        for (q, s) in self.shared.drain(..) {
+            QueueCounters::merge_into(counters(q, &s), &mut self.totals);
+        }
     }
 
     fn needs_reset(&self) -> bool {
         self.shared
             .iter()
-            .any(|s| s.needs_reset.load(Ordering::Acquire))
+            .any(|(_, s)| s.needs_reset.load(Ordering::Acquire))
     }
 
     fn stats(&self) -> Vec<QueueCounters> {
-        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        self.shared
-            .iter()
-            .enumerate()
-            .map(|(i, s)| QueueCounters {
-                queue: i as u16,
-                requests: l(&s.stats.requests),
-                refused: l(&s.stats.refused),
-                doorbells: l(&s.stats.doorbells),
-                interrupts: l(&s.stats.interrupts),
-                ring_full: l(&s.stats.ring_full),
-            })
-            .collect()
+        let mut all = self.totals.clone();
+        for (q, s) in &self.shared {
+            QueueCounters::merge_into(counters(*q, s), &mut all);
+        }
+        all
+    }
+}
+
+/// A worker's counters as they stand.
+fn counters(queue: u16, s: &Shared) -> QueueCounters {
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    QueueCounters {
+        queue,
+        requests: l(&s.stats.requests),
+        refused: l(&s.stats.refused),
+        doorbells: l(&s.stats.doorbells),
+        interrupts: l(&s.stats.interrupts),
+        ring_full: l(&s.stats.ring_full),
     }
 }
 
 impl Drop for VirtioBlock {
     fn drop(&mut self) {
         self.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::VirtioInterrupt;
+    use crate::virtio::queue::Queue;
+    use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+    struct NoIrq;
+    impl crate::Interrupt for NoIrq {
+        fn trigger(&self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn activation(mem: &GuestMemoryMmap, bell: &Arc<EventFd>) -> Activation {
+        let mut q = Queue::new(MAX_QUEUE_SIZE);
+        q.size = 16;
+        q.desc_table = 0x1000;
+        q.avail_ring = 0x2000;
+        q.used_ring = 0x3000;
+        q.ready = true;
+        Activation {
+            mem: mem.clone(),
+            queues: vec![q],
+            features: F_VERSION_1,
+            interrupt: Arc::new(VirtioInterrupt::new(Box::new(NoIrq))),
+            doorbells: vec![bell.clone()],
+        }
+    }
+
+    #[test]
+    fn resets_clear_needs_reset_and_nothing_grows_with_activations() {
+        let dir = std::env::temp_dir().join(format!("blk-reset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("disk.img");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let mut blk = VirtioBlock::new(BlockConfig {
+            path: path.clone(),
+            read_only: false,
+            direct: false,
+            queues: 1,
+            poll: Duration::ZERO,
+            worker_core: None,
+            sqpoll: false,
+            id: "t".into(),
+        })
+        .unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let bell = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        for round in 0..200u64 {
+            blk.activate(activation(&mem, &bell)).unwrap();
+            assert_eq!(blk.shared.len(), 1, "round {round}");
+            // A queue violation in this activation, as a worker reports it.
+            blk.shared[0].1.needs_reset.store(true, Ordering::Release);
+            blk.shared[0]
+                .1
+                .stats
+                .requests
+                .fetch_add(3, Ordering::Relaxed);
+            assert!(blk.needs_reset());
+            blk.reset();
+            assert!(
+                !blk.needs_reset(),
+                "round {round}: NEEDS_RESET survived a reset"
+            );
+            assert!(blk.shared.is_empty() && blk.workers.is_empty());
+            // One entry per queue however many activations there were; counts add up.
+            assert_eq!(blk.stats().len(), 1);
+            assert_eq!(blk.stats()[0].requests, 3 * (round + 1));
+        }
+        drop(blk);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
