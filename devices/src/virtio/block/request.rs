@@ -122,12 +122,15 @@ pub struct Request {
 impl Request {
     /// Bytes the device writes into the guest on success (for the used ring), status byte
     /// included.
+    /// A chain of overlapping buffers can describe more than 4 GiB: the sum is taken in
+    /// 64 bits and saturates at `u32::MAX` (the used ring's field).
     pub fn used_len(&self) -> u32 {
-        1 + match &self.op {
-            Op::Read { bufs, .. } => bufs.iter().map(|b| b.len).sum(),
-            Op::GetId { buf } => buf.len.min(ID_BYTES),
+        let data: u64 = match &self.op {
+            Op::Read { bufs, .. } => bufs.iter().map(|b| u64::from(b.len)).sum(),
+            Op::GetId { buf } => u64::from(buf.len.min(ID_BYTES)),
             _ => 0,
-        }
+        };
+        u32::try_from(data.saturating_add(1)).unwrap_or(u32::MAX)
     }
 }
 
@@ -179,11 +182,16 @@ pub fn parse(chain: &Chain, mem: &GuestMemoryMmap, lim: &Limits) -> Parsed {
     let Some(st) = d.last() else {
         return fail_nostatus("empty chain");
     };
-    if d.len() < 2 || !st.write || st.len < 1 || host_range(mem, st.addr, 1).is_none() {
+    // The status byte is the last byte of the last descriptor: that byte must be in guest
+    // memory (the descriptor's first byte being there says nothing about its last).
+    let status = (u64::from(st.len))
+        .checked_sub(1)
+        .and_then(|l| st.addr.checked_add(l));
+    let Some(status) =
+        status.filter(|&s| d.len() >= 2 && st.write && host_range(mem, s, 1).is_some())
+    else {
         return fail_nostatus("no device-writable status byte at the end of the chain");
-    }
-    // The status byte is the last byte of the last descriptor.
-    let status = st.addr + st.len as u64 - 1;
+    };
     let fail = |code, why| Parsed::Fail {
         head,
         status: Some(status),
@@ -317,6 +325,9 @@ pub fn parse(chain: &Chain, mem: &GuestMemoryMmap, lim: &Limits) -> Parsed {
 mod tests {
     use super::*;
     use crate::virtio::queue::tests::mem;
+
+    /// End of the test guest memory (`mem()`: 1 MiB from 0).
+    const MEM_END: u64 = 1 << 20;
 
     const LIM: Limits = Limits {
         capacity: 2048,
@@ -463,6 +474,10 @@ mod tests {
             vec![ok_hdr, (0xa000, 1, false)],
             vec![ok_hdr, (0xa000, 0, true)],
             vec![ok_hdr, (u64::MAX, 1, true)],
+            // Its first byte is in guest memory, its last (the status byte) is not.
+            vec![ok_hdr, (MEM_END - 16, 32, true)],
+            // Its last byte would be past the end of the address space.
+            vec![ok_hdr, (u64::MAX - 4, 16, true)],
             vec![],
         ] {
             assert!(
@@ -473,6 +488,24 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_read_of_overlapping_buffers_past_4_gib_saturates_its_used_length() {
+        let big = |len| Buf {
+            addr: 0x9000,
+            host: std::ptr::null_mut(),
+            len,
+        };
+        let r = Request {
+            head: 0,
+            op: Op::Read {
+                sector: 0,
+                bufs: vec![big(u32::MAX), big(u32::MAX), big(7)],
+            },
+            status: 0xa000,
+        };
+        assert_eq!(r.used_len(), u32::MAX);
     }
 
     #[test]
