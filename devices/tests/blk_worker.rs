@@ -237,6 +237,34 @@ fn every_request_type() {
     assert!(!h.shared.needs_reset.load(Ordering::SeqCst));
 }
 
+/// A driver that runs its avail index far ahead of the ring (issue 12: the worker once spun
+/// on it, 131,717 error lines and interrupts in 0.41 s) is told once, with one config
+/// interrupt, and the worker then leaves the rings alone until a reset, however often the
+/// doorbell rings. Counted, not timed.
+#[test]
+fn a_driver_that_runs_its_avail_index_ahead_is_told_once() {
+    for poll in [Duration::ZERO, Duration::from_micros(50)] {
+        let mut h = Harness::new("avail-jump", false, poll, false, false);
+        assert_eq!(h.request(0, 0, 512, true).0, S_OK);
+        let before = h.irqs.load(Ordering::SeqCst);
+        h.avail = h.avail.wrapping_add(1000);
+        h.mem.write_obj(h.avail, GuestAddress(AVAIL + 2)).unwrap();
+        h.bell.write(1).unwrap();
+        assert_eq!(h.wait(), None, "{poll:?}: the worker took the jump");
+        for _ in 0..200 {
+            h.bell.write(1).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let used: u16 = h.mem.read_obj(GuestAddress(USED + 2)).unwrap();
+        assert_eq!(used, 1, "{poll:?}: requests were taken after the violation");
+        assert_eq!(
+            h.irqs.load(Ordering::SeqCst) - before,
+            1,
+            "{poll:?}: one config interrupt for one violation"
+        );
+    }
+}
+
 #[test]
 fn read_only_disks_refuse_writes() {
     let mut h = Harness::new("ro", true, Duration::ZERO, false, false);

@@ -180,15 +180,14 @@ impl Worker {
                 break;
             }
             if self.shared.needs_reset.load(Ordering::Acquire) {
-                // Nothing more from this queue until the driver resets the device.
-                if self.inflight() == 0 {
-                    let _ = self.ring.submit_and_wait(1);
-                    self.reap(nfd);
-                    continue;
-                }
-            } else {
-                did |= self.fill();
+                // Nothing more from this queue until the driver resets the device: the
+                // rings are not read again (a driver that ran its avail index ahead would
+                // otherwise keep this loop spinning), only in-flight I/O completes.
+                self.signal();
+                let _ = self.ring.submit_and_wait(1);
+                continue;
             }
+            did |= self.fill();
             if did {
                 let _ = self.ring.submit();
             }
@@ -239,9 +238,13 @@ impl Worker {
         self.slots.len() - self.free.len()
     }
 
+    /// Marks the queue broken: said and signalled once; the run loop then stops reading
+    /// the rings until the device is reset.
     fn violation(&mut self, e: crate::virtio::queue::QueueError) {
+        if self.shared.needs_reset.swap(true, Ordering::AcqRel) {
+            return;
+        }
         log::error!("virtio-blk: queue violation, the device needs a reset: {e}");
-        self.shared.needs_reset.store(true, Ordering::Release);
         self.interrupt.trigger(INT_CONFIG);
     }
 
