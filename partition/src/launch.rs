@@ -102,6 +102,8 @@ pub struct LaunchConfig {
     pub cmdline: String,
     /// Serial output.
     pub console: Console,
+    /// Most bytes of serial output passed on (the rest is dropped and said once).
+    pub console_limit: u64,
     /// Entry protocol.
     pub protocol: BootProtocol,
     /// Where guest memory comes from.
@@ -770,7 +772,10 @@ fn attach_devices(
     let console = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
     let first_byte = Arc::new(std::sync::OnceLock::new());
     let console = Box::new(FirstByte {
-        inner: console,
+        inner: Box::new(crate::console::Capped::new(
+            console,
+            checked.cfg.console_limit,
+        )),
         at: first_byte.clone(),
     });
     let serial = Arc::new(Mutex::new(SerialPort::new(Box::new(serial_irq), console)));
@@ -1066,6 +1071,7 @@ mod tests {
             initrd: None,
             cmdline: String::new(),
             console: Console::Stdout,
+            console_limit: crate::console::DEFAULT_LIMIT,
             protocol: BootProtocol::Linux64,
             source,
             state_dir: std::env::temp_dir().join("partition-launch-unit-no-ledger"),

@@ -7,6 +7,7 @@
 
 pub mod assist;
 pub mod claim;
+pub mod console;
 pub mod cores;
 pub mod cpuid;
 pub mod cpumodel;

@@ -161,6 +161,10 @@ fn parse_idle(s: &str) -> Result<partition::idle::IdlePolicy, String> {
         .ok_or_else(|| "one of auto, mwait, hlt, haltpoll, poll, shared".to_string())
 }
 
+fn parse_size(s: &str) -> Result<u64, String> {
+    partition::size::parse(s).map_err(|e| e.to_string())
+}
+
 /// `SIZE` or `SIZE@OFFSET`.
 #[derive(Clone, Copy, Debug)]
 struct MemorySpec {
@@ -213,6 +217,10 @@ struct LaunchArgs {
     /// Write the guest's serial output to FILE instead of stdout.
     #[arg(long, value_name = "FILE")]
     console: Option<PathBuf>,
+    /// Pass on at most this much of the guest's serial output (to stdout or --console);
+    /// the rest is dropped, and the launch says so once.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
+    console_limit: u64,
     /// Entry protocol.
     #[arg(long, value_enum, default_value = "linux64")]
     boot: Boot,
@@ -309,6 +317,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         initrd: a.initrd,
         cmdline: a.cmdline,
         console: a.console.map_or(Console::Stdout, Console::File),
+        console_limit: a.console_limit,
         protocol: match a.boot {
             Boot::Linux64 => boot::regs::BootProtocol::Linux64,
             Boot::Pvh => boot::regs::BootProtocol::Pvh,

@@ -332,3 +332,45 @@ fn probe_image_is_an_elf_with_a_pvh_note() {
         "no PVH note name in the image"
     );
 }
+
+/// A guest cannot write more to its console than `--console-limit` lets through: the file
+/// holds exactly that many bytes, the guest runs to its end, and the launch says so once.
+#[test]
+fn console_output_stops_at_its_limit() {
+    if !kvm_available("console_output_stops_at_its_limit") {
+        return;
+    }
+    let dir = Scratch::new("console-limit");
+    let console = dir.path("console.log");
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--console",
+            console.to_str().unwrap(),
+            "--console-limit",
+            "100",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let bytes = std::fs::read(&console).unwrap();
+    assert_eq!(bytes.len(), 100, "{}", String::from_utf8_lossy(&bytes));
+    assert!(
+        bytes.starts_with(b"probe: "),
+        "{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    assert_eq!(
+        out.stderr
+            .matches("passed 100 bytes (--console-limit)")
+            .count(),
+        1,
+        "{}",
+        out.stderr
+    );
+}
