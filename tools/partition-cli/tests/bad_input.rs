@@ -28,6 +28,13 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     stub[0x202..0x206].copy_from_slice(b"HdrS");
     stub[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes());
     let stub = dir.file("stub-bzimage", &stub);
+    // A disk image nobody may write: root could open it read-write, but must not.
+    let sealed = dir.file("sealed.img", &vec![0u8; 1 << 20]);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sealed, std::fs::Permissions::from_mode(0o444)).unwrap();
+    }
+    let sealed_spec = format!("path={}", sealed.display());
     let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
     let long_cmdline = "a".repeat(3000);
     let base = ["launch", "--cores", "0", "--memory", "16M"];
@@ -114,6 +121,20 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
         ),
     ];
     let other: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "0444 disk image without readonly=on",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "16M",
+                "--probe",
+                "--disk",
+                &sealed_spec,
+            ],
+            "the file is read-only",
+        ),
         (
             "nonexistent core",
             vec!["launch", "--cores", "4095", "--memory", "16M", "--probe"],

@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::request::SECTOR;
@@ -29,6 +29,9 @@ pub enum DiskError {
     /// Not a regular file or block device.
     #[error("disk {0}: not a regular file or block device")]
     Kind(PathBuf),
+    /// A file nobody may write, asked for read-write (root could, but the owner said no).
+    #[error("disk {0}: the file is read-only (no write permission for anyone); add readonly=on")]
+    ReadOnlyFile(PathBuf),
     /// Empty, or not a whole number of sectors.
     #[error("disk {path}: {size} bytes is not a positive multiple of 512")]
     Size {
@@ -115,6 +118,9 @@ impl Disk {
         let block_device = meta.file_type().is_block_device();
         if !meta.is_file() && !block_device {
             return Err(DiskError::Kind(path.to_path_buf()));
+        }
+        if !read_only && meta.is_file() && meta.permissions().mode() & 0o222 == 0 {
+            return Err(DiskError::ReadOnlyFile(path.to_path_buf()));
         }
         let size = if block_device {
             let mut s: u64 = 0;
