@@ -22,9 +22,14 @@ use crate::ledger::{
 
 /// Environment variable naming a point at which the launcher or release kills itself with
 /// SIGKILL (for crash-recovery tests): `after-ledger`, `after-map`, `running`,
-/// `during-release`.
+/// `during-release`. Only debug builds (the test builds) have the hook; in a release build
+/// the variable does nothing.
 pub const CRASH_ENV: &str = "PARTITION_TEST_CRASH_AT";
 
+#[cfg(not(debug_assertions))]
+pub(crate) fn crash_point(_name: &str) {}
+
+#[cfg(debug_assertions)]
 pub(crate) fn crash_point(name: &str) {
     if std::env::var(CRASH_ENV).as_deref() == Ok(name) {
         eprintln!("partition: {CRASH_ENV}={name}: killing myself with SIGKILL");
