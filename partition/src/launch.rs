@@ -309,28 +309,25 @@ impl Checked {
 }
 
 fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8>, LaunchError> {
-    let file_err = |source| LaunchError::File {
-        what,
-        path: path.clone(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(file_err)?;
-    if !meta.is_file() {
-        return Err(LaunchError::File {
+    use crate::files::FileError;
+    crate::files::read_limited(path, limit).map_err(|e| match e {
+        FileError::Io(source) => LaunchError::File {
+            what,
+            path: path.clone(),
+            source,
+        },
+        FileError::NotRegular => LaunchError::File {
             what,
             path: path.clone(),
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
-        });
-    }
-    if meta.len() > limit {
-        return Err(LaunchError::TooLarge {
+        },
+        FileError::TooLarge { limit } => LaunchError::TooLarge {
             what,
             path: path.clone(),
-            size: meta.len(),
+            size: std::fs::metadata(path).map_or(limit + 1, |m| m.len()),
             limit,
-        });
-    }
-    std::fs::read(path).map_err(file_err)
+        },
+    })
 }
 
 /// Validates everything the user gave. Nothing is allocated, mapped or created, except

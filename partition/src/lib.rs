@@ -12,6 +12,7 @@ pub mod cores;
 pub mod cpuid;
 pub mod cpumodel;
 pub mod disks;
+pub mod files;
 pub mod idle;
 pub mod isolation;
 pub mod kvm;

@@ -155,9 +155,20 @@ impl HostPlan {
         path: &Path,
         available: &[usize],
     ) -> Result<(Self, Option<PathBuf>), PlanError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Read {
+        // A plan is a few lines of TOML: 1 MiB is far more than any needs.
+        let bytes = crate::files::read_limited(path, 1 << 20).map_err(|e| match e {
+            crate::files::FileError::Io(source) => PlanError::Read {
+                path: path.to_path_buf(),
+                source,
+            },
+            other => PlanError::Parse {
+                path: path.to_path_buf(),
+                reason: other.to_string(),
+            },
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| PlanError::Parse {
             path: path.to_path_buf(),
-            source,
+            reason: "not UTF-8 text".into(),
         })?;
         let f: PlanFile = toml::from_str(&text).map_err(|e| PlanError::Parse {
             path: path.to_path_buf(),

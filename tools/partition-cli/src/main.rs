@@ -430,7 +430,8 @@ fn launch(a: LaunchArgs) -> ExitCode {
 }
 
 fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
-    let bytes = match std::fs::read(&bzimage) {
+    // Distribution bzImages are tens of MiB; 1 GiB bounds a hostile or mistaken input.
+    let bytes = match partition::files::read_limited(&bzimage, 1 << 30) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("partition: error: {}: {e}", bzimage.display());

@@ -120,7 +120,19 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             "cannot be used with",
         ),
     ];
+    let nowhere = dir.path("never-created");
+    let nowhere = nowhere.to_str().unwrap();
     let other: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "endless plan file",
+            vec!["reserve", "--plan", "/dev/zero", "--state-dir", nowhere],
+            "not a regular file",
+        ),
+        (
+            "endless bzImage",
+            vec!["extract-vmlinux", "/dev/zero", "-o", nowhere],
+            "not a regular file",
+        ),
         (
             "0444 disk image without readonly=on",
             vec![
@@ -231,6 +243,10 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
         check(what, args.iter().map(|s| s.to_string()).collect(), want);
     }
     let after = host_state();
+    assert!(
+        !std::path::Path::new(nowhere).exists(),
+        "{nowhere} was created"
+    );
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
     assert_eq!(before, after, "host state changed");
 }
