@@ -72,16 +72,7 @@ pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
         spec: spec.into(),
         why,
     };
-    let mut cfg = BlockConfig {
-        path: PathBuf::new(),
-        read_only: false,
-        direct: false,
-        queues: 1,
-        poll: Duration::ZERO,
-        worker_core: None,
-        sqpoll: false,
-        id: format!("partition-disk{index}"),
-    };
+    let mut cfg = BlockConfig::new(PathBuf::new(), format!("partition-disk{index}"));
     let mut have_path = false;
     for item in spec.split(',') {
         let (k, v) = item

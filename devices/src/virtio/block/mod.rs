@@ -59,6 +59,23 @@ pub struct BlockConfig {
     pub id: String,
 }
 
+impl BlockConfig {
+    /// `path` with every option at its default: read-write, buffered, one queue, interrupt
+    /// mode, workers where the launcher puts them, no SQPOLL, device ID `id`.
+    pub fn new(path: PathBuf, id: String) -> Self {
+        Self {
+            path,
+            read_only: false,
+            direct: false,
+            queues: 1,
+            poll: Duration::ZERO,
+            worker_core: None,
+            sqpoll: false,
+            id,
+        }
+    }
+}
+
 /// A virtio-blk device.
 pub struct VirtioBlock {
     disk: Arc<Disk>,
@@ -277,17 +294,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("disk.img");
         std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
-        let mut blk = VirtioBlock::new(BlockConfig {
-            path: path.clone(),
-            read_only: false,
-            direct: false,
-            queues: 1,
-            poll: Duration::ZERO,
-            worker_core: None,
-            sqpoll: false,
-            id: "t".into(),
-        })
-        .unwrap();
+        let mut blk = VirtioBlock::new(BlockConfig::new(path.clone(), "t".into())).unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let bell = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
         for round in 0..200u64 {
