@@ -12,7 +12,7 @@ use devices::virtio::VirtioInterrupt;
 use devices::virtio::block::disk::Disk;
 use devices::virtio::block::request::{Limits, S_IOERR, S_OK, S_UNSUPP};
 use devices::virtio::block::worker::{Shared, Worker, WorkerConfig};
-use devices::virtio::queue::Queue;
+use devices::virtio::queue::QueueSetup;
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -59,14 +59,16 @@ impl Harness {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEM)]).unwrap();
         let file = disk_file(name);
         let disk = Arc::new(Disk::open(&file, read_only, false, "test-disk").unwrap());
-        let mut q = Queue::new(QSIZE);
-        q.size = QSIZE;
-        q.desc_table = DESC;
-        q.avail_ring = AVAIL;
-        q.used_ring = USED;
-        q.ready = true;
-        q.indirect = indirect;
-        q.event_idx = event_idx;
+        let q = QueueSetup {
+            size: QSIZE,
+            desc_table: DESC,
+            avail_ring: AVAIL,
+            used_ring: USED,
+            ready: true,
+            ..QueueSetup::new(QSIZE)
+        }
+        .start(&mem, event_idx, indirect)
+        .unwrap();
         let lim = Limits {
             capacity: disk.sectors,
             read_only,

@@ -14,7 +14,7 @@ use virtio_bindings::virtio_mmio::*;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::queue::Queue;
+use super::queue::QueueSetup;
 use super::{Activation, F_VERSION_1, VirtioDevice, VirtioInterrupt};
 use crate::ratelimit::RateLimiter;
 use crate::{BusDevice, VmEvent, warn_ratelimited};
@@ -40,7 +40,7 @@ pub struct MmioTransport {
     mem: GuestMemoryMmap,
     interrupt: Arc<VirtioInterrupt>,
     doorbells: Vec<Arc<EventFd>>,
-    queues: Vec<Queue>,
+    queues: Vec<QueueSetup>,
     status: u32,
     device_features_sel: u32,
     driver_features_sel: u32,
@@ -61,7 +61,11 @@ impl MmioTransport {
         interrupt: Arc<VirtioInterrupt>,
         doorbells: Vec<Arc<EventFd>>,
     ) -> Self {
-        let queues: Vec<Queue> = device.queue_sizes().into_iter().map(Queue::new).collect();
+        let queues: Vec<QueueSetup> = device
+            .queue_sizes()
+            .into_iter()
+            .map(QueueSetup::new)
+            .collect();
         let n = queues.len();
         Self {
             device,
@@ -91,7 +95,7 @@ impl MmioTransport {
         self.device.reset();
     }
 
-    fn queue(&mut self) -> Option<&mut Queue> {
+    fn queue(&mut self) -> Option<&mut QueueSetup> {
         if self.status & STATUS_DRIVER_OK != 0 {
             return None;
         }
@@ -162,17 +166,25 @@ impl MmioTransport {
 
     fn activate(&mut self) {
         let features = self.driver_features;
-        let mut queues = Vec::new();
-        for (i, q) in self.queues.iter_mut().enumerate() {
-            q.event_idx = features & super::F_EVENT_IDX != 0;
-            q.indirect = features & super::F_INDIRECT_DESC != 0;
-            if q.ready && !q.is_valid(&self.mem) {
-                log::error!("virtio-mmio: queue {i} is set up outside guest memory or badly sized");
-                self.status |= STATUS_NEEDS_RESET;
-                self.interrupt.trigger(super::INT_CONFIG);
-                return;
+        let event_idx = features & super::F_EVENT_IDX != 0;
+        let indirect = features & super::F_INDIRECT_DESC != 0;
+        let mut queues = Vec::with_capacity(self.queues.len());
+        for (i, q) in self.queues.iter().enumerate() {
+            if !q.ready {
+                queues.push(None);
+                continue;
             }
-            queues.push(q.clone());
+            match q.start(&self.mem, event_idx, indirect) {
+                Ok(q) => queues.push(Some(q)),
+                Err(_) => {
+                    log::error!(
+                        "virtio-mmio: queue {i} is set up outside guest memory or badly sized"
+                    );
+                    self.status |= STATUS_NEEDS_RESET;
+                    self.interrupt.trigger(super::INT_CONFIG);
+                    return;
+                }
+            }
         }
         let a = Activation {
             mem: self.mem.clone(),
@@ -351,7 +363,7 @@ mod tests {
     struct Log {
         activations: u32,
         resets: u32,
-        queues: Vec<Queue>,
+        queues: Vec<Option<crate::virtio::queue::Queue>>,
     }
 
     struct Fake(Arc<Mutex<Log>>);
@@ -453,9 +465,10 @@ mod tests {
         {
             let l = log.lock().unwrap();
             assert_eq!(l.activations, 1);
-            assert!(l.queues[0].ready && l.queues[0].event_idx);
-            assert_eq!((l.queues[0].size, l.queues[0].avail_ring), (8, 0x11000));
-            assert!(!l.queues[1].ready);
+            let q = l.queues[0].as_ref().expect("queue 0 is ready");
+            assert!(q.event_idx() && !q.indirect());
+            assert_eq!((q.size(), q.avail_ring()), (8, 0x11000));
+            assert!(l.queues[1].is_none());
         }
         // Queue setup is frozen once running.
         w(&mut t, 0x030, 1);

@@ -64,8 +64,8 @@ impl VirtioInterrupt {
 pub struct Activation {
     /// Guest memory.
     pub mem: GuestMemoryMmap,
-    /// The queues as the driver set them up.
-    pub queues: Vec<queue::Queue>,
+    /// Each queue, running, or `None` if the driver did not make it ready.
+    pub queues: Vec<Option<queue::Queue>>,
     /// Negotiated features.
     pub features: u64,
     /// The device's interrupt.

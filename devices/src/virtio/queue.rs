@@ -1,16 +1,24 @@
-//! The split virtqueue, device side, written by hand for hostile input.
+//! The split virtqueue, device side: rust-vmm's `virtio-queue` walks the rings and the
+//! descriptor chains (fuzzed and Kani-proved upstream, no allocation per chain); this
+//! module keeps our stricter rules for hostile input around it.
 //!
 //! Everything here comes from the guest: ring addresses, indices, descriptor addresses,
-//! lengths, flags, `next` links, indirect tables. Every index is bounded by the queue size,
-//! every chain by a length limit (so a loop ends), every address and length is checked
-//! against guest memory with checked arithmetic, and structural violations (a bad index, a
-//! loop, a misused indirect table, the driver's avail index running ahead by more than the
-//! queue size) are errors the transport turns into NEEDS_RESET.
+//! lengths, flags, `next` links, indirect tables. `virtio-queue` bounds every chain (a loop
+//! ends) and every index, but it ends a malformed chain silently; here a malformed chain is
+//! a structural violation the transport turns into NEEDS_RESET: a head or `next` index out
+//! of range, a loop, a chain of more than 4 GiB, an indirect table that was not negotiated,
+//! has NEXT set, is empty, not a multiple of 16, longer than [`MAX_INDIRECT`] entries or
+//! outside one region of guest memory, an indirect table inside an indirect table, and the
+//! driver's avail index running ahead by more than the queue size.
+//!
+//! [`QueueSetup`] is what the driver writes through the transport's registers;
+//! [`QueueSetup::start`] checks it against guest memory and gives the running [`Queue`].
 
-use std::num::Wrapping;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::Ordering;
 
 use virtio_bindings::virtio_ring as vr;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 /// Largest queue we offer.
@@ -24,9 +32,12 @@ pub const DESC_F_WRITE: u16 = vr::VRING_DESC_F_WRITE as u16;
 /// `VIRTQ_DESC_F_INDIRECT`.
 pub const DESC_F_INDIRECT: u16 = vr::VRING_DESC_F_INDIRECT as u16;
 /// `VIRTQ_USED_F_NO_NOTIFY`.
+#[cfg(test)]
 const USED_F_NO_NOTIFY: u16 = vr::VRING_USED_F_NO_NOTIFY as u16;
 /// `VIRTQ_AVAIL_F_NO_INTERRUPT`.
 const AVAIL_F_NO_INTERRUPT: u16 = vr::VRING_AVAIL_F_NO_INTERRUPT as u16;
+/// Bytes of one descriptor.
+const DESC_BYTES: u64 = 16;
 
 /// Structural violations of the queue (the transport resets the device for them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -53,6 +64,9 @@ pub enum QueueError {
     /// A chain longer than the queue (a loop).
     #[error("descriptor chain longer than {0} (a loop?)")]
     ChainTooLong(u32),
+    /// A chain whose buffers add up to more than 4 GiB.
+    #[error("descriptor chain of more than 4 GiB")]
+    ChainTooBig,
     /// INDIRECT and NEXT together, an indirect table in an indirect table, or indirect
     /// descriptors without the feature.
     #[error("indirect descriptor misused: {0}")]
@@ -79,19 +93,6 @@ pub struct Chain {
     pub descs: Vec<Desc>,
 }
 
-/// A raw descriptor read from guest memory.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C)]
-struct RawDesc {
-    addr: u64,
-    len: u32,
-    flags: u16,
-    next: u16,
-}
-
-// SAFETY: plain little-endian integers, every bit pattern valid.
-unsafe impl vm_memory::ByteValued for RawDesc {}
-
 /// Host address of `[addr, addr + len)` if it lies in one region of guest memory.
 pub fn host_range(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Option<*mut u8> {
     let region = mem.find_region(GuestAddress(addr))?;
@@ -103,9 +104,9 @@ pub fn host_range(mem: &GuestMemoryMmap, addr: u64, len: u64) -> Option<*mut u8>
     mem.get_host_address(GuestAddress(addr)).ok()
 }
 
-/// A split virtqueue.
-#[derive(Clone, Debug)]
-pub struct Queue {
+/// A queue as the driver sets it up through the transport's registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSetup {
     /// Largest size offered.
     pub max_size: u16,
     /// Size set by the driver.
@@ -118,16 +119,9 @@ pub struct Queue {
     pub avail_ring: u64,
     /// Used ring address.
     pub used_ring: u64,
-    /// VIRTIO_RING_F_EVENT_IDX negotiated.
-    pub event_idx: bool,
-    /// VIRTIO_RING_F_INDIRECT_DESC negotiated.
-    pub indirect: bool,
-    next_avail: Wrapping<u16>,
-    next_used: Wrapping<u16>,
-    signalled_used: Option<Wrapping<u16>>,
 }
 
-impl Queue {
+impl QueueSetup {
     /// A queue offering `max_size` entries.
     pub fn new(max_size: u16) -> Self {
         Self {
@@ -137,11 +131,6 @@ impl Queue {
             desc_table: 0,
             avail_ring: 0,
             used_ring: 0,
-            event_idx: false,
-            indirect: false,
-            next_avail: Wrapping(0),
-            next_used: Wrapping(0),
-            signalled_used: None,
         }
     }
 
@@ -150,48 +139,98 @@ impl Queue {
         *self = Self::new(self.max_size);
     }
 
-    fn avail_bytes(&self) -> u64 {
-        6 + 2 * self.size as u64
-    }
-
-    fn used_bytes(&self) -> u64 {
-        6 + 8 * self.size as u64
-    }
-
-    /// Whether the driver's setup is usable: size a power of two within bounds, rings
-    /// aligned and inside guest memory.
+    /// Whether the driver's setup is usable: a power-of-two size within bounds, rings
+    /// aligned and each inside one region of guest memory.
     pub fn is_valid(&self, mem: &GuestMemoryMmap) -> bool {
+        let n = self.size as u64;
         let size_ok = self.size > 0 && self.size <= self.max_size && self.size.is_power_of_two();
         size_ok
             && self.desc_table % 16 == 0
             && self.avail_ring % 2 == 0
             && self.used_ring % 4 == 0
-            && host_range(mem, self.desc_table, 16 * self.size as u64).is_some()
-            && host_range(mem, self.avail_ring, self.avail_bytes()).is_some()
-            && host_range(mem, self.used_ring, self.used_bytes()).is_some()
+            && host_range(mem, self.desc_table, DESC_BYTES * n).is_some()
+            && host_range(mem, self.avail_ring, 6 + 2 * n).is_some()
+            && host_range(mem, self.used_ring, 6 + 8 * n).is_some()
     }
 
-    fn read_u16(mem: &GuestMemoryMmap, addr: u64) -> Result<u16, QueueError> {
-        mem.read_obj::<u16>(GuestAddress(addr))
-            .map_err(|_| QueueError::Ring(addr))
+    /// The running queue, with the negotiated ring features, if the setup is valid.
+    pub fn start(
+        &self,
+        mem: &GuestMemoryMmap,
+        event_idx: bool,
+        indirect: bool,
+    ) -> Result<Queue, QueueError> {
+        // virtio-queue takes an avail ring at guest address 0 for a queue that was reset
+        // and never set up again: refused here, at DRIVER_OK, rather than at the first pop.
+        if !self.ready || self.avail_ring == 0 || !self.is_valid(mem) {
+            return Err(QueueError::NotReady);
+        }
+        let mut q = virtio_queue::Queue::new(self.max_size).map_err(|_| QueueError::NotReady)?;
+        q.try_set_size(self.size)
+            .and_then(|()| q.try_set_desc_table_address(GuestAddress(self.desc_table)))
+            .and_then(|()| q.try_set_avail_ring_address(GuestAddress(self.avail_ring)))
+            .and_then(|()| q.try_set_used_ring_address(GuestAddress(self.used_ring)))
+            .map_err(|_| QueueError::NotReady)?;
+        q.set_event_idx(event_idx);
+        q.set_ready(true);
+        if !q.is_valid(mem) {
+            return Err(QueueError::NotReady);
+        }
+        Ok(Queue { inner: q, indirect })
+    }
+}
+
+/// A running split virtqueue.
+#[derive(Debug)]
+pub struct Queue {
+    inner: virtio_queue::Queue,
+    /// VIRTIO_RING_F_INDIRECT_DESC negotiated.
+    indirect: bool,
+}
+
+/// A raw descriptor, read by us where `virtio-queue` would not tell why a chain ended.
+fn read_desc(mem: &GuestMemoryMmap, table: u64, i: u64) -> Result<Descriptor, QueueError> {
+    let at = DESC_BYTES
+        .checked_mul(i)
+        .and_then(|o| table.checked_add(o))
+        .ok_or(QueueError::Ring(table))?;
+    mem.read_obj::<Descriptor>(GuestAddress(at))
+        .map_err(|_| QueueError::Ring(at))
+}
+
+impl Queue {
+    /// Queue size.
+    pub fn size(&self) -> u16 {
+        self.inner.size()
     }
 
-    fn write_u16(mem: &GuestMemoryMmap, addr: u64, v: u16) -> Result<(), QueueError> {
-        mem.write_obj(v, GuestAddress(addr))
-            .map_err(|_| QueueError::Ring(addr))
+    /// VIRTIO_RING_F_EVENT_IDX negotiated.
+    pub fn event_idx(&self) -> bool {
+        self.inner.event_idx_enabled()
+    }
+
+    /// VIRTIO_RING_F_INDIRECT_DESC negotiated.
+    pub fn indirect(&self) -> bool {
+        self.indirect
+    }
+
+    /// Avail ring address.
+    pub fn avail_ring(&self) -> u64 {
+        self.inner.avail_ring()
     }
 
     /// Entries the driver has made available that we have not taken.
     pub fn pending(&self, mem: &GuestMemoryMmap) -> Result<u16, QueueError> {
-        if !self.ready {
-            return Err(QueueError::NotReady);
-        }
-        let avail = Wrapping(Self::read_u16(mem, self.avail_ring + 2)?);
-        let ahead = (avail - self.next_avail).0;
-        if ahead > self.size {
+        let avail = self
+            .inner
+            .avail_idx(mem, Ordering::Acquire)
+            .map_err(|_| QueueError::Ring(self.inner.avail_ring()))?;
+        let next = std::num::Wrapping(self.inner.next_avail());
+        let ahead = (avail - next).0;
+        if ahead > self.size() {
             return Err(QueueError::AvailJump {
                 avail: avail.0,
-                next: self.next_avail.0,
+                next: next.0,
                 ahead,
             });
         }
@@ -203,105 +242,92 @@ impl Queue {
         if self.pending(mem)? == 0 {
             return Ok(None);
         }
-        // Read the ring entry only after seeing the index that covers it.
-        fence(Ordering::Acquire);
-        let slot = (self.next_avail.0 % self.size) as u64;
-        let head = Self::read_u16(mem, self.avail_ring + 4 + 2 * slot)?;
-        let descs = self.walk(mem, head)?;
-        self.next_avail += Wrapping(1);
-        Ok(Some(Chain { head, descs }))
+        let ring = self.inner.avail_ring();
+        let slot = ring + 4 + 2 * (self.inner.next_avail() % self.size()) as u64;
+        let chain = self
+            .inner
+            .iter(mem)
+            .map_err(|_| QueueError::Ring(ring))?
+            .next()
+            .ok_or(QueueError::Ring(slot))?;
+        self.collect(chain, mem).map(Some)
     }
 
-    fn read_desc(mem: &GuestMemoryMmap, table: u64, i: u64) -> Result<RawDesc, QueueError> {
-        let at = table.checked_add(16 * i).ok_or(QueueError::Ring(table))?;
-        mem.read_obj::<RawDesc>(GuestAddress(at))
-            .map_err(|_| QueueError::Ring(at))
-    }
-
-    /// Follows a chain from `head`, expanding an indirect table.
-    fn walk(&self, mem: &GuestMemoryMmap, head: u16) -> Result<Vec<Desc>, QueueError> {
-        if head >= self.size {
+    /// The descriptors of `chain`, or why the chain is malformed.
+    fn collect(
+        &self,
+        chain: DescriptorChain<&GuestMemoryMmap>,
+        mem: &GuestMemoryMmap,
+    ) -> Result<Chain, QueueError> {
+        let head = chain.head_index();
+        let size = self.size();
+        if head >= size {
             return Err(QueueError::BadIndex(head));
         }
-        let mut out = Vec::new();
-        let mut i = head;
-        let mut count = 0u32;
-        loop {
-            count += 1;
-            if count > self.size as u32 {
-                return Err(QueueError::ChainTooLong(self.size as u32));
+        // The table the chain lives in, and its length: the queue's descriptor table, or
+        // the indirect table its head names (checked here: virtio-queue would follow it
+        // without our limits).
+        let first = read_desc(mem, self.inner.desc_table(), head as u64)?;
+        let (table, entries) = if first.refers_to_indirect_table() {
+            if !self.indirect {
+                return Err(QueueError::Indirect("INDIRECT_DESC was not negotiated"));
             }
-            let d = Self::read_desc(mem, self.desc_table, i as u64)?;
-            if d.flags & DESC_F_INDIRECT != 0 {
-                if !self.indirect {
-                    return Err(QueueError::Indirect("INDIRECT_DESC was not negotiated"));
-                }
-                if d.flags & DESC_F_NEXT != 0 {
-                    return Err(QueueError::Indirect("INDIRECT together with NEXT"));
-                }
-                if !out.is_empty() {
-                    return Err(QueueError::Indirect(
-                        "an indirect table after direct descriptors",
-                    ));
-                }
-                return self.walk_indirect(mem, d);
+            if first.has_next() {
+                return Err(QueueError::Indirect("INDIRECT together with NEXT"));
             }
-            out.push(Desc {
-                addr: d.addr,
-                len: d.len,
-                write: d.flags & DESC_F_WRITE != 0,
-            });
-            if d.flags & DESC_F_NEXT == 0 {
-                return Ok(out);
-            }
-            if d.next >= self.size {
-                return Err(QueueError::BadIndex(d.next));
-            }
-            i = d.next;
-        }
-    }
-
-    fn walk_indirect(
-        &self,
-        mem: &GuestMemoryMmap,
-        table: RawDesc,
-    ) -> Result<Vec<Desc>, QueueError> {
-        if table.len == 0 || table.len % 16 != 0 || table.len / 16 > MAX_INDIRECT {
-            return Err(QueueError::Indirect(
-                "table length is not a non-zero multiple of 16 within bounds",
-            ));
-        }
-        if host_range(mem, table.addr, table.len as u64).is_none() {
-            return Err(QueueError::Indirect("table outside guest memory"));
-        }
-        let n = table.len / 16;
-        let mut out = Vec::new();
-        let mut i = 0u32;
-        let mut count = 0u32;
-        loop {
-            count += 1;
-            if count > n {
-                return Err(QueueError::ChainTooLong(n));
-            }
-            let d = Self::read_desc(mem, table.addr, i as u64)?;
-            if d.flags & DESC_F_INDIRECT != 0 {
+            let len = first.len();
+            if len == 0 || len % 16 != 0 || len / 16 > MAX_INDIRECT {
                 return Err(QueueError::Indirect(
-                    "an indirect table inside an indirect table",
+                    "table length is not a non-zero multiple of 16 within bounds",
                 ));
             }
-            out.push(Desc {
-                addr: d.addr,
-                len: d.len,
-                write: d.flags & DESC_F_WRITE != 0,
+            if host_range(mem, first.addr().0, len as u64).is_none() {
+                return Err(QueueError::Indirect("table outside guest memory"));
+            }
+            (first.addr().0, len / 16)
+        } else {
+            (self.inner.desc_table(), size as u32)
+        };
+        let mut descs = Vec::new();
+        let mut last = None;
+        for d in chain {
+            descs.push(Desc {
+                addr: d.addr().0,
+                len: d.len(),
+                write: d.is_write_only(),
             });
-            if d.flags & DESC_F_NEXT == 0 {
-                return Ok(out);
-            }
-            if d.next as u32 >= n {
-                return Err(QueueError::BadIndex(d.next));
-            }
-            i = d.next as u32;
+            last = Some(d);
         }
+        // virtio-queue ends a chain early, without a word, at whatever it will not follow:
+        // the last descriptor it gave still says NEXT. Find out why.
+        let Some(last) = last else {
+            // Only an indirect head yields nothing: its table's first entry was refused.
+            let d = read_desc(mem, table, 0)?;
+            return Err(if d.refers_to_indirect_table() {
+                QueueError::Indirect("an indirect table inside an indirect table")
+            } else {
+                QueueError::Ring(table)
+            });
+        };
+        if !last.has_next() {
+            return Ok(Chain { head, descs });
+        }
+        let next = last.next();
+        if next as u32 >= entries {
+            return Err(QueueError::BadIndex(next));
+        }
+        if descs.len() as u32 >= entries {
+            return Err(QueueError::ChainTooLong(entries));
+        }
+        let d = read_desc(mem, table, next as u64)?;
+        if d.refers_to_indirect_table() {
+            return Err(QueueError::Indirect(if table == self.inner.desc_table() {
+                "an indirect table after direct descriptors"
+            } else {
+                "an indirect table inside an indirect table"
+            }));
+        }
+        Err(QueueError::ChainTooBig)
     }
 
     /// Returns a chain to the driver with `len` bytes written.
@@ -311,64 +337,41 @@ impl Queue {
         head: u16,
         len: u32,
     ) -> Result<(), QueueError> {
-        let slot = (self.next_used.0 % self.size) as u64;
-        let at = self.used_ring + 4 + 8 * slot;
-        mem.write_obj(head as u32, GuestAddress(at))
-            .and_then(|_| mem.write_obj(len, GuestAddress(at + 4)))
-            .map_err(|_| QueueError::Ring(at))?;
-        self.next_used += Wrapping(1);
-        // The element must be visible before the index that publishes it.
-        fence(Ordering::Release);
-        Self::write_u16(mem, self.used_ring + 2, self.next_used.0)
+        self.inner
+            .add_used(mem, head, len)
+            .map_err(|_| QueueError::Ring(self.inner.used_ring()))
     }
 
     /// Whether the driver wants an interrupt for what was used since the last one.
     pub fn needs_interrupt(&mut self, mem: &GuestMemoryMmap) -> bool {
-        fence(Ordering::SeqCst);
-        let new = self.next_used;
-        if !self.event_idx {
-            return Self::read_u16(mem, self.avail_ring)
-                .map(|f| f & AVAIL_F_NO_INTERRUPT == 0)
+        if !self.event_idx() {
+            // virtio-queue leaves VRING_AVAIL_F_NO_INTERRUPT to us.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            return mem
+                .read_obj::<u16>(GuestAddress(self.inner.avail_ring()))
+                .map(|f| u16::from_le(f) & AVAIL_F_NO_INTERRUPT == 0)
                 .unwrap_or(true);
         }
-        let old = self.signalled_used.replace(new);
-        let Some(old) = old else { return true };
-        let Ok(event) = Self::read_u16(mem, self.avail_ring + 4 + 2 * self.size as u64) else {
-            return true;
-        };
-        need_event(event, new.0, old.0)
+        self.inner.needs_notification(mem).unwrap_or(true)
     }
 
     /// Asks the driver to notify us again; returns whether entries are already pending (the
     /// caller must look again before sleeping).
     pub fn enable_notification(&mut self, mem: &GuestMemoryMmap) -> Result<bool, QueueError> {
-        if self.event_idx {
-            Self::write_u16(
-                mem,
-                self.used_ring + 4 + 8 * self.size as u64,
-                self.next_avail.0,
-            )?;
-        } else {
-            Self::write_u16(mem, self.used_ring, 0)?;
-        }
-        fence(Ordering::SeqCst);
+        self.inner
+            .enable_notification(mem)
+            .map_err(|_| QueueError::Ring(self.inner.used_ring()))?;
         Ok(self.pending(mem)? > 0)
     }
 
     /// Asks the driver not to notify us (we are polling).
     pub fn disable_notification(&mut self, mem: &GuestMemoryMmap) -> Result<(), QueueError> {
-        if !self.event_idx {
-            Self::write_u16(mem, self.used_ring, USED_F_NO_NOTIFY)?;
-        }
-        // With EVENT_IDX the driver only notifies when it passes avail_event, which we stop
-        // advancing while polling.
-        Ok(())
+        // With EVENT_IDX the driver only notifies when it passes avail_event, which is not
+        // advanced while polling; without it, USED_F_NO_NOTIFY is set.
+        self.inner
+            .disable_notification(mem)
+            .map_err(|_| QueueError::Ring(self.inner.used_ring()))
     }
-}
-
-/// `vring_need_event`: whether moving from `old` to `new` passes `event`.
-pub fn need_event(event: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
 }
 
 #[cfg(test)]
@@ -383,14 +386,23 @@ pub(crate) mod tests {
         GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap()
     }
 
-    pub(crate) fn queue(size: u16) -> Queue {
-        let mut q = Queue::new(MAX_QUEUE_SIZE);
-        q.size = size;
-        q.desc_table = DESC;
-        q.avail_ring = AVAIL;
-        q.used_ring = USED;
-        q.ready = true;
-        q
+    pub(crate) fn setup(size: u16) -> QueueSetup {
+        QueueSetup {
+            size,
+            desc_table: DESC,
+            avail_ring: AVAIL,
+            used_ring: USED,
+            ready: true,
+            ..QueueSetup::new(MAX_QUEUE_SIZE)
+        }
+    }
+
+    fn queue_with(m: &GuestMemoryMmap, size: u16, event_idx: bool, indirect: bool) -> Queue {
+        setup(size).start(m, event_idx, indirect).unwrap()
+    }
+
+    pub(crate) fn queue(m: &GuestMemoryMmap, size: u16) -> Queue {
+        queue_with(m, size, false, false)
     }
 
     pub(crate) fn set_desc(
@@ -402,19 +414,17 @@ pub(crate) mod tests {
         flags: u16,
         next: u16,
     ) {
-        let d = RawDesc {
-            addr,
-            len,
-            flags,
-            next,
-        };
-        m.write_obj(d, GuestAddress(table + 16 * i as u64)).unwrap();
+        m.write_obj(
+            Descriptor::new(addr, len, flags, next),
+            GuestAddress(table + 16 * i as u64),
+        )
+        .unwrap();
     }
 
     /// Publishes `heads` in the avail ring starting at slot `from`.
-    pub(crate) fn publish(m: &GuestMemoryMmap, q: &Queue, from: u16, heads: &[u16]) {
+    pub(crate) fn publish(m: &GuestMemoryMmap, size: u16, from: u16, heads: &[u16]) {
         for (k, h) in heads.iter().enumerate() {
-            let slot = (from as usize + k) % q.size as usize;
+            let slot = (from as usize + k) % size as usize;
             m.write_obj(*h, GuestAddress(AVAIL + 4 + 2 * slot as u64))
                 .unwrap();
         }
@@ -428,12 +438,12 @@ pub(crate) mod tests {
     #[test]
     fn pops_chains_and_publishes_used() {
         let m = mem();
-        let mut q = queue(8);
-        assert!(q.is_valid(&m));
+        assert!(setup(8).is_valid(&m));
+        let mut q = queue(&m, 8);
         set_desc(&m, DESC, 0, 0x8000, 16, DESC_F_NEXT, 3);
         set_desc(&m, DESC, 3, 0x9000, 512, DESC_F_NEXT | DESC_F_WRITE, 5);
         set_desc(&m, DESC, 5, 0xa000, 1, DESC_F_WRITE, 0);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 8, 0, &[0]);
         let c = q.pop(&m).unwrap().unwrap();
         assert_eq!(c.head, 0);
         assert_eq!(
@@ -468,73 +478,93 @@ pub(crate) mod tests {
     fn structural_violations() {
         let m = mem();
         // A loop.
-        let mut q = queue(4);
+        let mut q = queue(&m, 4);
         set_desc(&m, DESC, 0, 0x8000, 16, DESC_F_NEXT, 1);
         set_desc(&m, DESC, 1, 0x8000, 16, DESC_F_NEXT, 0);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 4, 0, &[0]);
         assert_eq!(q.pop(&m), Err(QueueError::ChainTooLong(4)));
         // Head out of range.
-        let mut q = queue(4);
-        publish(&m, &q, 0, &[9]);
+        let mut q = queue(&m, 4);
+        publish(&m, 4, 0, &[9]);
         assert_eq!(q.pop(&m), Err(QueueError::BadIndex(9)));
         // Next out of range.
-        let mut q = queue(4);
+        let mut q = queue(&m, 4);
         set_desc(&m, DESC, 0, 0x8000, 16, DESC_F_NEXT, 200);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 4, 0, &[0]);
         assert_eq!(q.pop(&m), Err(QueueError::BadIndex(200)));
         // The driver claims more entries than the queue holds.
-        let q = queue(4);
+        let q = queue(&m, 4);
         m.write_obj(100u16, GuestAddress(AVAIL + 2)).unwrap();
         assert!(matches!(q.pending(&m), Err(QueueError::AvailJump { .. })));
         // Indirect without the feature, with NEXT, nested.
-        let mut q = queue(4);
+        let mut q = queue(&m, 4);
         set_desc(&m, DESC, 0, 0x6000, 32, DESC_F_INDIRECT, 0);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 4, 0, &[0]);
         assert!(matches!(q.pop(&m), Err(QueueError::Indirect(_))));
-        let mut q = queue(4);
-        q.indirect = true;
+        let mut q = queue_with(&m, 4, false, true);
         set_desc(&m, DESC, 0, 0x6000, 32, DESC_F_INDIRECT | DESC_F_NEXT, 1);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 4, 0, &[0]);
         assert!(matches!(q.pop(&m), Err(QueueError::Indirect(_))));
-        let mut q = queue(4);
-        q.indirect = true;
+        let mut q = queue_with(&m, 4, false, true);
         set_desc(&m, DESC, 0, 0x6000, 32, DESC_F_INDIRECT, 0);
         set_desc(&m, 0x6000, 0, 0x6000, 32, DESC_F_INDIRECT, 0);
-        publish(&m, &q, 0, &[0]);
+        publish(&m, 4, 0, &[0]);
         assert!(matches!(q.pop(&m), Err(QueueError::Indirect(_))));
+        // Nested one level down the table: the chain reaches it through NEXT.
+        let mut q = queue_with(&m, 4, false, true);
+        set_desc(&m, DESC, 0, 0x6000, 32, DESC_F_INDIRECT, 0);
+        set_desc(&m, 0x6000, 0, 0x8000, 16, DESC_F_NEXT, 1);
+        set_desc(&m, 0x6000, 1, 0x6000, 32, DESC_F_INDIRECT, 0);
+        publish(&m, 4, 0, &[0]);
+        assert_eq!(
+            q.pop(&m),
+            Err(QueueError::Indirect(
+                "an indirect table inside an indirect table"
+            ))
+        );
         // An indirect table outside memory, or of a bad length.
         for (addr, len) in [(u64::MAX - 8, 32), (0x6000, 17), (0x6000, 0)] {
-            let mut q = queue(4);
-            q.indirect = true;
+            let mut q = queue_with(&m, 4, false, true);
             set_desc(&m, DESC, 0, addr, len, DESC_F_INDIRECT, 0);
-            publish(&m, &q, 0, &[0]);
+            publish(&m, 4, 0, &[0]);
             assert!(
                 matches!(q.pop(&m), Err(QueueError::Indirect(_))),
                 "{addr:#x} {len}"
             );
         }
+        // Buffers adding up to more than 4 GiB.
+        let mut q = queue(&m, 4);
+        set_desc(&m, DESC, 0, 0x8000, u32::MAX, DESC_F_NEXT, 1);
+        set_desc(&m, DESC, 1, 0x8000, 2, 0, 0);
+        publish(&m, 4, 0, &[0]);
+        assert_eq!(q.pop(&m), Err(QueueError::ChainTooBig));
         // Rings outside memory or misaligned make the queue invalid.
-        let mut q = queue(4);
-        q.used_ring = (1 << 20) - 4;
-        assert!(!q.is_valid(&m));
-        let mut q = queue(4);
-        q.desc_table = 0x1008;
-        assert!(!q.is_valid(&m));
-        let mut q = queue(3);
-        q.size = 3;
-        assert!(!q.is_valid(&m));
+        let mut s = setup(4);
+        s.used_ring = (1 << 20) - 4;
+        assert!(!s.is_valid(&m));
+        assert_eq!(s.start(&m, false, false).unwrap_err(), QueueError::NotReady);
+        let mut s = setup(4);
+        s.desc_table = 0x1008;
+        assert!(!s.is_valid(&m));
+        assert!(!setup(3).is_valid(&m));
+        // Not ready, or an avail ring left at 0 after a reset.
+        let mut s = setup(4);
+        s.ready = false;
+        assert!(s.start(&m, false, false).is_err());
+        let mut s = setup(4);
+        s.avail_ring = 0;
+        assert!(s.start(&m, false, false).is_err());
     }
 
     #[test]
     fn indirect_tables_expand() {
         let m = mem();
-        let mut q = queue(4);
-        q.indirect = true;
+        let mut q = queue_with(&m, 4, false, true);
         set_desc(&m, DESC, 2, 0x6000, 48, DESC_F_INDIRECT, 0);
         set_desc(&m, 0x6000, 0, 0x8000, 16, DESC_F_NEXT, 2);
         set_desc(&m, 0x6000, 2, 0x9000, 4096, DESC_F_NEXT | DESC_F_WRITE, 1);
         set_desc(&m, 0x6000, 1, 0xa000, 1, DESC_F_WRITE, 0);
-        publish(&m, &q, 0, &[2]);
+        publish(&m, 4, 0, &[2]);
         let c = q.pop(&m).unwrap().unwrap();
         assert_eq!(c.head, 2);
         assert_eq!(c.descs.len(), 3);
@@ -547,47 +577,41 @@ pub(crate) mod tests {
             }
         );
         // A loop inside an indirect table ends.
-        let mut q = queue(4);
-        q.indirect = true;
+        let mut q = queue_with(&m, 4, false, true);
         set_desc(&m, 0x6000, 1, 0xa000, 1, DESC_F_NEXT, 0);
-        publish(&m, &q, 0, &[2]);
+        publish(&m, 4, 0, &[2]);
         assert!(matches!(q.pop(&m), Err(QueueError::ChainTooLong(3))));
     }
 
     #[test]
     fn event_index_suppression() {
-        assert!(need_event(0, 1, 0));
-        assert!(!need_event(5, 3, 2));
-        assert!(need_event(5, 6, 2));
-        assert!(need_event(0xffff, 0, 0xfffe)); // wraps
         let m = mem();
-        let mut q = queue(8);
-        q.event_idx = true;
+        let mut q = queue_with(&m, 8, true, false);
         // used_event = 1: interrupt when the used index passes 1.
         m.write_obj(1u16, GuestAddress(AVAIL + 4 + 16)).unwrap();
-        assert!(q.needs_interrupt(&m)); // first time always
-        q.next_used = Wrapping(1);
+        q.add_used(&m, 0, 1).unwrap();
         assert!(!q.needs_interrupt(&m)); // 0 -> 1 does not pass 1
-        q.next_used = Wrapping(2);
+        q.add_used(&m, 0, 1).unwrap();
         assert!(q.needs_interrupt(&m)); // 1 -> 2 passes 1
+        q.add_used(&m, 0, 1).unwrap();
+        assert!(!q.needs_interrupt(&m)); // 2 -> 3 does not
         // Without EVENT_IDX the avail flags decide.
-        let mut q = queue(8);
+        let mut q = queue(&m, 8);
         m.write_obj(1u16, GuestAddress(AVAIL)).unwrap();
         assert!(!q.needs_interrupt(&m));
         m.write_obj(0u16, GuestAddress(AVAIL)).unwrap();
         assert!(q.needs_interrupt(&m));
         // Notification enabling writes avail_event / flags and reports pending work.
-        let mut q = queue(8);
-        q.event_idx = true;
-        publish(&m, &q, 0, &[]);
+        publish(&m, 8, 0, &[]);
+        let mut q = queue_with(&m, 8, true, false);
         assert!(!q.enable_notification(&m).unwrap());
         let ev: u16 = m.read_obj(GuestAddress(USED + 4 + 64)).unwrap();
         assert_eq!(ev, 0);
-        let mut q = queue(8);
+        let mut q = queue(&m, 8);
         q.disable_notification(&m).unwrap();
         let f: u16 = m.read_obj(GuestAddress(USED)).unwrap();
         assert_eq!(f, USED_F_NO_NOTIFY);
-        publish(&m, &q, 0, &[1]);
+        publish(&m, 8, 0, &[1]);
         assert!(q.enable_notification(&m).unwrap());
         let f: u16 = m.read_obj(GuestAddress(USED)).unwrap();
         assert_eq!(f, 0);

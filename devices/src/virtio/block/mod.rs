@@ -176,9 +176,9 @@ impl VirtioDevice for VirtioBlock {
     fn activate(&mut self, a: Activation) -> Result<(), String> {
         self.reset();
         for (i, q) in a.queues.into_iter().enumerate() {
-            if !q.ready {
+            let Some(q) = q else {
                 continue;
-            }
+            };
             let shared = Arc::new(Shared::default());
             let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?);
             let bell = a
@@ -262,7 +262,7 @@ impl Drop for VirtioBlock {
 mod tests {
     use super::*;
     use crate::virtio::VirtioInterrupt;
-    use crate::virtio::queue::Queue;
+    use crate::virtio::queue::QueueSetup;
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     struct NoIrq;
@@ -273,15 +273,17 @@ mod tests {
     }
 
     fn activation(mem: &GuestMemoryMmap, bell: &Arc<EventFd>) -> Activation {
-        let mut q = Queue::new(MAX_QUEUE_SIZE);
-        q.size = 16;
-        q.desc_table = 0x1000;
-        q.avail_ring = 0x2000;
-        q.used_ring = 0x3000;
-        q.ready = true;
+        let q = QueueSetup {
+            size: 16,
+            desc_table: 0x1000,
+            avail_ring: 0x2000,
+            used_ring: 0x3000,
+            ready: true,
+            ..QueueSetup::new(MAX_QUEUE_SIZE)
+        };
         Activation {
             mem: mem.clone(),
-            queues: vec![q],
+            queues: vec![Some(q.start(mem, false, false).unwrap())],
             features: F_VERSION_1,
             interrupt: Arc::new(VirtioInterrupt::new(Box::new(NoIrq))),
             doorbells: vec![bell.clone()],

@@ -117,13 +117,13 @@ impl Worker {
         shared: Arc<Shared>,
         cfg: WorkerConfig,
     ) -> std::io::Result<Self> {
-        let entries = (queue.size as u32).max(8).next_power_of_two() * 2;
+        let entries = (queue.size() as u32).max(8).next_power_of_two() * 2;
         let ring = if cfg.sqpoll {
             IoUring::builder().setup_sqpoll(50).build(entries)?
         } else {
             IoUring::new(entries)?
         };
-        let n = queue.size as usize;
+        let n = queue.size() as usize;
         Ok(Self {
             queue,
             mem,
