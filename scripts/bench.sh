@@ -6,6 +6,9 @@
 # (--only SECTION,..., --list, --runs N, --report).
 #
 #   scripts/bench.sh [--only host,probe] [--runs 5]        (as root)
+#   scripts/bench.sh --baseline REV [--only builds]        also builds `partition` at git
+#       revision REV (a worktree under target/baseline/) and compares it with this build
+#       (the builds section)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -15,6 +18,27 @@ need_kvm
 apt_lists
 apt_install gcc qemu-system-x86 python3 rt-tests stress-ng fio
 cargo build --release --quiet -p partition-cli
+
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --baseline)
+            [ $# -ge 2 ] || die "--baseline needs a git revision"
+            rev=$(git rev-parse --short "$2^{commit}") || die "--baseline $2: not a revision"
+            src=target/baseline/src-$rev
+            if [ ! -d "$src" ]; then
+                say "checking out $rev into $src"
+                git worktree add --detach "$src" "$rev" >&2
+            fi
+            say "building the baseline ($rev)"
+            cargo build --release --quiet -p partition-cli --manifest-path "$src/Cargo.toml" \
+                --target-dir target/baseline/target
+            args+=(--baseline "target/baseline/target/release/partition" --baseline-label "$rev")
+            shift 2 ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+set -- "${args[@]}"
 
 # lmbench for the crosscheck section: Debian ships it in non-free, which this host's apt
 # sources may not list. Fetch the package with a private source list and unpack it under

@@ -5,6 +5,7 @@
 //! the raw runs; `partition bench` merges it into `benchmarks/results/<host>.json`.
 
 pub mod blk;
+pub mod compare;
 pub mod crosscheck;
 pub mod hotpaths;
 pub mod memsetup;
@@ -48,6 +49,17 @@ pub struct Env {
     pub guest_image: Option<PathBuf>,
     /// lmbench's binaries (the crosscheck section), if known.
     pub lmbench: Option<PathBuf>,
+    /// A baseline build of `partition` to compare this one with (the builds section).
+    pub baseline: Option<Baseline>,
+}
+
+/// A baseline build of `partition`.
+#[derive(Clone, Debug)]
+pub struct Baseline {
+    /// What it is (a commit, say).
+    pub label: String,
+    /// Its binary.
+    pub partition: PathBuf,
 }
 
 /// One builder for every `partition launch` a benchmark runs: the state directory, the
@@ -117,6 +129,11 @@ impl Launch {
     /// `--json`: the launch report as the last line of stdout ([`LaunchJson::from_stdout`]).
     pub fn json(mut self) -> Self {
         self.cmd.arg("--json");
+        self
+    }
+    /// One more argument, as given.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.cmd.arg(a);
         self
     }
     /// An environment variable for the VMM (`RUST_LOG`, say).
@@ -507,6 +524,7 @@ mod tests {
             host_core: 0,
             guest_image: None,
             lmbench: None,
+            baseline: None,
         };
         let c = Launch::new(&env, Path::new("/w/s"), "1,0", "64M")
             .probe()
@@ -591,6 +609,7 @@ mod tests {
             host_core: 0,
             guest_image: None,
             lmbench: None,
+            baseline: None,
         };
         let probe = Path::new("/p.elf");
         let args = |c: &Command| {

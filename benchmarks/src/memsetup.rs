@@ -360,6 +360,7 @@ mod tests {
             host_core: 0,
             guest_image: None,
             lmbench: None,
+            baseline: None,
         };
         let dir = Path::new("/mnt/h");
         let c = launch_cmd(

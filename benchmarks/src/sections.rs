@@ -33,6 +33,7 @@ struct Crosscheck;
 struct Wake;
 struct Blk;
 struct MemSetup;
+struct Builds;
 
 impl Section for HotPaths {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
@@ -127,8 +128,30 @@ impl Section for MemSetup {
     }
 }
 
+impl Section for Builds {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "builds",
+            "this build against a baseline build (--baseline BIN; scripts/bench.sh --baseline REV builds one): the probe's ioeventfd doorbell and MMIO exit, polled 4 KiB block reads and fences, launch to first byte, A B A B; runs only when a baseline is given",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        crate::compare::builds(env)
+            .map(|s| vec![("builds", s)])
+            .unwrap_or_default()
+    }
+}
+
 /// Every section, in the order a full run takes them.
-pub static ALL: &[&dyn Section] = &[&HotPaths, &Probe, &Crosscheck, &Wake, &Blk, &MemSetup];
+pub static ALL: &[&dyn Section] = &[
+    &HotPaths,
+    &Probe,
+    &Crosscheck,
+    &Wake,
+    &Blk,
+    &MemSetup,
+    &Builds,
+];
 
 /// Whether `name` is a results-file section some [`Section`] writes.
 pub fn known(name: &str) -> bool {
@@ -149,7 +172,7 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 7);
+        assert_eq!(seen.len(), 8);
         assert!(known("guest") && known("memsetup") && !known("gpu"));
     }
 }

@@ -42,6 +42,13 @@ pub struct BenchArgs {
     /// lmbench's binaries for `crosscheck` (scripts/bench.sh unpacks Debian's package).
     #[arg(long, value_name = "DIR", env = "PARTITION_LMBENCH")]
     lmbench: Option<PathBuf>,
+    /// Another build of `partition` to compare this one with (the `builds` section, which
+    /// runs only with it).
+    #[arg(long, value_name = "BIN")]
+    baseline: Option<PathBuf>,
+    /// What the baseline is, for the results (default: its path).
+    #[arg(long, value_name = "TEXT", requires = "baseline")]
+    baseline_label: Option<String>,
 }
 
 fn write_report(results: &Path) -> bool {
@@ -73,6 +80,18 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     for s in &a.only {
         if !sections::known(s) {
             eprintln!("partition: error: --only: no section {s:?} (see --list)");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    if a.only.iter().any(|s| s == "builds") && a.baseline.is_none() {
+        eprintln!(
+            "partition: error: --only builds needs --baseline BIN (another build to compare)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if let Some(b) = &a.baseline {
+        if !b.is_file() {
+            eprintln!("partition: error: --baseline {}: not a file", b.display());
             return ExitCode::from(EXIT_USAGE);
         }
     }
@@ -131,6 +150,10 @@ pub fn bench(a: BenchArgs) -> ExitCode {
                 .unwrap_or_else(|| cwd.join("benchmarks/cache/guest-image/current")),
         ),
         lmbench: a.lmbench,
+        baseline: a.baseline.map(|p| benchmarks::Baseline {
+            label: a.baseline_label.unwrap_or_else(|| p.display().to_string()),
+            partition: std::fs::canonicalize(&p).unwrap_or(p),
+        }),
     };
     if a.quick {
         let r = benchmarks::quick::run(&env);
@@ -154,7 +177,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             .names()
             .iter()
             .map(|(n, _)| *n)
-            .filter(|n| wanted(n))
+            .filter(|n| wanted(n) && (*n != "builds" || env.baseline.is_some()))
             .collect();
         if names.is_empty() {
             continue;

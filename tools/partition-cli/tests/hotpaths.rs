@@ -173,6 +173,22 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     );
     let out = run(&["bench", "--runs", "0"], LIMIT);
     assert_eq!(out.code(), 2);
+    // The builds section compares with another build, which must be given and exist.
+    let out = run(&["bench", "--only", "builds"], LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("needs --baseline"), "{}", out.stderr);
+    let out = run(
+        &[
+            "bench",
+            "--only",
+            "builds",
+            "--baseline",
+            "/nonexistent/partition",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("not a file"), "{}", out.stderr);
     let out = run(&["bench", "--list"], LIMIT);
     assert_eq!(out.code(), 0);
     for s in [
@@ -183,6 +199,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
         "wake",
         "blk",
         "memsetup",
+        "builds",
     ] {
         assert!(
             out.stdout.lines().any(|l| l.starts_with(s)),

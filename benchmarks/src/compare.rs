@@ -1,0 +1,265 @@
+//! Two ways of running the same VMM paths, measured A B A B in one run: this build against
+//! a baseline build (`builds`), or one build with and without a setting. Each variant runs
+//! the probe guest twice per round:
+//!
+//! - `probe.bench=paths` (no memory staircase): the doorbell (a QueueNotify write answered
+//!   by an ioeventfd in the kernel) and an MMIO read (an exit to our userspace transport);
+//!   the launch's first serial byte from the same run (`partition launch --json`);
+//! - `probe.blk=lat,fence` against a 16 MiB image with a polling queue worker
+//!   (`poll_us=200`): 4 KiB random reads and GET_ID fences at depth 1, the guest polling
+//!   the used ring and waiting for the interrupt.
+//!
+//! The variants' order is swapped every round; each cell is the median of the per-run
+//! medians with the min-max spread over runs. A verdict per path says whether the second
+//! variant is slower than the first beyond the spread.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::stats::{Summary, faster, summary};
+use crate::{Env, Launch, LaunchJson, now_utc, pretty, provenance, timed_run};
+
+const IMAGE_BYTES: u64 = 16 << 20;
+const SAMPLES: usize = 500;
+const GAP_US: u64 = 50;
+
+/// One way of running the paths.
+pub struct Variant {
+    /// Its name in the results.
+    pub name: String,
+    /// The `partition` binary.
+    pub partition: PathBuf,
+    /// Extra `partition launch` arguments.
+    pub args: Vec<String>,
+}
+
+/// The paths compared, each as (results key, what the probe prints it as, unit).
+const PATHS: [(&str, &str); 6] = [
+    ("doorbell_ioeventfd", "paths/mmio_doorbell"),
+    ("mmio_read_exit", "paths/mmio_read"),
+    ("blk_lat4k_guest_polls", "blk/lat4k/poll"),
+    ("blk_lat4k_guest_waits_for_irq", "blk/lat4k/irq"),
+    ("blk_fence_guest_polls", "blk/fence/poll"),
+    ("first_output", "launch/first_output"),
+];
+
+#[derive(Default)]
+struct Runs {
+    values: BTreeMap<String, Vec<f64>>,
+    failures: Vec<String>,
+    commands: Vec<String>,
+}
+
+impl Runs {
+    fn summary(&self, k: &str) -> Option<Summary> {
+        self.values.get(k).and_then(|v| summary(v))
+    }
+    fn add(&mut self, k: String, v: f64) {
+        self.values.entry(k).or_default().push(v);
+    }
+}
+
+fn launch(env: &Env, v: &Variant, state: &Path, cmdline: &str) -> Launch {
+    let env = Env {
+        partition: v.partition.clone(),
+        ..env.clone()
+    };
+    let mut l = Launch::new(&env, state, &env.core.to_string(), "64M")
+        .probe()
+        .cmdline(cmdline)
+        .json();
+    for a in &v.args {
+        l = l.arg(a);
+    }
+    l
+}
+
+fn paths_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
+    let c = launch(
+        env,
+        v,
+        &env.work.join("compare-state"),
+        "probe.memtest=0 probe.bench=paths probe.paths_max_mem=0",
+    )
+    .disk(image, "")
+    .command();
+    if out.commands.len() < 2 {
+        out.commands.push(pretty(&c));
+    }
+    match timed_run(c, Duration::from_secs(120)) {
+        Ok(r) => {
+            let p = crate::probe::parse(&r.stdout);
+            let report = LaunchJson::from_stdout(&r.stdout);
+            match (r.status.code(), p.ok, report) {
+                (Some(0), true, Ok(j)) => {
+                    for (k, (m, _, _)) in p.tests {
+                        out.add(format!("paths/{k}"), m);
+                    }
+                    if let Some(ms) = j.timings.first_output_ms {
+                        out.add("launch/first_output".into(), ms * 1e6);
+                    }
+                }
+                (code, ok, report) => out.failures.push(format!(
+                    "paths: exit {code:?}, complete {ok}, report {:?}; {}",
+                    report.err(),
+                    r.stderr.lines().last().unwrap_or("")
+                )),
+            }
+        }
+        Err(e) => out.failures.push(format!("paths: {e}")),
+    }
+}
+
+fn blk_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
+    let c = launch(
+        env,
+        v,
+        &env.work.join("compare-state"),
+        &format!(
+            "probe.memtest=0 probe.blk=lat,fence probe.blk_n={SAMPLES} probe.blk_gap_us={GAP_US}"
+        ),
+    )
+    .disk(image, ",poll_us=200")
+    .command();
+    if out.commands.len() < 2 {
+        out.commands.push(pretty(&c));
+    }
+    match timed_run(c, Duration::from_secs(120)) {
+        Ok(r) => {
+            let p = crate::blk::parse_probe(&r.stdout);
+            if r.status.code() == Some(0) && p.ok {
+                for (k, (m, _)) in p.lat {
+                    out.add(format!("blk/{k}"), m);
+                }
+            } else {
+                out.failures.push(format!(
+                    "blk: exit {:?}, result ok {}; {}",
+                    r.status.code(),
+                    p.ok,
+                    r.stderr.lines().last().unwrap_or("")
+                ));
+            }
+        }
+        Err(e) => out.failures.push(format!("blk: {e}")),
+    }
+}
+
+/// Measures `a` and `b` alternately for `env.runs` rounds; the section's body (the caller
+/// adds what the comparison is about).
+pub fn run(env: &Env, a: &Variant, b: &Variant) -> Value {
+    let mut section = json!({
+        "completed": false,
+        "started_at": now_utc(),
+        "provenance": provenance(env),
+        "params": {
+            "runs": env.runs, "vcpu_core": env.core, "image_bytes": IMAGE_BYTES,
+            "blk_samples_per_run": SAMPLES, "blk_gap_us": GAP_US, "worker_poll_us": 200,
+            "guest": "probe guest, 1 vCPU, 64 MiB anonymous memory, one virtio-blk disk",
+        },
+        "method": "see benchmarks/src/compare.rs: per round each variant runs the probe's paths \
+                   (no staircase) and its blk lat,fence tests; the variants' order swaps every \
+                   round; cells are medians of per-run medians with min-max spread",
+    });
+    let image = env.work.join("compare.img");
+    if let Err(e) = crate::blk::make_image(&image, IMAGE_BYTES) {
+        return crate::failed(section, format!("making {}: {e}", image.display()));
+    }
+    let variants = [a, b];
+    let mut runs: Vec<Runs> = vec![Runs::default(), Runs::default()];
+    for round in 0..env.runs {
+        for k in 0..2 {
+            let i = (k + round) % 2;
+            paths_once(env, variants[i], &image, &mut runs[i]);
+            blk_once(env, variants[i], &image, &mut runs[i]);
+        }
+    }
+    let _ = std::fs::remove_file(&image);
+    let cell = |r: &Runs, key: &str| match r.summary(key) {
+        Some(s) => json!({ "median_ns": s.median, "spread_ns": [s.min, s.max], "runs": s.n }),
+        None => Value::Null,
+    };
+    section["variants"] = json!(
+        variants
+            .iter()
+            .zip(&runs)
+            .map(|(v, r)| json!({
+                "name": v.name,
+                "partition": v.partition,
+                "args": v.args,
+                "paths": PATHS.iter().map(|(k, src)| (k.to_string(), cell(r, src))).collect::<serde_json::Map<_, _>>(),
+                "commands": r.commands,
+                "failures": r.failures,
+            }))
+            .collect::<Vec<_>>()
+    );
+    section["verdicts"] = json!(
+        PATHS
+            .iter()
+            .map(|(k, src)| {
+                let (sa, sb) = (runs[0].summary(src), runs[1].summary(src));
+                let slower = faster(sa, sb);
+                json!({
+                    "path": k,
+                    "first_median_ns": sa.map(|s| s.median),
+                    "second_median_ns": sb.map(|s| s.median),
+                    "second_over_first": sa.zip(sb).map(|(a, b)| b.median / a.median),
+                    "second_slower_beyond_spread": slower,
+                })
+            })
+            .collect::<Vec<_>>()
+    );
+    let complete = runs.iter().all(|r| {
+        r.failures.is_empty()
+            && PATHS
+                .iter()
+                .all(|(_, src)| r.values.get(*src).map_or(0, Vec::len) == env.runs)
+    });
+    section["completed"] = json!(complete);
+    if !complete {
+        let why: Vec<String> = variants
+            .iter()
+            .zip(&runs)
+            .flat_map(|(v, r)| {
+                let missing = PATHS
+                    .iter()
+                    .filter(|(_, src)| r.values.get(*src).map_or(0, Vec::len) != env.runs)
+                    .map(|(k, _)| k.to_string())
+                    .collect::<Vec<_>>();
+                (!missing.is_empty() || !r.failures.is_empty()).then(|| {
+                    format!(
+                        "{}: incomplete {missing:?}; {:?}",
+                        v.name,
+                        r.failures.iter().take(3).collect::<Vec<_>>()
+                    )
+                })
+            })
+            .collect();
+        section["reason"] = json!(why.join("; "));
+    }
+    section["finished_at"] = json!(now_utc());
+    section
+}
+
+/// `builds`: the baseline build first, this build second.
+pub fn builds(env: &Env) -> Option<Value> {
+    let base = env.baseline.clone()?;
+    let baseline = Variant {
+        name: format!("baseline ({})", base.label),
+        partition: base.partition,
+        args: Vec::new(),
+    };
+    let current = Variant {
+        name: "this build".into(),
+        partition: env.partition.clone(),
+        args: Vec::new(),
+    };
+    let mut s = run(env, &baseline, &current);
+    s["question"] = json!(
+        "is this build slower than the baseline on the doorbell and polled block paths? \
+         (first = baseline, second = this build)"
+    );
+    Some(s)
+}
