@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cores;
 use crate::ledger::{
-    self, Isolation, Ledger, LedgerError, LedgerLock, PartitionRecord, PartitionState,
+    self, Isolation, Ledger, LedgerError, LedgerLock, PartitionLock, PartitionRecord,
+    PartitionState,
 };
 
 /// Environment variable naming a point at which the launcher or release kills itself with
@@ -33,8 +34,12 @@ pub(crate) fn crash_point(_name: &str) {}
 pub(crate) fn crash_point(name: &str) {
     if std::env::var(CRASH_ENV).as_deref() == Ok(name) {
         eprintln!("partition: {CRASH_ENV}={name}: killing myself with SIGKILL");
-        // SAFETY: signalling ourselves.
-        unsafe { libc::kill(std::process::id() as i32, libc::SIGKILL) };
+        // tgkill: a call the launcher's seccomp filter allows (it kicks vCPUs with it).
+        let pid = std::process::id() as libc::pid_t;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        // SAFETY: signalling ourselves; SIGKILL ends the whole process.
+        unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGKILL) };
     }
 }
 
@@ -126,6 +131,8 @@ pub struct ExtentClaim {
     name: String,
     ledger: Ledger,
     extent: Extent,
+    /// The partition's liveness lock, held for the claim's life.
+    lock: Option<PartitionLock>,
     done: bool,
 }
 
@@ -143,7 +150,7 @@ impl ExtentClaim {
         })?;
         let name = req.name;
         if let Some(p) = l.partition(name) {
-            let how = if ledger::alive(p) {
+            let how = if lock.partition_alive(name) {
                 format!("running (pid {})", p.pid)
             } else {
                 "dead: `partition release` it first".to_string()
@@ -183,6 +190,17 @@ impl ExtentClaim {
                 )));
             }
         }
+        // Held for as long as this launcher (and its keeper) live: how `status` and
+        // `release` know it is alive. Someone still holding it (a keeper finishing the
+        // previous partition of this name) refuses the launch.
+        let plock = lock.lock_partition(name).map_err(|e| match e {
+            LedgerError::Io { source, .. } if source.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                ClaimError::Refused(format!(
+                    "partition {name:?} is still being given back by its last launcher"
+                ))
+            }
+            e => e.into(),
+        })?;
         let pid = std::process::id();
         l.partitions.push(PartitionRecord {
             name: name.to_string(),
@@ -198,12 +216,34 @@ impl ExtentClaim {
         lock.store(&l)?;
         crash_point("after-ledger");
         Ok(Self {
-            state_dir: req.state_dir.to_path_buf(),
+            state_dir: lock.dir().to_path_buf(),
             name: name.to_string(),
             ledger: l,
             extent,
+            lock: Some(plock),
             done: false,
         })
+    }
+
+    /// The partition's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The descriptor of the partition's liveness lock (kept open by a forked keeper).
+    pub fn lock_fd(&self) -> std::os::fd::RawFd {
+        self.lock.as_ref().map_or(-1, PartitionLock::fd)
+    }
+
+    /// Hands the claim to a keeper process (`crate::keeper`), which now owns the giving
+    /// back: this copy will do nothing when dropped, and its share of the partition lock is
+    /// returned for the launcher to hold for its life.
+    pub fn disarm(mut self) -> PartitionLock {
+        self.done = true;
+        match self.lock.take() {
+            Some(l) => l,
+            None => unreachable_lock(),
+        }
     }
 
     /// The extent of the pool file, for the guest's memory to map.
@@ -224,13 +264,13 @@ impl ExtentClaim {
         if let Err(e) = set_state(&self.state_dir, &self.name, PartitionState::Running) {
             log::warn!("recording {} as running: {e}", self.name);
         }
-        crash_point("running");
     }
 
     /// Writes the vCPUs' counters where `partition status` reads them.
     pub fn record(&self, vcpus: Vec<VcpuStats>) {
         write_stats(
-            &stats_path(&self.state_dir, &self.name),
+            &self.state_dir,
+            &self.name,
             &StatsFile {
                 updated_at: ledger::now(),
                 vcpus,
@@ -285,8 +325,25 @@ impl Drop for ExtentClaim {
     }
 }
 
-pub(crate) fn stats_path(state_dir: &Path, name: &str) -> PathBuf {
-    state_dir.join("stats").join(format!("{name}.json"))
+/// The claim always holds its lock until disarmed; a claim without one cannot exist.
+fn unreachable_lock() -> PartitionLock {
+    panic!("an extent claim without its partition lock")
+}
+
+const STATS: &str = "stats";
+
+fn stats_name(name: &str) -> String {
+    format!("{name}.json")
+}
+
+/// The counters the launcher of `name` last wrote, if any (bounded read).
+pub(crate) fn read_stats(lock: &LedgerLock, name: &str) -> Option<StatsFile> {
+    use std::io::Read;
+    let dir = lock.state_dir().subdir(STATS, false).ok()??;
+    let f = dir.read_file(&stats_name(name)).ok()??;
+    let mut text = String::new();
+    f.take(1 << 20).read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// Updates partition `name`'s state in the ledger, if it is still ours.
@@ -308,7 +365,10 @@ pub(crate) fn forget(state_dir: &Path, name: &str) -> Result<(), LedgerError> {
         l.partitions.retain(|p| p.name != name);
         lock.store(&l)?;
     }
-    let _ = std::fs::remove_file(stats_path(state_dir, name));
+    if let Ok(Some(d)) = lock.state_dir().subdir(STATS, false) {
+        let _ = d.remove(&stats_name(name));
+    }
+    lock.remove_partition_lock(name);
     Ok(())
 }
 
@@ -342,14 +402,17 @@ pub struct VcpuStats {
     pub kvm: BTreeMap<String, u64>,
 }
 
-fn write_stats(path: &Path, s: &StatsFile) {
-    let tmp = path.with_extension("tmp");
-    if let Some(d) = path.parent() {
-        let _ = std::fs::create_dir_all(d);
-    }
-    if let Ok(text) = serde_json::to_string(s) {
-        if std::fs::write(&tmp, text).is_ok() {
-            let _ = std::fs::rename(&tmp, path);
-        }
+fn write_stats(state_dir: &Path, name: &str, s: &StatsFile) {
+    let Ok(text) = serde_json::to_string(s) else {
+        return;
+    };
+    let written = crate::statedir::StateDir::open(state_dir, false)
+        .and_then(|d| d.subdir(STATS, true))
+        .and_then(|d| match d {
+            Some(d) => d.replace(&stats_name(name), text.as_bytes()),
+            None => Ok(()),
+        });
+    if let Err(e) = written {
+        log::debug!("writing {name}'s counters: {e}");
     }
 }

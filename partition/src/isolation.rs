@@ -231,19 +231,46 @@ pub fn restore(iso: &Isolation) -> Result<(), IsolationError> {
     }
 }
 
-/// Puts the calling thread (v1) or process (v2) where the reserved cores are allowed.
-/// Call from each vCPU thread before pinning it.
-pub fn join_guests(iso: &Isolation) -> Result<(), IsolationError> {
-    match iso {
-        Isolation::None { .. } => Ok(()),
-        Isolation::CgroupV1 { guests, .. } => {
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() };
-            write(&guests.join("tasks"), &tid.to_string())
+/// The reserved cores' cpuset, opened by the launcher while it is root so that vCPU threads
+/// started after it gave up root can still join it: the kernel checks a cgroup file's
+/// writer against the credentials it was opened with.
+#[derive(Debug)]
+pub struct GuestsCpuset {
+    tasks: std::fs::File,
+    path: PathBuf,
+}
+
+impl GuestsCpuset {
+    /// For cgroup v1, the guests cpuset's `tasks` file, to be joined thread by thread
+    /// ([`GuestsCpuset::join`]). For cgroup v2 the whole launcher joins the isolated
+    /// partition here and now (`None`); without isolation there is nothing to join.
+    pub fn open(iso: &Isolation) -> Result<Option<Self>, IsolationError> {
+        match iso {
+            Isolation::None { .. } => Ok(None),
+            Isolation::CgroupV1 { guests, .. } => {
+                let path = guests.join("tasks");
+                let tasks = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io(&path, "open"))?;
+                Ok(Some(Self { tasks, path }))
+            }
+            Isolation::CgroupV2 { path } => {
+                write(&path.join("cgroup.procs"), &std::process::id().to_string())?;
+                Ok(None)
+            }
         }
-        Isolation::CgroupV2 { path } => {
-            write(&path.join("cgroup.procs"), &std::process::id().to_string())
-        }
+    }
+
+    /// Moves the calling thread into the cpuset. Call from each vCPU thread before it pins
+    /// itself.
+    pub fn join(&self) -> Result<(), IsolationError> {
+        use std::io::Write;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        (&self.tasks)
+            .write_all(tid.to_string().as_bytes())
+            .map_err(io(&self.path, "write"))
     }
 }
 

@@ -33,12 +33,14 @@ use crate::cores::{self, CoreError};
 use crate::cpuid::IdleCpuid;
 use crate::cpumodel::{CpuModel, CpuModelRequest};
 use crate::idle::{IdlePlan, IdlePolicy};
+use crate::isolation::{GuestsCpuset, IsolationError};
+use crate::keeper::{Keeper, KeeperError, KeeperMode};
 use crate::kvm::stats::Stats;
 use crate::kvm::vcpu::{self as kvm_vcpu, VcpuContext, VcpuHandle};
 use crate::kvm::{Vm, VmError};
-use crate::ledger::Isolation;
 use crate::memory::{GuestMemory, MemoryError};
 use crate::readback::Readback;
+use crate::sandbox::{Identity, Role, Sandbox, SandboxError};
 use crate::signals::SignalGuard;
 use crate::vcpu::StopReason;
 
@@ -118,6 +120,23 @@ pub struct LaunchConfig {
     pub ioeventfd: bool,
     /// What the guest is told about its CPU (see [`crate::cpumodel`]).
     pub cpu_model: CpuModelRequest,
+    /// Whether, and as whom, the running VMM is confined ([`crate::sandbox`]).
+    pub sandbox: SandboxRequest,
+}
+
+/// `--no-sandbox`, or `--uid`/`--gid` (each a name or a number; default the `partition`
+/// user and its group).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SandboxRequest {
+    /// Root, every capability, no seccomp: for debugging.
+    Off,
+    /// Confined, as this user and group.
+    On {
+        /// `--uid`.
+        uid: Option<String>,
+        /// `--gid`.
+        gid: Option<String>,
+    },
 }
 
 /// Where a launch's guest memory comes from.
@@ -217,6 +236,15 @@ pub enum LaunchError {
     /// The pool file could not be opened or mapped.
     #[error("{0}")]
     PoolFile(#[from] pool::poolfile::PoolFileError),
+    /// The sandbox cannot be set up (no such user, say), or did not take.
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    /// The partition's keeper could not be started or did not give the partition back.
+    #[error("{0}")]
+    Keeper(#[from] KeeperError),
+    /// The reserved cores' cpuset could not be opened or joined.
+    #[error("{0}")]
+    Isolation(#[from] IsolationError),
     /// OS-level failure (threads, signals, eventfds).
     #[error("{what}: {source}")]
     Os {
@@ -256,6 +284,8 @@ impl LaunchError {
                     | crate::disks::DiskError::Open(_)
             ),
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
+            Self::Sandbox(e) => e.is_usage(),
+            Self::Ledger(e) => e.is_usage(),
             _ => false,
         }
     }
@@ -273,6 +303,7 @@ pub struct Checked {
     kernel_name: String,
     initrd: Option<Vec<u8>>,
     console: Box<dyn Write + Send>,
+    sandbox: Sandbox,
     cfg: LaunchConfig,
 }
 
@@ -306,6 +337,10 @@ impl Checked {
     pub fn cpu_model(&self) -> &CpuModel {
         &self.cpu_model
     }
+    /// How the running VMM will be confined.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
 }
 
 fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8>, LaunchError> {
@@ -335,6 +370,12 @@ fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8
 pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     let cores = cores::parse(&cfg.cores)?;
     cores::check_available(&cores, &cores::available())?;
+    let sandbox = match &cfg.sandbox {
+        SandboxRequest::Off => Sandbox::Off,
+        SandboxRequest::On { uid, gid } => {
+            Sandbox::On(crate::sandbox::resolve(uid.as_deref(), gid.as_deref())?)
+        }
+    };
     if cores.len() > boot::mptable::MAX_CPUS {
         return Err(BootError::Tables(format!(
             "{} vCPUs: at most {} are supported",
@@ -428,6 +469,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         kernel_name,
         initrd,
         console,
+        sandbox,
         cfg,
     })
 }
@@ -489,6 +531,8 @@ pub struct LaunchReport {
     pub cpu_model_shown_anyway: Vec<&'static str>,
     /// Per-disk queue counters.
     pub disks: Vec<DiskReport>,
+    /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
+    pub sandbox: Option<Identity>,
 }
 
 /// One disk's window and its queues' counters at teardown.
@@ -547,7 +591,7 @@ pub struct Timings {
 pub trait Observer {
     /// Boot structures are written; vCPUs start next.
     fn booting(&self, _checked: &Checked, _boot: &BootInfo, _memory: &str) {}
-    /// Every vCPU thread has been started.
+    /// The guest is about to run: every thread is confined, the vCPU threads start next.
     fn running(&self) {}
     /// About once a second while the guest runs.
     fn tick(&self, _vcpus: &[VcpuReport]) {}
@@ -598,45 +642,93 @@ pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
     }
 }
 
-/// Passes progress on, and records it in the partition's claim.
-struct ClaimObserver<'a> {
+/// Passes progress on, and tells the partition's keeper (which records it in the ledger).
+struct KeeperObserver<'a> {
     inner: &'a dyn Observer,
-    claim: &'a ExtentClaim,
+    keeper: &'a std::cell::RefCell<Keeper>,
 }
 
-impl Observer for ClaimObserver<'_> {
+impl Observer for KeeperObserver<'_> {
     fn booting(&self, c: &Checked, b: &BootInfo, m: &str) {
         self.inner.booting(c, b, m);
     }
     fn running(&self) {
-        self.claim.running();
+        self.keeper.borrow_mut().running();
+        crate::claim::crash_point("running");
         self.inner.running();
     }
     fn tick(&self, vcpus: &[VcpuReport]) {
-        self.claim.record(
-            vcpus
-                .iter()
-                .map(|v| crate::claim::VcpuStats {
-                    vcpu: v.index,
-                    core: v.core,
-                    exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
-                    kvm: v.kvm.clone(),
-                })
-                .collect(),
-        );
+        let stats: Vec<_> = vcpus
+            .iter()
+            .map(|v| crate::claim::VcpuStats {
+                vcpu: v.index,
+                core: v.core,
+                exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+                kvm: v.kvm.clone(),
+            })
+            .collect();
+        self.keeper.borrow_mut().record(&stats);
         self.inner.tick(vcpus);
     }
 }
 
+/// The seccomp filters of a confined launch, compiled before privileges are dropped.
+struct Filters {
+    vcpu: Arc<seccompiler::BpfProgram>,
+    worker: Arc<seccompiler::BpfProgram>,
+    main: seccompiler::BpfProgram,
+}
+
+/// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
+/// the sandbox's user. Called once everything that needs root exists and before any
+/// thread is started; `None` with `--no-sandbox`.
+fn confine(sandbox: &Sandbox) -> Result<Option<Filters>, LaunchError> {
+    let Sandbox::On(who) = sandbox else {
+        return Ok(None);
+    };
+    let f = Filters {
+        vcpu: Arc::new(crate::sandbox::filter(
+            Role::Vcpu,
+            &crate::kvm::vcpu_thread_ioctls(),
+        )?),
+        worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
+        main: crate::sandbox::filter(Role::Main, &[])?,
+    };
+    crate::sandbox::install_violation_handler()?;
+    crate::sandbox::drop_privileges(who)?;
+    Ok(Some(f))
+}
+
+/// Starts the devices' threads (the disks' queue workers), each installing the worker
+/// filter before it serves anything.
+fn start_devices(devices: &Devices, filters: Option<&Filters>) -> Result<(), LaunchError> {
+    let worker = filters.map(|f| f.worker.clone());
+    let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &worker {
+        Some(f) => crate::sandbox::apply(Role::BlockWorker, f).map_err(|e| e.to_string()),
+        None => Ok(()),
+    });
+    for d in &devices.disks {
+        d.transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start(hook.clone())
+            .map_err(|e| LaunchError::Os {
+                what: "starting the disk's queue threads",
+                source: std::io::Error::other(e),
+            })?;
+    }
+    Ok(())
+}
+
 /// Runs a checked launch to its end on `ram`. `started` is when the caller began getting
-/// the memory (so memory setup counts towards the timings); `isolation` says where vCPU
-/// threads must go before they pin. The steps, in order: memory, VM, boot structures,
-/// devices, vCPUs, run and wait, stop, report.
+/// the memory (so memory setup counts towards the timings); `cpuset` is where vCPU threads
+/// go before they pin. The steps, in order: memory, VM, boot structures, devices, vCPUs,
+/// confinement, run and wait, stop, report.
 pub fn run(
     mut checked: Checked,
     ram: RamSource,
     started: Instant,
-    isolation: Option<Isolation>,
+    cpuset: Option<GuestsCpuset>,
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
@@ -646,7 +738,7 @@ pub fn run(
     let boot = write_boot(&checked, &memory)?;
     let t_boot = Instant::now();
     let devices = attach_devices(&mut checked, &vm, &memory)?;
-    let vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, isolation)?;
+    let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, cpuset)?;
     let t_vcpus = Instant::now();
     observer.booting(&checked, &boot, &memory.describe());
 
@@ -655,7 +747,20 @@ pub fn run(
         what: "blocking SIGINT/SIGTERM",
         source,
     })?;
-    let (ending, ran_for) = run_vcpus(vcpus.contexts, &vcpus.handles, &signals, observer)?;
+    // Everything that needs root exists: give it up, then start the threads, each under
+    // its own filter.
+    let filters = confine(&checked.sandbox)?;
+    for c in &mut vcpus.contexts {
+        c.filter = filters.as_ref().map(|f| f.vcpu.clone());
+    }
+    start_devices(&devices, filters.as_ref())?;
+    let (ending, ran_for) = run_vcpus(
+        vcpus.contexts,
+        &vcpus.handles,
+        &signals,
+        observer,
+        filters.as_ref().map(|f| &f.main),
+    )?;
     // Workers write into guest memory: stop them before it goes away.
     let disks = devices.shut_down();
     drop(signals);
@@ -692,6 +797,10 @@ pub fn run(
         },
         pool: None,
         disks,
+        sandbox: match &checked.sandbox {
+            Sandbox::On(who) => Some(who.clone()),
+            Sandbox::Off => None,
+        },
     })
 }
 
@@ -840,8 +949,9 @@ fn create_vcpus(
     boot: &BootInfo,
     devices: &Devices,
     memory: &Arc<GuestMemory>,
-    isolation: Option<Isolation>,
+    cpuset: Option<GuestsCpuset>,
 ) -> Result<Vcpus, LaunchError> {
+    let cpuset = cpuset.map(Arc::new);
     let supported = vm.supported_cpuid()?;
     let n = checked.cores.len();
     let idle_cpuid = IdleCpuid {
@@ -872,7 +982,8 @@ fn create_vcpus(
             memory: memory.clone(),
             counters,
             kicker,
-            isolation: isolation.clone(),
+            cpuset: cpuset.clone(),
+            filter: None,
             syscall: kvm_vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
         });
     }
@@ -886,12 +997,14 @@ fn run_vcpus(
     handles: &[VcpuHandle],
     signals: &SignalGuard,
     observer: &dyn Observer,
+    main_filter: Option<&seccompiler::BpfProgram>,
 ) -> Result<(Ending, Duration), LaunchError> {
     let os = |what| move |source| LaunchError::Os { what, source };
     kvm_vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
     let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
     let first_stop: Arc<Mutex<Option<(usize, StopReason)>>> = Arc::new(Mutex::new(None));
 
+    observer.running();
     let spawned = Instant::now();
     let mut threads = Vec::with_capacity(contexts.len());
     for ctx in contexts {
@@ -920,7 +1033,13 @@ fn run_vcpus(
         }
     }
 
-    observer.running();
+    // The launcher's own thread, from here on only waiting, kicking, joining and reporting.
+    if let Some(f) = main_filter {
+        if let Err(e) = crate::sandbox::apply(Role::Main, f) {
+            stop_all(handles, threads);
+            return Err(e.into());
+        }
+    }
     let ending = wait(signals, &exit_evt, &first_stop, || {
         observer.tick(&reports(handles))
     });
@@ -1027,16 +1146,31 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
     match acquire(&checked)? {
         Acquired::Anonymous(ram) => run(checked, ram, started, None, observer),
         Acquired::Extent { claim, ram } => {
-            let isolation = Some(claim.isolation());
-            let result = {
-                let obs = ClaimObserver {
-                    inner: observer,
-                    claim: &claim,
-                };
-                run(checked, ram, started, isolation, &obs)
+            // Opened as root (the vCPU threads join it after the launcher gave root up).
+            let cpuset = GuestsCpuset::open(&claim.isolation())?;
+            // The keeper takes the claim over: it records the partition while it runs and
+            // gives it back, scrubbed, however the launcher ends.
+            let mode = match checked.sandbox {
+                Sandbox::On(_) => KeeperMode::Confined,
+                Sandbox::Off => KeeperMode::Unconfined,
             };
-            // The guest is gone (or never ran): scrub, then free the cores and the extent.
-            let released = claim.release();
+            let keeper = Keeper::spawn(*claim, mode).map_err(|b| {
+                // The claim (scrubbed and freed as it drops) stays with us.
+                let (e, claim) = *b;
+                drop(claim);
+                e
+            })?;
+            let keeper = std::cell::RefCell::new(keeper);
+            let result = {
+                let obs = KeeperObserver {
+                    inner: observer,
+                    keeper: &keeper,
+                };
+                run(checked, ram, started, cpuset, &obs)
+            };
+            // The guest is gone (or never ran): the keeper scrubs, then frees the cores
+            // and the extent.
+            let released = keeper.into_inner().finish();
             let mut report = result?;
             let r = released?;
             report.pool = Some(PoolOutcome {
@@ -1076,6 +1210,7 @@ mod tests {
             disks: Vec::new(),
             ioeventfd: true,
             cpu_model: CpuModelRequest::Auto,
+            sandbox: SandboxRequest::Off,
         }
     }
 

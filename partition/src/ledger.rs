@@ -3,12 +3,14 @@
 //! file, by writing a temporary file, fsyncing it, renaming it over the ledger and fsyncing
 //! the directory: a crash leaves either the old ledger or the new one, never a mix.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::File;
+use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::statedir::{StateDir, StateDirError};
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/run/partition";
@@ -16,6 +18,12 @@ pub const DEFAULT_STATE_DIR: &str = "/run/partition";
 pub const VERSION: u32 = 1;
 const LEDGER: &str = "ledger.json";
 const LOCK: &str = "ledger.lock";
+/// Directory of the partitions' liveness locks.
+const LOCKS: &str = "locks";
+/// Largest ledger read (a forged one cannot make us read without end).
+const MAX_LEDGER: u64 = 4 << 20;
+/// The page sizes a reservation can have.
+pub const PAGE_SIZES: [u64; 2] = [2 << 20, 1 << 30];
 
 /// Errors reading or writing the ledger.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +46,20 @@ pub enum LedgerError {
         /// Why.
         reason: String,
     },
+    /// The state directory or a file in it cannot be trusted (or used).
+    #[error("{0}")]
+    StateDir(#[from] StateDirError),
+}
+
+impl LedgerError {
+    /// Whether the state directory the user named is at fault (the CLI exits with status
+    /// 2): one root must not trust, or a ledger no `partition reserve` wrote.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            Self::Corrupt { .. } | Self::StateDir(StateDirError::Untrusted { .. })
+        )
+    }
 }
 
 /// What was reserved, as asked.
@@ -269,6 +291,94 @@ impl Ledger {
         Ok(())
     }
 
+    /// Whether every path the ledger names is one `partition reserve` in `state_dir` could
+    /// have written: the pool file in its hugetlbfs mount under our own name (and that
+    /// mount in the state directory if we made it), the kernel's hugepage counter for the
+    /// page size, IRQ affinity files under /proc/irq, our own cgroups. `release` and
+    /// `unreserve` write to, zero, unmount and remove what the ledger names; a forged one
+    /// must not point them anywhere else.
+    pub fn check_paths(&self, state_dir: &Path) -> Result<(), String> {
+        let page = self.pool.page_size;
+        if !PAGE_SIZES.contains(&page) {
+            return Err(format!("page size {page} is neither 2 MiB nor 1 GiB"));
+        }
+        let tag = state_tag(state_dir);
+        let p = &self.pool;
+        plain(&p.mount)?;
+        if p.mounted_by_us && p.mount != state_dir.join(format!("hugetlbfs-{}k", page >> 10)) {
+            return Err(format!(
+                "pool mount {} is not this state directory's own",
+                p.mount.display()
+            ));
+        }
+        if p.file != p.mount.join(format!("{tag}-pool")) {
+            return Err(format!(
+                "pool file {} is not {tag}-pool in the pool's mount {}",
+                p.file.display(),
+                p.mount.display()
+            ));
+        }
+        let kb = page >> 10;
+        let counter = match self.plan.node {
+            None => PathBuf::from(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB")),
+            Some(n) => PathBuf::from(format!(
+                "/sys/devices/system/node/node{n}/hugepages/hugepages-{kb}kB"
+            )),
+        };
+        if p.hugepage_dir != counter {
+            return Err(format!(
+                "hugepage counter {} is not {}",
+                p.hugepage_dir.display(),
+                counter.display()
+            ));
+        }
+        for irq in &self.irqs {
+            let f = irq.file.to_string_lossy();
+            let ok = f == "/proc/irq/default_smp_affinity"
+                || f.strip_prefix("/proc/irq/")
+                    .and_then(|r| r.strip_suffix("/smp_affinity_list"))
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+            if !ok {
+                return Err(format!("IRQ record names {f}, not an IRQ affinity file"));
+            }
+        }
+        match &self.cores.isolation {
+            Isolation::None { .. } => {}
+            Isolation::CgroupV1 {
+                root,
+                housekeeping,
+                guests,
+                ..
+            } => {
+                plain(root)?;
+                if *housekeeping != root.join(format!("{tag}-housekeeping"))
+                    || *guests != root.join(format!("{tag}-guests"))
+                {
+                    return Err("the cpusets are not this state directory's own".into());
+                }
+            }
+            Isolation::CgroupV2 { path } => {
+                plain(path)?;
+                if path.file_name() != Some(std::ffi::OsStr::new(&format!("{tag}-guests"))) {
+                    return Err(format!(
+                        "cgroup {} is not this state directory's own",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        if self.cores.reserved.is_empty()
+            || self
+                .cores
+                .reserved
+                .iter()
+                .any(|c| self.cores.housekeeping.contains(c))
+        {
+            return Err("reserved cores are empty or also the host's".into());
+        }
+        Ok(())
+    }
+
     /// Cores assigned to partitions.
     pub fn assigned_cores(&self) -> Vec<usize> {
         self.partitions
@@ -283,9 +393,33 @@ impl Ledger {
     }
 }
 
+/// A name unique to a state directory, for the host objects a reservation creates (the pool
+/// file, cgroups): `partition-<FNV-1a of the path, 12 hex digits>`.
+pub fn state_tag(state_dir: &Path) -> String {
+    let h = state_dir
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("partition-{:012x}", h >> 16)
+}
+
+/// An absolute path of plain components (no `.` or `..`).
+fn plain(p: &Path) -> Result<(), String> {
+    let ok = p.is_absolute()
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{} is not a plain absolute path", p.display()))
+    }
+}
+
 /// An exclusive (or shared) lock on a state directory's ledger.
 pub struct LedgerLock {
-    dir: PathBuf,
+    dir: StateDir,
     _lock: File,
 }
 
@@ -309,33 +443,19 @@ impl LedgerLock {
     }
 
     fn lock(dir: &Path, how: i32) -> Result<Self, LedgerError> {
-        std::fs::create_dir_all(dir).map_err(io(dir, "create state directory"))?;
-        let p = dir.join(LOCK);
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&p)
-            .map_err(io(&p, "open lock"))?;
-        loop {
-            // SAFETY: flock on our own fd.
-            if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
-                break;
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(io(&p, "flock")(e));
-            }
-        }
-        Ok(Self {
-            dir: dir.to_path_buf(),
-            _lock: f,
-        })
+        let dir = StateDir::open(dir, true)?;
+        let f = dir.open_rw(LOCK)?;
+        flock(&f, how, false).map_err(io(&dir.join(LOCK), "flock"))?;
+        Ok(Self { dir, _lock: f })
     }
 
     /// The state directory.
     pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The state directory, open.
+    pub fn state_dir(&self) -> &StateDir {
         &self.dir
     }
 
@@ -344,14 +464,23 @@ impl LedgerLock {
         self.dir.join(LEDGER)
     }
 
-    /// Reads the ledger, if there is one.
+    /// Reads the ledger, if there is one: it must be root's, writable by nobody else, parse,
+    /// and describe a reservation `partition reserve` could have made here.
     pub fn load(&self) -> Result<Option<Ledger>, LedgerError> {
         let p = self.path();
-        let text = match std::fs::read_to_string(&p) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io(&p, "read")(e)),
+        let Some(f) = self.dir.read_file(LEDGER)? else {
+            return Ok(None);
         };
+        let mut text = String::new();
+        f.take(MAX_LEDGER + 1)
+            .read_to_string(&mut text)
+            .map_err(io(&p, "read"))?;
+        if text.len() as u64 > MAX_LEDGER {
+            return Err(LedgerError::Corrupt {
+                path: p,
+                reason: format!("larger than {MAX_LEDGER} bytes"),
+            });
+        }
         let l: Ledger = serde_json::from_str(&text).map_err(|e| LedgerError::Corrupt {
             path: p.clone(),
             reason: e.to_string(),
@@ -363,39 +492,130 @@ impl LedgerLock {
             });
         }
         l.check()
+            .and_then(|()| l.check_paths(self.dir()))
             .map_err(|reason| LedgerError::Corrupt { path: p, reason })?;
         Ok(Some(l))
     }
 
     /// Replaces the ledger atomically.
     pub fn store(&self, l: &Ledger) -> Result<(), LedgerError> {
-        let p = self.path();
-        let tmp = self.dir.join(format!("{LEDGER}.tmp"));
-        let text = serde_json::to_string_pretty(l).map_err(|e| LedgerError::Corrupt {
-            path: p.clone(),
+        let mut text = serde_json::to_string_pretty(l).map_err(|e| LedgerError::Corrupt {
+            path: self.path(),
             reason: e.to_string(),
         })?;
-        {
-            let mut f = File::create(&tmp).map_err(io(&tmp, "create"))?;
-            f.write_all(text.as_bytes()).map_err(io(&tmp, "write"))?;
-            f.write_all(b"\n").map_err(io(&tmp, "write"))?;
-            f.sync_all().map_err(io(&tmp, "fsync"))?;
-        }
-        std::fs::rename(&tmp, &p).map_err(io(&p, "rename"))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir, "fsync directory"))?;
+        text.push('\n');
+        self.dir.replace(LEDGER, text.as_bytes())?;
         Ok(())
     }
 
     /// Removes the ledger.
     pub fn remove(&self) -> Result<(), LedgerError> {
-        let p = self.path();
-        match std::fs::remove_file(&p) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io(&p, "remove")(e)),
+        self.dir.remove(LEDGER)?;
+        Ok(())
+    }
+
+    fn locks(&self, create: bool) -> Result<Option<StateDir>, LedgerError> {
+        Ok(self.dir.subdir(LOCKS, create)?)
+    }
+
+    /// Takes partition `name`'s liveness lock: held by its launcher (and the launcher's
+    /// keeper, which shares it) for as long as either lives. Refused if someone holds it.
+    pub fn lock_partition(&self, name: &str) -> Result<PartitionLock, LedgerError> {
+        let dir = self.locks(true)?.ok_or_else(|| LedgerError::Io {
+            path: self.dir.join(LOCKS),
+            what: "mkdir",
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        })?;
+        let f = dir.open_rw(name)?;
+        flock(&f, libc::LOCK_EX, true).map_err(io(&dir.join(name), "flock"))?;
+        Ok(PartitionLock(f))
+    }
+
+    /// Whether partition `name`'s launcher (or its keeper) is alive: whether its lock is
+    /// held. A process that has exited, a zombie included, holds no lock; a recycled pid
+    /// does not matter.
+    pub fn partition_alive(&self, name: &str) -> bool {
+        let Ok(Some(dir)) = self.locks(false) else {
+            return false;
+        };
+        let Ok(Some(f)) = dir.read_file(name) else {
+            return false;
+        };
+        match flock(&f, libc::LOCK_SH, true) {
+            Ok(()) => {
+                let _ = flock(&f, libc::LOCK_UN, true);
+                false
+            }
+            Err(e) => e.raw_os_error() == Some(libc::EWOULDBLOCK),
         }
+    }
+
+    /// Removes partition `name`'s lock file (once nobody holds it).
+    pub fn remove_partition_lock(&self, name: &str) {
+        if let Ok(Some(dir)) = self.locks(false) {
+            let _ = dir.remove(name);
+        }
+    }
+
+    /// Removes the locks directory (unreserve), if empty.
+    pub fn remove_locks_dir(&self) {
+        let _ = self.dir.remove_dir(LOCKS);
+    }
+}
+
+/// A partition's liveness lock (see [`LedgerLock::lock_partition`]); released when every
+/// process sharing it has closed it.
+#[derive(Debug)]
+pub struct PartitionLock(File);
+
+impl PartitionLock {
+    /// Its descriptor (a forked keeper keeps it open).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+fn flock(f: &File, how: i32, nonblocking: bool) -> std::io::Result<()> {
+    let how = if nonblocking {
+        how | libc::LOCK_NB
+    } else {
+        how
+    };
+    loop {
+        // SAFETY: flock on a file we hold open.
+        if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Sends `sig` to partition `p`'s launcher through a pidfd, only if the process behind the
+/// pid is still the one the ledger recorded (same start time) once the pidfd holds it: a
+/// pid recycled before or during the call is never signalled. Returns whether it was sent.
+pub fn signal_launcher(p: &PartitionRecord, sig: i32) -> bool {
+    // SAFETY: pidfd_open with a pid and no flags; the fd is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p.pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a fresh fd we own.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    if pid_start_time(p.pid) != Some(p.pid_start) {
+        return false;
+    }
+    // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        ) == 0
     }
 }
 
@@ -430,11 +650,6 @@ pub fn pid_start_time(pid: u32) -> Option<u64> {
         .map(|st| st.start_time)
 }
 
-/// Whether the partition's launcher is still the process running under its pid.
-pub fn alive(p: &PartitionRecord) -> bool {
-    pid_start_time(p.pid) == Some(p.pid_start)
-}
-
 /// Seconds since the Unix epoch.
 pub fn now() -> u64 {
     std::time::SystemTime::now()
@@ -447,7 +662,9 @@ pub fn now() -> u64 {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn sample() -> Ledger {
+    /// A ledger `reserve` could have written in `dir`.
+    pub(crate) fn sample_in(dir: &Path) -> Ledger {
+        let mount = dir.join("hugetlbfs-2048k");
         Ledger {
             version: VERSION,
             reserved_at: 1,
@@ -458,12 +675,12 @@ pub(crate) mod tests {
                 cores: vec![1],
             },
             pool: PoolRecord {
-                file: "/x/pool".into(),
+                file: mount.join(format!("{}-pool", state_tag(dir))),
                 size: 64 << 20,
                 page_size: 2 << 20,
                 hugepage_dir: "/sys/kernel/mm/hugepages/hugepages-2048kB".into(),
                 hugepages_added: 32,
-                mount: "/x".into(),
+                mount,
                 mounted_by_us: true,
             },
             cores: CoreRecord {
@@ -473,7 +690,10 @@ pub(crate) mod tests {
                     reason: "test".into(),
                 },
             },
-            irqs: vec![],
+            irqs: vec![IrqRecord {
+                file: "/proc/irq/7/smp_affinity_list".into(),
+                old: "0-1".into(),
+            }],
             partitions: vec![PartitionRecord {
                 name: "a".into(),
                 pid: 1,
@@ -491,10 +711,21 @@ pub(crate) mod tests {
         }
     }
 
+    pub(crate) fn sample() -> Ledger {
+        sample_in(Path::new("/run/partition"))
+    }
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("ledger-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    type Forge = Box<dyn Fn(&mut Ledger)>;
+
     #[test]
     fn a_ledger_no_reserve_could_write_is_refused() {
         assert_eq!(sample().check(), Ok(()));
-        type Forge = Box<dyn Fn(&mut Ledger)>;
         let bad: Vec<(&str, Forge)> = vec![
             (
                 "page size 0",
@@ -542,31 +773,139 @@ pub(crate) mod tests {
                 }),
             ),
         ];
-        let dir = std::env::temp_dir().join(format!("ledger-forged-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("forged");
         let lock = LedgerLock::exclusive(&dir).unwrap();
         for (what, f) in bad {
-            let mut l = sample();
+            let mut l = sample_in(lock.dir());
             f(&mut l);
             assert!(l.check().is_err(), "{what}: accepted");
             // Written by someone else, it is refused on load with the reason.
             std::fs::write(lock.path(), serde_json::to_string(&l).unwrap()).unwrap();
             match lock.load() {
-                Err(LedgerError::Corrupt { reason, .. }) => assert!(!reason.is_empty(), "{what}"),
+                Err(e @ LedgerError::Corrupt { .. }) => assert!(e.is_usage(), "{what}"),
                 other => panic!("{what}: loaded as {other:?}"),
             }
         }
         lock.remove().unwrap();
+        drop(lock);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_ledger_pointing_outside_its_reservation_is_refused() {
+        let dir = scratch("paths");
+        let lock = LedgerLock::exclusive(&dir).unwrap();
+        let here = lock.dir().to_path_buf();
+        assert_eq!(sample_in(&here).check_paths(&here), Ok(()));
+        let bad: Vec<(&str, Forge)> = vec![
+            (
+                "a 4 KiB page size",
+                Box::new(|l| {
+                    l.pool.page_size = 4096;
+                    l.plan.page_size = 4096;
+                }),
+            ),
+            (
+                "pool file elsewhere",
+                Box::new(|l| l.pool.file = "/etc/shadow".into()),
+            ),
+            (
+                "pool file beside its name",
+                Box::new(|l| {
+                    l.pool.file = l.pool.mount.join("other-pool");
+                }),
+            ),
+            (
+                "a mount of ours outside the state directory",
+                Box::new(|l| {
+                    l.pool.mount = "/dev/hugepages".into();
+                    l.pool.file = format!(
+                        "/dev/hugepages/{}",
+                        l.pool.file.file_name().unwrap().to_string_lossy()
+                    )
+                    .into();
+                }),
+            ),
+            (
+                "dots in the mount",
+                Box::new(|l| {
+                    l.pool.mounted_by_us = false;
+                    l.pool.mount = "/dev/hugepages/../../etc".into();
+                }),
+            ),
+            (
+                "hugepage counter elsewhere",
+                Box::new(|l| {
+                    l.pool.hugepage_dir = "/proc/sys/kernel".into();
+                }),
+            ),
+            (
+                "hugepage counter of another size",
+                Box::new(|l| {
+                    l.pool.hugepage_dir = "/sys/kernel/mm/hugepages/hugepages-1048576kB".into();
+                }),
+            ),
+            (
+                "an IRQ record naming another file",
+                Box::new(|l| {
+                    l.irqs[0].file = "/etc/passwd".into();
+                }),
+            ),
+            (
+                "an IRQ record naming a sibling",
+                Box::new(|l| {
+                    l.irqs[0].file = "/proc/irq/7/../../sys/kernel/core_pattern".into();
+                }),
+            ),
+            (
+                "cpusets of another reservation",
+                Box::new(|l| {
+                    l.cores.isolation = Isolation::CgroupV1 {
+                        root: "/sys/fs/cgroup/cpuset".into(),
+                        housekeeping: "/sys/fs/cgroup/cpuset/system".into(),
+                        guests: "/sys/fs/cgroup/cpuset/partition-000000000000-guests".into(),
+                        moved: 0,
+                        unmovable: 0,
+                    };
+                }),
+            ),
+            (
+                "host cores reserved",
+                Box::new(|l| l.cores.housekeeping = vec![0, 1]),
+            ),
+        ];
+        for (what, f) in bad {
+            let mut l = sample_in(&here);
+            f(&mut l);
+            assert!(l.check_paths(&here).is_err(), "{what}: accepted");
+            std::fs::write(lock.path(), serde_json::to_string(&l).unwrap()).unwrap();
+            assert!(
+                matches!(lock.load(), Err(LedgerError::Corrupt { .. })),
+                "{what}: loaded"
+            );
+        }
+        // Our own cpusets pass.
+        let mut l = sample_in(&here);
+        let tag = state_tag(&here);
+        l.cores.isolation = Isolation::CgroupV1 {
+            root: "/sys/fs/cgroup/cpuset".into(),
+            housekeeping: format!("/sys/fs/cgroup/cpuset/{tag}-housekeeping").into(),
+            guests: format!("/sys/fs/cgroup/cpuset/{tag}-guests").into(),
+            moved: 0,
+            unmovable: 0,
+        };
+        assert_eq!(l.check_paths(&here), Ok(()));
+        lock.remove().unwrap();
+        drop(lock);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn round_trip_and_atomic_replace() {
-        let dir = std::env::temp_dir().join(format!("ledger-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = scratch("test");
         let lock = LedgerLock::exclusive(&dir).unwrap();
         assert_eq!(lock.load().unwrap(), None);
-        let l = sample();
+        let l = sample_in(lock.dir());
         lock.store(&l).unwrap();
         assert_eq!(lock.load().unwrap(), Some(l.clone()));
         assert!(!dir.join("ledger.json.tmp").exists());
@@ -580,35 +919,81 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn unknown_fields_and_versions_are_refused() {
-        let dir = std::env::temp_dir().join(format!("ledger-bad-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+    fn unknown_fields_versions_and_huge_files_are_refused() {
+        let dir = scratch("bad");
         let lock = LedgerLock::exclusive(&dir).unwrap();
-        let mut v = serde_json::to_value(sample()).unwrap();
+        let mut v = serde_json::to_value(sample_in(lock.dir())).unwrap();
         v["pool"]["hugepages_addded"] = 1.into();
         std::fs::write(lock.path(), v.to_string()).unwrap();
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
-        let mut v = serde_json::to_value(sample()).unwrap();
+        let mut v = serde_json::to_value(sample_in(lock.dir())).unwrap();
         v["version"] = 99.into();
         std::fs::write(lock.path(), v.to_string()).unwrap();
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
         std::fs::write(lock.path(), "{").unwrap();
+        assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
+        std::fs::write(lock.path(), vec![b' '; (MAX_LEDGER + 10) as usize]).unwrap();
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
         drop(lock);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn pid_identity() {
+    fn liveness_is_the_partition_lock() {
+        let dir = scratch("live");
+        let lock = LedgerLock::exclusive(&dir).unwrap();
+        assert!(!lock.partition_alive("a"));
+        let held = lock.lock_partition("a").unwrap();
+        assert!(lock.partition_alive("a"));
+        // A second launcher cannot take it.
+        assert!(lock.lock_partition("a").is_err());
+        // A forked child shares it: still held until both have closed it.
+        // SAFETY: the child only sleeps and exits (async-signal-safe).
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::usleep(300_000) };
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        drop(held);
+        assert!(lock.partition_alive("a"), "the child holds it");
+        let mut st = 0;
+        // SAFETY: reaping our own child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(!lock.partition_alive("a"));
+        lock.remove_partition_lock("a");
+        assert!(!dir.join("locks/a").exists());
+        drop(lock);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pid_identity_and_signals_go_only_to_the_recorded_process() {
         let me = std::process::id();
         let t = pid_start_time(me).unwrap();
-        let mut p = sample().partitions[0].clone();
-        p.pid = me;
-        p.pid_start = t;
-        assert!(alive(&p));
-        p.pid_start = t + 1;
-        assert!(!alive(&p));
         assert_eq!(pid_start_time(u32::MAX), None);
+        // A child that waits for SIGTERM: signalled only while its record matches.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut p = sample().partitions[0].clone();
+        p.pid = child.id();
+        p.pid_start = pid_start_time(p.pid).unwrap();
+        let wrong = PartitionRecord {
+            pid_start: p.pid_start + 1,
+            ..p.clone()
+        };
+        assert!(!signal_launcher(&wrong, libc::SIGTERM));
+        assert!(child.try_wait().unwrap().is_none(), "signalled a stranger");
+        assert!(signal_launcher(&p, libc::SIGTERM));
+        let st = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(libc::SIGTERM));
+        // Gone: nothing to signal.
+        assert!(!signal_launcher(&p, libc::SIGTERM));
+        let _ = t;
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod disks;
 pub mod files;
 pub mod idle;
 pub mod isolation;
+pub mod keeper;
 pub mod kvm;
 pub mod launch;
 pub mod ledger;
@@ -24,11 +25,13 @@ pub mod partitions;
 pub mod plan;
 pub mod readback;
 pub mod reserve;
+pub mod sandbox;
 pub mod signals;
 pub mod size;
+pub mod statedir;
 pub mod vcpu;
 
 pub use launch::{
     Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, MemorySource,
-    PoolRequest,
+    PoolRequest, SandboxRequest,
 };

@@ -313,6 +313,8 @@ pub struct ReportDoc {
     pub disks: Vec<crate::launch::DiskReport>,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
+    /// Who the VMM ran as after setup (`null` with `--no-sandbox`: root, unfiltered).
+    pub sandbox: Option<crate::sandbox::Identity>,
 }
 
 /// The report as a document.
@@ -354,6 +356,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
             len: p.len,
             scrub_ms: ms(p.scrub),
         }),
+        sandbox: r.sandbox.clone(),
     }
 }
 

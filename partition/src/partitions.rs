@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use pool::poolfile::PoolFileError;
 use serde::Serialize;
 
-use crate::claim::{StatsFile, crash_point, forget, scrub, stats_path};
-use crate::ledger::{self, ExtentRecord, LedgerError, LedgerLock, PartitionRecord, PartitionState};
+use crate::claim::{StatsFile, crash_point, forget, read_stats, scrub};
+use crate::ledger::{self, ExtentRecord, LedgerError, LedgerLock, PartitionState};
 
 /// Errors releasing a partition.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +37,11 @@ pub enum ReleaseError {
 impl ReleaseError {
     /// Whether the request itself was wrong (the CLI exits with status 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::NotFound(_))
+        match self {
+            Self::NotFound(_) => true,
+            Self::Ledger(e) => e.is_usage(),
+            _ => false,
+        }
     }
 }
 
@@ -54,15 +58,20 @@ pub struct ReleaseReport {
     pub scrubbed: Option<Duration>,
 }
 
-fn wait_gone(p: &PartitionRecord, limit: Duration) -> bool {
+/// Whether partition `name`'s lock is free (its launcher and keeper are gone).
+fn gone(state_dir: &Path, name: &str) -> bool {
+    LedgerLock::shared(state_dir).is_ok_and(|l| !l.partition_alive(name))
+}
+
+fn wait_gone(state_dir: &Path, name: &str, limit: Duration) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
-        if !ledger::alive(p) {
+        if gone(state_dir, name) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    !ledger::alive(p)
+    gone(state_dir, name)
 }
 
 /// Stops partition `name` (SIGTERM, then SIGKILL after `grace`), or reclaims it if its
@@ -72,12 +81,12 @@ pub fn release(
     name: &str,
     grace: Duration,
 ) -> Result<ReleaseReport, ReleaseError> {
-    let p = {
+    let (p, was_alive) = {
         let lock = LedgerLock::shared(state_dir)?;
         let l = lock.load()?.ok_or_else(|| {
             ReleaseError::NotFound(format!("nothing is reserved in {}", state_dir.display()))
         })?;
-        l.partition(name).cloned().ok_or_else(|| {
+        let p = l.partition(name).cloned().ok_or_else(|| {
             ReleaseError::NotFound(format!(
                 "no partition named {name:?} (partitions: {})",
                 if l.partitions.is_empty() {
@@ -90,19 +99,21 @@ pub fn release(
                         .join(", ")
                 }
             ))
-        })?
+        })?;
+        let alive = lock.partition_alive(name);
+        (p, alive)
     };
-    let was_alive = ledger::alive(&p);
     let mut signals = Vec::new();
     if was_alive {
-        // SAFETY: signalling a pid whose start time we just matched.
-        unsafe { libc::kill(p.pid as i32, libc::SIGTERM) };
-        signals.push("SIGTERM");
-        if !wait_gone(&p, grace) {
-            // SAFETY: as above.
-            unsafe { libc::kill(p.pid as i32, libc::SIGKILL) };
-            signals.push("SIGKILL");
-            if !wait_gone(&p, Duration::from_secs(10)) {
+        // Through a pidfd, and only to the process the ledger recorded.
+        if ledger::signal_launcher(&p, libc::SIGTERM) {
+            signals.push("SIGTERM");
+        }
+        if !wait_gone(state_dir, name, grace) {
+            if ledger::signal_launcher(&p, libc::SIGKILL) {
+                signals.push("SIGKILL");
+            }
+            if !wait_gone(state_dir, name, Duration::from_secs(10)) {
                 return Err(ReleaseError::Unkillable {
                     name: name.to_string(),
                     pid: p.pid,
@@ -263,11 +274,9 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         .partitions
         .iter()
         .map(|p| {
-            let alive = ledger::alive(p);
+            let alive = lock.partition_alive(&p.name);
             let exits = if alive {
-                std::fs::read_to_string(stats_path(state_dir, &p.name))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok())
+                read_stats(&lock, &p.name)
             } else {
                 None
             };

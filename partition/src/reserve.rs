@@ -56,7 +56,11 @@ pub enum ReserveError {
 impl ReserveError {
     /// Whether the request itself was refused (the CLI exits with status 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Busy { .. })
+        match self {
+            Self::Busy { .. } => true,
+            Self::Ledger(e) => e.is_usage(),
+            _ => false,
+        }
     }
 }
 
@@ -95,21 +99,9 @@ pub struct UnreserveReport {
     pub warnings: Vec<String>,
 }
 
-/// A name unique to a state directory, for the host objects a reservation creates (the pool
-/// file, cgroups): `partition-<FNV-1a of the path, 12 hex digits>`.
-pub fn state_tag(state_dir: &Path) -> String {
-    let h = state_dir
-        .to_string_lossy()
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-    format!("partition-{:012x}", h >> 16)
-}
-
 /// Pool file name in the hugetlbfs mount.
 fn pool_file_name(state_dir: &Path) -> String {
-    format!("{}-pool", state_tag(state_dir))
+    format!("{}-pool", crate::ledger::state_tag(state_dir))
 }
 
 /// Undo actions registered by completed steps.
@@ -243,7 +235,11 @@ fn build(
     }
 
     // 4. Cores and IRQs.
-    let isolation = isolation::isolate(&plan.cores, &plan.housekeeping, &state_tag(&state_dir));
+    let isolation = isolation::isolate(
+        &plan.cores,
+        &plan.housekeeping,
+        &crate::ledger::state_tag(&state_dir),
+    );
     {
         let i = isolation.clone();
         undo.push(move || {
@@ -369,7 +365,8 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     if let Err(e) = lock.remove() {
         w.push(e.to_string());
     }
-    let _ = std::fs::remove_dir(lock.dir().join("stats"));
+    let _ = lock.state_dir().remove_dir("stats");
+    lock.remove_locks_dir();
     UnreserveReport {
         had_reservation: true,
         warnings: w,

@@ -97,11 +97,43 @@ pub fn mount(dir: &Path, page_size: u64) -> Result<(), HugetlbfsError> {
     Ok(())
 }
 
-/// Unmounts `dir`.
+/// `statfs` magic of hugetlbfs.
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// Whether open file `fd` is on hugetlbfs.
+pub fn is_hugetlbfs_fd(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: statfs is plain data; all-zero is valid and fstatfs overwrites it.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a caller's fd into a local struct.
+    unsafe { libc::fstatfs(fd, &mut s) == 0 && s.f_type as i64 == HUGETLBFS_MAGIC }
+}
+
+/// Whether `dir` is (on) a hugetlbfs mount, looked at without following a final symlink.
+pub fn is_hugetlbfs(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(dir)
+        .is_ok_and(|d| {
+            use std::os::fd::AsRawFd;
+            is_hugetlbfs_fd(d.as_raw_fd())
+        })
+}
+
+/// Unmounts `dir`, which must be a hugetlbfs mount (nothing else is ever unmounted, whatever
+/// a ledger says); a final symlink is not followed.
 pub fn umount(dir: &Path) -> Result<(), HugetlbfsError> {
+    if !is_hugetlbfs(dir) {
+        return Err(HugetlbfsError::Mount {
+            op: "unmounting",
+            path: dir.to_path_buf(),
+            source: std::io::Error::other("not a hugetlbfs mount: left alone"),
+        });
+    }
     let target = cstr(dir);
     // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::umount2(target.as_ptr(), 0) } != 0 {
+    if unsafe { libc::umount2(target.as_ptr(), libc::UMOUNT_NOFOLLOW) } != 0 {
         return Err(HugetlbfsError::Mount {
             op: "unmounting",
             path: dir.to_path_buf(),
@@ -135,5 +167,19 @@ tmpfs /tmp tmpfs rw 0 0
         assert_eq!(parse_page_size("pagesize=2048K"), Some(2 << 20));
         assert_eq!(parse_page_size("pagesize=1G"), Some(1 << 30));
         assert_eq!(parse_page_size("mode=0700"), None);
+    }
+
+    #[test]
+    fn only_hugetlbfs_is_unmounted() {
+        // Whatever a ledger names, a mount that is not hugetlbfs is left alone (this would
+        // fail with EBUSY or EPERM otherwise; the refusal comes first and says why).
+        for p in ["/", "/proc", "/nonexistent"] {
+            assert!(!is_hugetlbfs(Path::new(p)), "{p}");
+            let e = umount(Path::new(p)).unwrap_err();
+            assert!(e.to_string().contains("not a hugetlbfs mount"), "{e}");
+        }
+        if let Some(m) = find_mount(2 << 20) {
+            assert!(is_hugetlbfs(&m), "{}", m.display());
+        }
     }
 }

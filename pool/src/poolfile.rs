@@ -37,6 +37,12 @@ pub enum PoolFileError {
         /// The ledger's size.
         expected: u64,
     },
+    /// The file is not on hugetlbfs (a ledger naming some other file is refused).
+    #[error("pool file {path} is not a file on hugetlbfs")]
+    NotHugetlbfs {
+        /// The file.
+        path: PathBuf,
+    },
     /// An extent outside the file, or not page aligned.
     #[error("extent {offset:#x}+{len:#x} is not a page-aligned range of the {size:#x}-byte pool")]
     BadExtent {
@@ -122,10 +128,13 @@ impl PoolFile {
     }
 
     /// Opens an existing pool file of `size` bytes.
+    /// The file must be a regular file on hugetlbfs, reached without following a symlink:
+    /// whatever a ledger names, nothing else is ever mapped or zeroed.
     pub fn open(path: &Path, size: u64, page_size: u64) -> Result<Self, PoolFileError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(|source| PoolFileError::Io {
                 path: path.to_path_buf(),
@@ -140,6 +149,11 @@ impl PoolFile {
                 source,
             })?
             .len();
+        if !crate::hugetlbfs::is_hugetlbfs_fd(file.as_raw_fd()) {
+            return Err(PoolFileError::NotHugetlbfs {
+                path: path.to_path_buf(),
+            });
+        }
         if actual != size {
             return Err(PoolFileError::WrongSize {
                 path: path.to_path_buf(),
@@ -312,10 +326,17 @@ mod tests {
             );
         }
         drop(pf);
-        PoolFile::open(&path, 1 << 20, 4096).unwrap();
+        // Reopened only on hugetlbfs: a file anywhere else (as a forged ledger might name)
+        // is refused, and so is a symlink.
         assert!(matches!(
-            PoolFile::open(&path, 2 << 20, 4096),
-            Err(PoolFileError::WrongSize { .. })
+            PoolFile::open(&path, 1 << 20, 4096),
+            Err(PoolFileError::NotHugetlbfs { .. })
+        ));
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(matches!(
+            PoolFile::open(&link, 1 << 20, 4096),
+            Err(PoolFileError::Io { .. })
         ));
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -90,6 +90,11 @@ impl MmioTransport {
         self.device.as_ref()
     }
 
+    /// Starts the device's threads (before the guest runs).
+    pub fn start(&mut self, hook: super::ThreadHook) -> Result<(), String> {
+        self.device.start(hook)
+    }
+
     /// Stops the device (teardown).
     pub fn shutdown(&mut self) {
         self.device.reset();

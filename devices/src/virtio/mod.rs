@@ -74,9 +74,19 @@ pub struct Activation {
     pub doorbells: Vec<std::sync::Arc<EventFd>>,
 }
 
+/// Called first on every thread a device starts, with the thread's kind (`blk-worker`):
+/// where the launcher confines it (its seccomp filter). An error leaves the thread unable
+/// to serve.
+pub type ThreadHook = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + Send + Sync>;
+
 /// A virtio device behind the MMIO transport. Register logic lives in the transport; the
 /// device owns its config space and what runs once it is activated.
 pub trait VirtioDevice: Send {
+    /// Starts the device's threads, before the guest runs (a device without threads has
+    /// nothing to do). Activations only hand work to them.
+    fn start(&mut self, _hook: ThreadHook) -> Result<(), String> {
+        Ok(())
+    }
     /// Device type.
     fn device_type(&self) -> u32;
     /// Features offered.

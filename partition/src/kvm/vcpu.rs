@@ -120,8 +120,11 @@ pub struct VcpuContext {
     pub counters: Arc<ExitCounters>,
     /// Stop control, shared with the launcher.
     pub kicker: Arc<Kicker>,
-    /// Where the thread must go before pinning to a reserved core.
-    pub isolation: Option<crate::ledger::Isolation>,
+    /// The reserved cores' cpuset the thread joins before pinning, if any.
+    pub cpuset: Option<Arc<crate::isolation::GuestsCpuset>>,
+    /// The seccomp filter the thread installs before its first KVM_RUN (none with
+    /// `--no-sandbox`).
+    pub filter: Option<Arc<seccompiler::BpfProgram>>,
     /// The SYSCALL repair's state (armed when the guest writes IA32_LSTAR).
     pub syscall: SyscallRepair,
 }
@@ -156,8 +159,8 @@ pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, Vc
 
 /// The vCPU thread: pin, run until something stops it, report why.
 pub fn run(mut ctx: VcpuContext) -> StopReason {
-    if let Some(iso) = &ctx.isolation {
-        if let Err(e) = crate::isolation::join_guests(iso) {
+    if let Some(c) = &ctx.cpuset {
+        if let Err(e) = c.join() {
             return StopReason::RunError(format!(
                 "vcpu{}: joining the reserved cores' cpuset: {e}",
                 ctx.index
@@ -169,6 +172,11 @@ pub fn run(mut ctx: VcpuContext) -> StopReason {
             "vcpu{}: pinning to core {} failed",
             ctx.index, ctx.core
         ));
+    }
+    if let Some(f) = &ctx.filter {
+        if let Err(e) = crate::sandbox::apply(crate::sandbox::Role::Vcpu, f) {
+            return StopReason::RunError(format!("vcpu{}: {e}", ctx.index));
+        }
     }
     {
         let run = ctx.fd.get_kvm_run();

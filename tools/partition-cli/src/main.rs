@@ -3,7 +3,7 @@
 //! The CLI parses, calls the library, prints. Exit status: 0 success (for launch: the
 //! guest powered off cleanly or reset), 1 the VMM failed, 2 bad input or a refused request,
 //! 3 the guest crashed (triple fault, KVM internal error), 4 the guest reported a non-zero
-//! status, 128+N stopped by signal N.
+//! status, 5 a VMM thread broke its seccomp filter, 128+N stopped by signal N.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +28,8 @@ use partition::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERRO
     version,
     about = "Run guests as static partitions on KVM: dedicated cores, memory reserved up front",
     after_help = "Exit status: 0 guest powered off cleanly, 1 VMM error, 2 bad input, \
-                  3 guest crashed, 4 guest reported failure, 128+N stopped by signal N."
+                  3 guest crashed, 4 guest reported failure, 5 the VMM broke its seccomp \
+                  filter, 128+N stopped by signal N."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -260,6 +261,17 @@ struct LaunchArgs {
     /// nested kvm_pvm module, host otherwise). Printed at launch.
     #[arg(long, value_name = "MODEL", default_value = "auto")]
     cpu_model: partition::cpumodel::CpuModelRequest,
+    /// Once the VM is set up, run as this user (a name or a number; default `partition`,
+    /// a system user to create once: see README). The VMM then has no capabilities,
+    /// no_new_privs, and a seccomp filter on every thread (docs/security.md).
+    #[arg(long, value_name = "USER", conflicts_with = "no_sandbox")]
+    uid: Option<String>,
+    /// The group to run as (default: the user's).
+    #[arg(long, value_name = "GROUP", conflicts_with = "no_sandbox")]
+    gid: Option<String>,
+    /// Debugging only: keep root and every capability, install no seccomp filter.
+    #[arg(long)]
+    no_sandbox: bool,
     #[command(flatten)]
     state: StateDir,
 }
@@ -283,6 +295,18 @@ impl Observer for Progress {
         eprintln!("partition: {}", checked.idle().describe());
         eprintln!("partition: {}", checked.cpu_model().describe(&[]));
         eprintln!("partition: command line: {}", checked.cmdline());
+        match checked.sandbox() {
+            partition::sandbox::Sandbox::On(who) => eprintln!(
+                "partition: sandbox: once set up the VMM runs as {} (uid {}, gid {}) with no \
+                 capabilities, no_new_privs and a seccomp filter on every thread",
+                who.user, who.uid, who.gid
+            ),
+            partition::sandbox::Sandbox::Off => eprintln!(
+                "partition: WARNING: --no-sandbox: the VMM keeps root and every capability and \
+                 runs without seccomp filters; a guest that breaks out of it owns this host. \
+                 For debugging only."
+            ),
+        }
     }
 }
 
@@ -338,6 +362,14 @@ fn launch(a: LaunchArgs) -> ExitCode {
         disks,
         ioeventfd: !a.no_ioeventfd,
         cpu_model: a.cpu_model,
+        sandbox: if a.no_sandbox {
+            partition::SandboxRequest::Off
+        } else {
+            partition::SandboxRequest::On {
+                uid: a.uid,
+                gid: a.gid,
+            }
+        },
     };
     let report = match launch::launch(cfg, &Progress) {
         Ok(r) => r,

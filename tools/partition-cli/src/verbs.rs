@@ -323,7 +323,10 @@ pub fn status(state_dir: &Path, json: bool) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => fail(e, false),
+        Err(e) => {
+            let usage = e.is_usage();
+            fail(e, usage)
+        }
     }
 }
 

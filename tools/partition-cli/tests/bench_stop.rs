@@ -79,7 +79,7 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
     let pid = child.id() as i32;
     let work = scratch.path(&format!("partition-bench-{pid}"));
     let state = work.join("state");
-    let tag = partition::reserve::state_tag(&state);
+    let tag = partition::ledger::state_tag(&state);
     let _fallback = Fallback {
         pgid: pid,
         state: state.clone(),

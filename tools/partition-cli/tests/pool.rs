@@ -501,12 +501,44 @@ fn assert_dead_then_release(h: &Host, name: &str, reserved_ledger: &serde_json::
     assert_eq!(now, want);
 }
 
+/// The partition's keeper: the launcher's child named `partition-keep`.
+fn keeper_of(launcher: u32) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            partition::ledger::proc_stat(pid).is_some_and(|st| st.ppid == launcher)
+                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "partition-keep")
+        })
+}
+
+/// The launcher died without stopping its guest: its keeper scrubbed the extent and gave it
+/// and the cores back, and said so.
+fn assert_kept(h: &Host, name: &str, stderr: &str, reserved_ledger: &serde_json::Value) {
+    assert!(
+        stderr.contains(&format!(
+            "{name}: its launcher ended without stopping the guest cleanly"
+        )) && stderr.contains("the keeper scrubbed"),
+        "{stderr}"
+    );
+    let s = h.status();
+    assert_eq!(s["partitions"], serde_json::json!([]), "{s}");
+    let mut now = h.ledger_json();
+    let mut want = reserved_ledger.clone();
+    now["partitions"] = serde_json::json!([]);
+    want["partitions"] = serde_json::json!([]);
+    assert_eq!(now, want, "ledger after {name}'s keeper");
+}
+
 #[test]
 fn kill_9_at_each_point_is_recoverable() {
     let Some(h) = Host::new("crash") else { return };
     h.reserve("256M");
     let reserved = h.ledger_json();
-    for point in ["after-ledger", "after-map", "running"] {
+    // Before the keeper exists, a dead launcher leaves its claim for `release`.
+    for point in ["after-ledger", "after-map"] {
         let out = h.run_env(
             &[
                 "launch",
@@ -531,14 +563,45 @@ fn kill_9_at_each_point_is_recoverable() {
         assert!(out.stderr.contains(point), "{}", out.stderr);
         assert_dead_then_release(&h, point, &reserved);
     }
-    // kill -9 from outside while the guest runs, after it dirtied its memory.
-    let mut c = h.hold("victim", "64M@0", "probe.memtest=1");
+    // Once the guest runs, the keeper gives everything back when the launcher dies:
+    // killed at the running point, or by kill -9 from outside after the guest dirtied its
+    // memory (the next owner's zero check below proves the scrub).
+    let out = h.run_env(
+        &[
+            "launch",
+            "--name",
+            "running",
+            "--cores",
+            "1",
+            "--memory",
+            "64M",
+            "--probe",
+            "--cmdline",
+            "probe.hold=1",
+        ],
+        &[("PARTITION_TEST_CRASH_AT", "running")],
+    );
+    assert_eq!(out.code(), -1, "expected death by SIGKILL: {}", out.stderr);
+    assert_kept(&h, "running", &out.stderr, &reserved);
+    let c = h.hold("victim", "64M@0", "probe.memtest=1");
     // SAFETY: killing our own child.
     unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let out = wait_output(c, LIMIT, "victim");
+    assert_kept(&h, "victim", &out.stderr, &reserved);
+    // Launcher and keeper both killed: the claim stays for `release`.
+    let mut c = h.hold("both", "64M@0", "probe.memtest=1");
+    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
+    // SAFETY: killing our own child and its child.
+    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
+    // SAFETY: as above.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
     let _ = c.wait();
-    assert_dead_then_release(&h, "victim", &reserved);
+    assert_dead_then_release(&h, "both", &reserved);
     // Killed again during release: a second release finishes the job.
     let mut c = h.hold("twice", "64M@0", "probe.memtest=1");
+    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
+    // SAFETY: as above.
+    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
     // SAFETY: as above.
     unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
     let _ = c.wait();

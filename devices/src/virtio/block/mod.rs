@@ -12,6 +12,7 @@ pub mod worker;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,7 +23,8 @@ use self::request::Limits;
 use self::worker::{Shared, Worker, WorkerConfig};
 use super::queue::MAX_QUEUE_SIZE;
 use super::{
-    Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK, VirtioDevice,
+    Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK, ThreadHook,
+    VirtioDevice, VirtioInterrupt,
 };
 
 use virtio_bindings::virtio_blk as vb;
@@ -76,12 +78,87 @@ impl BlockConfig {
     }
 }
 
+/// What a queue thread is asked to do.
+enum Job {
+    /// Serve a queue until its stop eventfd fires.
+    Serve(Box<Session>),
+    /// End the thread.
+    Exit,
+}
+
+/// One activation of one queue.
+struct Session {
+    queue: super::queue::Queue,
+    mem: vm_memory::GuestMemoryMmap,
+    bell: Arc<EventFd>,
+    interrupt: Arc<VirtioInterrupt>,
+    shared: Arc<Shared>,
+}
+
+/// A queue's thread, started once (before the guest runs) and handed each activation: the
+/// vCPU thread that activates or resets the device never creates a thread or an io_uring.
+struct QueueThread {
+    jobs: Sender<Job>,
+    acks: Receiver<Result<(), String>>,
+    stop: Arc<EventFd>,
+    thread: Option<JoinHandle<()>>,
+    serving: bool,
+}
+
+/// The queue thread: pin, confine (`hook`), then serve activations one after another.
+fn queue_thread(
+    disk: Arc<Disk>,
+    lim: Limits,
+    cfg: WorkerConfig,
+    stop: Arc<EventFd>,
+    jobs: Receiver<Job>,
+    acks: Sender<Result<(), String>>,
+    hook: ThreadHook,
+) {
+    if let Some(c) = cfg.core {
+        if !worker::pin(c) {
+            log::warn!("virtio-blk worker: pinning to core {c} failed");
+        }
+    }
+    let confined = hook("blk-worker");
+    while let Ok(job) = jobs.recv() {
+        let Job::Serve(s) = job else { break };
+        if let Err(e) = &confined {
+            let _ = acks.send(Err(format!("the queue thread is not confined: {e}")));
+            continue;
+        }
+        // A stop left over from the last session must not end this one.
+        let _ = stop.read();
+        let w = Worker::new(
+            s.queue,
+            s.mem,
+            disk.clone(),
+            lim,
+            s.bell,
+            stop.clone(),
+            s.interrupt,
+            s.shared,
+            cfg,
+        );
+        match w {
+            Ok(w) => {
+                let _ = acks.send(Ok(()));
+                w.run();
+                let _ = acks.send(Ok(()));
+            }
+            Err(e) => {
+                let _ = acks.send(Err(format!("io_uring: {e}")));
+            }
+        }
+    }
+}
+
 /// A virtio-blk device.
 pub struct VirtioBlock {
     disk: Arc<Disk>,
     cfg: BlockConfig,
     lim: Limits,
-    workers: Vec<(JoinHandle<()>, Arc<EventFd>)>,
+    workers: Vec<QueueThread>,
     /// The running activation's queues: (queue index, its worker's state).
     shared: Vec<(u16, Arc<Shared>)>,
     /// Counters of activations that ended (a driver resets and re-activates; the guest
@@ -173,49 +250,79 @@ impl VirtioDevice for VirtioBlock {
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
+    fn start(&mut self, hook: ThreadHook) -> Result<(), String> {
+        if !self.workers.is_empty() {
+            return Ok(());
+        }
+        let cfg = WorkerConfig {
+            poll: self.cfg.poll,
+            core: self.cfg.worker_core,
+            sqpoll: self.cfg.sqpoll,
+        };
+        for i in 0..self.cfg.queues {
+            let (jobs, job_rx) = channel();
+            let (ack_tx, acks) = channel();
+            let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?);
+            let (disk, lim, st, hook) = (self.disk.clone(), self.lim, stop.clone(), hook.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("blk-q{i}"))
+                .spawn(move || queue_thread(disk, lim, cfg, st, job_rx, ack_tx, hook))
+                .map_err(|e| e.to_string())?;
+            self.workers.push(QueueThread {
+                jobs,
+                acks,
+                stop,
+                thread: Some(t),
+                serving: false,
+            });
+        }
+        Ok(())
+    }
+
     fn activate(&mut self, a: Activation) -> Result<(), String> {
         self.reset();
+        if self.workers.len() < a.queues.len() {
+            return Err("the queue threads were not started".into());
+        }
         for (i, q) in a.queues.into_iter().enumerate() {
             let Some(q) = q else {
                 continue;
             };
             let shared = Arc::new(Shared::default());
-            let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?);
             let bell = a
                 .doorbells
                 .get(i)
                 .cloned()
                 .ok_or_else(|| format!("no doorbell for queue {i}"))?;
-            let w = Worker::new(
-                q,
-                a.mem.clone(),
-                self.disk.clone(),
-                self.lim,
+            let w = &mut self.workers[i];
+            let job = Job::Serve(Box::new(Session {
+                queue: q,
+                mem: a.mem.clone(),
                 bell,
-                stop.clone(),
-                a.interrupt.clone(),
-                shared.clone(),
-                WorkerConfig {
-                    poll: self.cfg.poll,
-                    core: self.cfg.worker_core,
-                    sqpoll: self.cfg.sqpoll,
-                },
-            )
-            .map_err(|e| format!("io_uring for queue {i}: {e}"))?;
-            let t = std::thread::Builder::new()
-                .name(format!("blk-q{i}"))
-                .spawn(move || w.run())
-                .map_err(|e| e.to_string())?;
-            self.workers.push((t, stop));
+                interrupt: a.interrupt.clone(),
+                shared: shared.clone(),
+            }));
+            w.jobs
+                .send(job)
+                .map_err(|_| format!("queue {i}'s thread is gone"))?;
+            match w.acks.recv() {
+                Ok(Ok(())) => w.serving = true,
+                Ok(Err(e)) => return Err(format!("queue {i}: {e}")),
+                Err(_) => return Err(format!("queue {i}'s thread is gone")),
+            }
             self.shared.push((i as u16, shared));
         }
         Ok(())
     }
 
     fn reset(&mut self) {
-        for (t, stop) in self.workers.drain(..) {
-            let _ = stop.write(1);
-            let _ = t.join();
+        for w in &mut self.workers {
+            if w.serving {
+                let _ = w.stop.write(1);
+                // The session ends once its in-flight I/O has completed.
+                let _ = w.acks.recv();
+                w.serving = false;
+            }
         }
         // The activation is over: its counters join the totals and its state (NEEDS_RESET
         // among it) goes, so a reset clears the condition and nothing accumulates.
@@ -255,6 +362,12 @@ fn counters(queue: u16, s: &Shared) -> QueueCounters {
 impl Drop for VirtioBlock {
     fn drop(&mut self) {
         self.reset();
+        for w in &mut self.workers {
+            let _ = w.jobs.send(Job::Exit);
+            if let Some(t) = w.thread.take() {
+                let _ = t.join();
+            }
+        }
     }
 }
 
@@ -297,6 +410,14 @@ mod tests {
         let path = dir.join("disk.img");
         std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
         let mut blk = VirtioBlock::new(BlockConfig::new(path.clone(), "t".into())).unwrap();
+        let started = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = started.clone();
+        blk.start(Arc::new(move |role| {
+            assert_eq!(role, "blk-worker");
+            seen.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }))
+        .unwrap();
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let bell = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
         for round in 0..200u64 {
@@ -315,11 +436,14 @@ mod tests {
                 !blk.needs_reset(),
                 "round {round}: NEEDS_RESET survived a reset"
             );
-            assert!(blk.shared.is_empty() && blk.workers.is_empty());
+            assert!(blk.shared.is_empty() && blk.workers.iter().all(|w| !w.serving));
             // One entry per queue however many activations there were; counts add up.
             assert_eq!(blk.stats().len(), 1);
             assert_eq!(blk.stats()[0].requests, 3 * (round + 1));
         }
+        // One thread per queue however many activations there were, each confined once.
+        assert_eq!(blk.workers.len(), 1);
+        assert_eq!(started.load(Ordering::SeqCst), 1);
         drop(blk);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use io_uring::register::Restriction;
 use io_uring::{IoUring, opcode, squeue, types};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -118,11 +119,24 @@ impl Worker {
         cfg: WorkerConfig,
     ) -> std::io::Result<Self> {
         let entries = (queue.size() as u32).max(8).next_power_of_two() * 2;
-        let ring = if cfg.sqpoll {
-            IoUring::builder().setup_sqpoll(50).build(entries)?
-        } else {
-            IoUring::new(entries)?
-        };
+        // The ring starts disabled and is restricted to the five operations the worker
+        // issues before it is enabled: io_uring requests bypass seccomp, so this is the
+        // filter for them.
+        let mut b = IoUring::builder();
+        b.setup_r_disabled();
+        if cfg.sqpoll {
+            b.setup_sqpoll(50);
+        }
+        let ring = b.build(entries)?;
+        let mut allowed = [
+            Restriction::sqe_op(opcode::Readv::CODE),
+            Restriction::sqe_op(opcode::Writev::CODE),
+            Restriction::sqe_op(opcode::Fsync::CODE),
+            Restriction::sqe_op(opcode::Fallocate::CODE),
+            Restriction::sqe_op(opcode::PollAdd::CODE),
+        ];
+        ring.submitter().register_restrictions(&mut allowed)?;
+        ring.submitter().register_enable_rings()?;
         let n = queue.size() as usize;
         Ok(Self {
             queue,
@@ -160,13 +174,8 @@ impl Worker {
         }
     }
 
-    /// Runs until stopped.
+    /// Runs until stopped. (The thread was pinned to `cfg.core` when it started.)
     pub fn run(mut self) {
-        if let Some(c) = self.cfg.core {
-            if !pin(c) {
-                log::warn!("virtio-blk worker: pinning to core {c} failed");
-            }
-        }
         use std::os::fd::AsRawFd;
         let (nfd, sfd) = (self.notify.as_raw_fd(), self.stop.as_raw_fd());
         self.arm(nfd, TOKEN_NOTIFY);
@@ -520,7 +529,8 @@ fn write_zeroes(disk: &Disk, segs: &[Segment]) -> bool {
     true
 }
 
-fn pin(core: usize) -> bool {
+/// Pins the calling thread to `core`.
+pub fn pin(core: usize) -> bool {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: sets one bit of a valid set.

@@ -1,0 +1,317 @@
+//! The running VMM is confined (docs/security.md): every thread of a launch has a non-root
+//! uid, no capabilities, no_new_privs and a seccomp filter while the guest runs; a thread
+//! that makes a call outside its filter ends the VMM with status 5 and says which; bad
+//! sandbox input is refused; `--no-sandbox` says loudly what it gives up. And a state
+//! directory root cannot trust is refused before anything in it is touched.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A probe guest on core `core` that holds (with a disk, so a queue worker runs), started
+/// with `extra` arguments; returns once it holds.
+fn hold(dir: &Scratch, name: &str, extra: &[&str]) -> Child {
+    let console = dir.path(&format!("{name}.console"));
+    let disk = dir.file(&format!("{name}.img"), &vec![0u8; 1 << 20]);
+    let core = (host_cores() - 1).to_string();
+    let mut child = partition()
+        .args([
+            "launch", "--cores", &core, "--memory", "64M", "--probe", "--json",
+        ])
+        .args(["--cmdline", "probe.hold=1 probe.memtest=0", "--console"])
+        .arg(&console)
+        .arg("--disk")
+        .arg(format!("path={}", disk.display()))
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        if text.contains("probe: holding") {
+            return child;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = wait_output(child, LIMIT, name);
+            panic!(
+                "{name} exited ({st}) before holding: {}\n{text}",
+                out.stderr
+            );
+        }
+        assert!(start.elapsed() < LIMIT, "{name} never held:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(child: Child, name: &str) -> Output {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    wait_output(child, LIMIT, name)
+}
+
+#[test]
+fn every_thread_of_a_running_vmm_is_confined() {
+    let name = "every_thread_of_a_running_vmm_is_confined";
+    if !kvm_available(name) {
+        return;
+    }
+    if !is_root() {
+        println!("SKIPPED {name}: dropping to another user needs root");
+        return;
+    }
+    let dir = Scratch::new("sandbox-threads");
+    let child = hold(&dir, "confined", &[]);
+    let threads = partition::sandbox::threads_of(child.id());
+    let out = stop(child, "confined");
+    assert_eq!(out.code(), 128 + libc::SIGTERM, "{}", out.stderr);
+    let names: Vec<&str> = threads.iter().map(|t| t.name.as_str()).collect();
+    assert!(
+        names.contains(&"vcpu0") && names.contains(&"blk-q0") && names.contains(&"partition"),
+        "{names:?}"
+    );
+    for t in &threads {
+        assert!(t.uid.iter().all(|u| *u != 0), "{t:?}");
+        assert_eq!(t.cap_eff, 0, "{t:?}");
+        assert!(t.no_new_privs, "{t:?}");
+        assert_eq!(t.seccomp, 2, "{t:?}");
+    }
+    // The report says who it ran as.
+    let r = report(&out.stdout);
+    assert_eq!(r["sandbox"]["user"], "partition", "{r}");
+    assert_eq!(r["sandbox"]["uid"], threads[0].uid[0], "{r}");
+    assert!(
+        out.stderr
+            .contains("partition: sandbox: once set up the VMM runs as partition")
+    );
+}
+
+#[test]
+fn no_sandbox_says_what_it_gives_up() {
+    let name = "no_sandbox_says_what_it_gives_up";
+    if !kvm_available(name) {
+        return;
+    }
+    if !is_root() {
+        println!("SKIPPED {name}: needs root to compare");
+        return;
+    }
+    let dir = Scratch::new("sandbox-off");
+    let child = hold(&dir, "open", &["--no-sandbox"]);
+    let threads = partition::sandbox::threads_of(child.id());
+    let out = stop(child, "open");
+    assert!(
+        out.stderr.contains("WARNING: --no-sandbox"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        threads.iter().all(|t| t.seccomp == 0 && t.uid[0] == 0),
+        "{threads:?}"
+    );
+    assert_eq!(report(&out.stdout)["sandbox"], serde_json::Value::Null);
+}
+
+#[test]
+fn a_forbidden_system_call_ends_the_vmm_with_status_5() {
+    let name = "a_forbidden_system_call_ends_the_vmm_with_status_5";
+    if !kvm_available(name) {
+        return;
+    }
+    if !cfg!(debug_assertions) {
+        println!("SKIPPED {name}: the violation hook exists in debug builds only");
+        return;
+    }
+    let dir = Scratch::new("sandbox-violation");
+    let disk = dir.file("d.img", &vec![0u8; 1 << 20]);
+    let core = (host_cores() - 1).to_string();
+    // Each kind of thread, right after it installed its filter, calls execve (59).
+    for role in ["vcpu", "blk-worker", "main"] {
+        let child = partition()
+            .args(["launch", "--cores", &core, "--memory", "64M", "--probe"])
+            .args(["--cmdline", "probe.memtest=0 probe.hold=1"])
+            .arg("--disk")
+            .arg(format!("path={}", disk.display()))
+            .env(partition::sandbox::TEST_VIOLATION_ENV, role)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_output(child, LIMIT, role);
+        assert_eq!(out.code(), 5, "{role}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&format!(
+                "partition: seccomp: a {role} thread made system call 59, which its filter does not allow"
+            )),
+            "{role}: {}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn bad_sandbox_arguments_exit_2() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--uid", "no-such-user-here"],
+            "no user \"no-such-user-here\"",
+        ),
+        (&["--uid", "0"], "does not run as root"),
+        (&["--uid", "root"], "does not run as root"),
+        (
+            &["--uid", "65534", "--gid", "no-such-group-here"],
+            "no such group",
+        ),
+        (&["--uid", "65534", "--no-sandbox"], "cannot be used with"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["launch", "--cores", "0", "--memory", "64M", "--probe"];
+        args.extend_from_slice(extra);
+        let out = run(&args, LIMIT);
+        assert_eq!(out.code(), 2, "{extra:?}: {}", out.stderr);
+        assert!(out.stderr.contains(want), "{extra:?}: {}", out.stderr);
+    }
+}
+
+/// Bytes and mode of every file under `dir`.
+fn snapshot(paths: &[&std::path::Path]) -> Vec<(Vec<u8>, u32)> {
+    paths
+        .iter()
+        .map(|p| {
+            let m = std::fs::symlink_metadata(p).unwrap();
+            (std::fs::read(p).unwrap_or_default(), m.permissions().mode())
+        })
+        .collect()
+}
+
+#[test]
+fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes() {
+    let name = "a_state_directory_root_cannot_trust_is_refused";
+    if !is_root() {
+        println!("SKIPPED {name}: the attack is on root");
+        return;
+    }
+    let dir = Scratch::new("untrusted-state");
+    // What a hostile local user would aim at: root-only files, and an unrelated process.
+    let secret = dir.file("secret", b"root only\n");
+    let target = dir.file("target", b"do not overwrite\n");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut bystander = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let start = partition::ledger::pid_start_time(bystander.id()).unwrap();
+    // A forged ledger naming them, in a directory owned by nobody, with the temporary file
+    // a symlink to the target.
+    let evil = dir.path("evil");
+    std::fs::create_dir(&evil).unwrap();
+    let forged = serde_json::json!({
+        "version": 1, "reserved_at": 0,
+        "plan": {"memory": 4096, "page_size": 4096, "node": null, "cores": [1]},
+        "pool": {"file": secret, "size": 4096, "page_size": 4096,
+                 "hugepage_dir": "/sys/kernel/mm/hugepages/hugepages-2048kB",
+                 "hugepages_added": 0, "mount": dir.path(""), "mounted_by_us": false},
+        "cores": {"reserved": [1], "housekeeping": [0], "isolation": {"kind": "none", "reason": "x"}},
+        "irqs": [{"file": target, "old": "pwned"}],
+        "partitions": [{"name": "x", "pid": bystander.id(), "pid_start": start, "cores": [1],
+                        "extent": {"offset": 0, "len": 4096}, "idle": "hlt", "state": "running",
+                        "started_at": 0, "kernel": "k"}],
+    });
+    std::fs::write(evil.join("ledger.json"), forged.to_string()).unwrap();
+    std::os::unix::fs::symlink(&target, evil.join("ledger.json.tmp")).unwrap();
+    let c = std::ffi::CString::new(evil.to_str().unwrap()).unwrap();
+    // SAFETY: chown of a directory this test made, to nobody.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    let before = snapshot(&[&secret, &target]);
+    let state = evil.to_str().unwrap();
+    let verbs: [&[&str]; 5] = [
+        &["release", "x"],
+        &["status"],
+        &["unreserve"],
+        &["reserve", "--memory", "4M", "--cores", "1"],
+        &[
+            "launch", "--name", "x", "--cores", "1", "--memory", "16M", "--probe",
+        ],
+    ];
+    for v in verbs {
+        let mut args = v.to_vec();
+        args.extend_from_slice(&["--state-dir", state]);
+        let out = run(&args, LIMIT);
+        assert_eq!(out.code(), 2, "{v:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("belongs to uid 65534, not root"),
+            "{v:?}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(
+        snapshot(&[&secret, &target]),
+        before,
+        "a file outside changed"
+    );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the bystander was signalled"
+    );
+    // Root's own directory, but writable by others: refused too.
+    // SAFETY: chown back to root.
+    assert_eq!(unsafe { libc::chown(c.as_ptr(), 0, 0) }, 0);
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = run(&["status", "--state-dir", state], LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("lets group or others write"),
+        "{}",
+        out.stderr
+    );
+    // Root's and private, with the ledger's own mode tightened: the forged ledger itself is
+    // refused for what it names (its page size, its pool file), the symlink is never
+    // followed, and the bystander lives on.
+    std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        evil.join("ledger.json"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let fc = std::ffi::CString::new(evil.join("ledger.json").to_str().unwrap()).unwrap();
+    // SAFETY: chown of a file this test made, to root.
+    assert_eq!(unsafe { libc::chown(fc.as_ptr(), 0, 0) }, 0);
+    for v in [&["release", "x"][..], &["unreserve"][..]] {
+        let mut args = v.to_vec();
+        args.extend_from_slice(&["--state-dir", state]);
+        let out = run(&args, LIMIT);
+        assert_eq!(out.code(), 2, "{v:?}: {}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("is not a ledger this version understands"),
+            "{v:?}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(
+        snapshot(&[&secret, &target]),
+        before,
+        "a file outside changed"
+    );
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the bystander was signalled"
+    );
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}
