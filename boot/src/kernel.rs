@@ -200,7 +200,11 @@ impl KernelImage {
                 ..
             } => {
                 let payload = self.bytes.len() as u64 - setup_size(&self.bytes) as u64;
-                (*load_addr, load_addr + (*init_size).max(payload))
+                // Cannot overflow: parse_bzimage checked it.
+                (
+                    *load_addr,
+                    load_addr.saturating_add((*init_size).max(payload)),
+                )
             }
         }
     }
@@ -461,7 +465,10 @@ fn parse_bzimage(b: &[u8]) -> Result<KernelKind, KernelError> {
     } else {
         (HIMEM_START, (b.len() - setup) as u64 * 4)
     };
-    if load_addr < HIMEM_START || load_addr.checked_add(init_size).is_none() {
+    // The kernel occupies [load_addr, load_addr + max(init_size, payload)) (`footprint`):
+    // that end must not overflow (a fuzzed header found `footprint` adding past u64::MAX).
+    let payload = (b.len() - setup) as u64;
+    if load_addr < HIMEM_START || load_addr.checked_add(init_size.max(payload)).is_none() {
         return Err(BadBzImage(
             "preferred load address below 1 MiB or overflowing",
         ));
@@ -570,6 +577,20 @@ pub(crate) mod tests {
             // bzImage with a shorter payload (its decompressor would find out).
             assert!(len > setup || r.is_err(), "{len} bytes parsed");
         }
+    }
+
+    #[test]
+    fn a_bzimage_whose_end_overflows_is_refused() {
+        // Found by the `kernel` fuzz target: a preferred address whose sum with init_size
+        // fits but whose sum with the (larger) payload does not made `footprint` add past
+        // u64::MAX.
+        let mut b = tiny_bzimage(0x020f, XLF_KERNEL_64, &[0u8; 4096]);
+        b[0x258..0x260].copy_from_slice(&(u64::MAX - 100).to_le_bytes());
+        b[0x260..0x264].copy_from_slice(&16u32.to_le_bytes());
+        assert!(matches!(
+            KernelImage::from_bytes(b),
+            Err(KernelError::BadBzImage(_))
+        ));
     }
 
     #[test]

@@ -15,6 +15,9 @@ pub mod mptable;
 #[cfg(feature = "std")]
 pub mod extract;
 #[cfg(feature = "std")]
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(feature = "std")]
 pub mod kernel;
 #[cfg(feature = "std")]
 pub mod paging;

@@ -5,6 +5,8 @@
 //! without a VM. The vCPU loop turns [`VmEvent`]s into teardown.
 
 pub mod bus;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod i8042;
 pub mod pci;
 pub mod power;

@@ -13,6 +13,8 @@ pub mod cpuid;
 pub mod cpumodel;
 pub mod disks;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod idle;
 pub mod isolation;
 pub mod keeper;

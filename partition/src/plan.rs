@@ -170,7 +170,17 @@ impl HostPlan {
             path: path.to_path_buf(),
             reason: "not UTF-8 text".into(),
         })?;
-        let f: PlanFile = toml::from_str(&text).map_err(|e| PlanError::Parse {
+        Self::from_toml(&text, path, available)
+    }
+
+    /// Parses plan text (`path` names it in messages); the plan and the state directory it
+    /// names, if any.
+    pub fn from_toml(
+        text: &str,
+        path: &Path,
+        available: &[usize],
+    ) -> Result<(Self, Option<PathBuf>), PlanError> {
+        let f: PlanFile = toml::from_str(text).map_err(|e| PlanError::Parse {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
