@@ -263,3 +263,25 @@ pub fn builds(env: &Env) -> Option<Value> {
     );
     Some(s)
 }
+
+/// `sandbox`: this build with `--no-sandbox` first, confined (the default) second: what the
+/// seccomp filters, the unprivileged user and the pre-started queue threads cost on the
+/// doorbell, MMIO-exit and block paths and on launch to first byte.
+pub fn sandbox(env: &Env) -> Value {
+    let off = Variant {
+        name: "--no-sandbox".into(),
+        partition: env.partition.clone(),
+        args: vec!["--no-sandbox".into()],
+    };
+    let on = Variant {
+        name: "sandboxed".into(),
+        partition: env.partition.clone(),
+        args: Vec::new(),
+    };
+    let mut s = run(env, &off, &on);
+    s["question"] = json!(
+        "what does confinement cost? (first = --no-sandbox, second = sandboxed: the \
+         partition user, no capabilities, a seccomp filter per thread)"
+    );
+    s
+}

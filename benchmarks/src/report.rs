@@ -173,6 +173,8 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
         "blk",
         "memsetup",
         "crosscheck",
+        "sandbox",
+        "builds",
     ] {
         let _ = writeln!(o, "| {k} | {} |", status(doc, k).replace('|', "/"));
     }
@@ -413,6 +415,56 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
                 med("vmm_cpu_ms_at_first_byte", 1.0, 1),
                 med("vmm_rss_kib_at_first_byte", 1024.0, 1),
                 med("vmm_hugetlb_kib_at_first_byte", 1024.0, 0),
+            );
+        }
+    }
+
+    // Two variants of the same paths (benchmarks/src/compare.rs).
+    for (key, title) in [
+        ("sandbox", "What confinement costs (`sandbox`)"),
+        ("builds", "This build against a baseline (`builds`)"),
+    ] {
+        let (Some(v), Some(verdicts)) =
+            (s[key]["variants"].as_array(), s[key]["verdicts"].as_array())
+        else {
+            continue;
+        };
+        let name = |i: usize| v.get(i).and_then(|x| x["name"].as_str()).unwrap_or("?");
+        let _ = writeln!(
+            o,
+            "\n## {title}\n\n{}\n\n| path | {} (µs) | {} (µs) | second/first | second slower beyond the spread |\n|---|---|---|---|---|",
+            s[key]["question"].as_str().unwrap_or(""),
+            name(0),
+            name(1)
+        );
+        for r in verdicts {
+            let path = r["path"].as_str().unwrap_or("?");
+            let cell = |i: usize| {
+                let c = &v[i]["paths"][path];
+                match (
+                    c["median_ns"].as_f64(),
+                    c["spread_ns"][0].as_f64(),
+                    c["spread_ns"][1].as_f64(),
+                ) {
+                    (Some(m), Some(a), Some(b)) => {
+                        format!("{:.2} ({:.2}-{:.2})", m / 1e3, a / 1e3, b / 1e3)
+                    }
+                    _ => "—".into(),
+                }
+            };
+            let _ = writeln!(
+                o,
+                "| {path} | {} | {} | {} | {} |",
+                cell(0),
+                cell(1),
+                r["second_over_first"]
+                    .as_f64()
+                    .map_or("—".into(), |x| format!("{x:.2}")),
+                match r["second_slower_beyond_spread"].as_bool() {
+                    Some(true) => "**yes**",
+                    Some(false) => "no",
+                    None => "—",
+                }
             );
         }
     }
@@ -693,6 +745,20 @@ mod tests {
         d["sections"]["guest"] = json!({"completed": false, "reason": "no image", "policies": []});
         let md = markdown(&d, "box", "x.svg");
         assert!(md.contains("The guest columns are empty: no image"));
+        // Two variants of the same paths, with the verdict.
+        d["sections"]["sandbox"] = json!({"completed": true, "question": "what does it cost?",
+            "variants": [
+                {"name": "--no-sandbox", "paths": {"doorbell_ioeventfd": {"median_ns": 15000.0, "spread_ns": [14000.0, 16000.0]}}},
+                {"name": "sandboxed", "paths": {"doorbell_ioeventfd": {"median_ns": 15500.0, "spread_ns": [15000.0, 17000.0]}}}],
+            "verdicts": [{"path": "doorbell_ioeventfd", "second_over_first": 1.0333, "second_slower_beyond_spread": false}]});
+        let md = markdown(&d, "box", "x.svg");
+        assert!(md.contains("## What confinement costs (`sandbox`)"), "{md}");
+        assert!(
+            md.contains(
+                "| doorbell_ioeventfd | 15.00 (14.00-16.00) | 15.50 (15.00-17.00) | 1.03 | no |"
+            ),
+            "{md}"
+        );
     }
 
     #[test]

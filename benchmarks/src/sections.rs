@@ -34,6 +34,7 @@ struct Wake;
 struct Blk;
 struct MemSetup;
 struct Builds;
+struct Sandboxing;
 
 impl Section for HotPaths {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
@@ -142,6 +143,18 @@ impl Section for Builds {
     }
 }
 
+impl Section for Sandboxing {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "sandbox",
+            "what confinement costs: the same probe paths (ioeventfd doorbell, MMIO exit, polled 4 KiB reads and fences, launch to first byte) with --no-sandbox and sandboxed, A B A B",
+        )]
+    }
+    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+        vec![("sandbox", crate::compare::sandbox(env))]
+    }
+}
+
 /// Every section, in the order a full run takes them.
 pub static ALL: &[&dyn Section] = &[
     &HotPaths,
@@ -150,6 +163,7 @@ pub static ALL: &[&dyn Section] = &[
     &Wake,
     &Blk,
     &MemSetup,
+    &Sandboxing,
     &Builds,
 ];
 
@@ -172,7 +186,7 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 8);
+        assert_eq!(seen.len(), 9);
         assert!(known("guest") && known("memsetup") && !known("gpu"));
     }
 }

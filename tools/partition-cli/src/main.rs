@@ -95,7 +95,8 @@ enum Cmd {
     /// Measure: write benchmark sections into benchmarks/results/<host>.json, then the
     /// report (<host>.md) and chart (<host>-ratios.svg) beside it.
     ///
-    /// Sections (`--list`): host, guest, probe, crosscheck, wake, blk, memsetup. Benchmarks
+    /// Sections (`--list`): host, guest, probe, crosscheck, wake, blk, memsetup, sandbox,
+    /// builds (only with --baseline). Benchmarks
     /// use state directories, pools and hugepages of their own and give them back;
     /// `--quick` prints a minute's look instead of storing anything.
     Bench(bench::BenchArgs),

@@ -199,6 +199,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
         "wake",
         "blk",
         "memsetup",
+        "sandbox",
         "builds",
     ] {
         assert!(
