@@ -23,7 +23,8 @@ apt_install() {
     done
     if [ ${#missing[@]} -gt 0 ]; then
         say "installing ${missing[*]}"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            "${missing[@]}" >&2
     fi
 }
 

@@ -510,8 +510,8 @@ pub struct LaunchReport {
     pub ending: Ending,
     /// Boot details.
     pub boot: BootInfo,
-    /// Memory backing description.
-    pub memory: String,
+    /// The guest's memory and what backs it.
+    pub memory: MemoryReport,
     /// From the first KVM_RUN to teardown.
     pub ran_for: Duration,
     /// Per-vCPU exit counters.
@@ -533,6 +533,39 @@ pub struct LaunchReport {
     pub disks: Vec<DiskReport>,
     /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
     pub sandbox: Option<Identity>,
+}
+
+/// The guest's memory and what backs it, as data.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryReport {
+    /// Guest RAM in bytes.
+    pub bytes: u64,
+    /// `anonymous`, `prefault`, `hugetlb` or `pool`.
+    pub backing: &'static str,
+    /// Page size of the backing.
+    pub page_size: u64,
+    /// For `pool`: the extent of the pool file, (offset, length).
+    pub pool_extent: Option<(u64, u64)>,
+    /// The same in words.
+    pub description: String,
+}
+
+impl MemoryReport {
+    fn of(ram: &RamSource, bytes: u64) -> Self {
+        let (backing, pool_extent) = match ram {
+            RamSource::Anonymous(Backing::Anonymous) => ("anonymous", None),
+            RamSource::Anonymous(Backing::AnonymousPopulated) => ("prefault", None),
+            RamSource::Anonymous(Backing::Hugetlb) => ("hugetlb", None),
+            RamSource::Extent(e) => ("pool", Some((e.extent().offset, e.extent().len))),
+        };
+        Self {
+            bytes,
+            backing,
+            page_size: ram.page_size(),
+            pool_extent,
+            description: ram.describe(),
+        }
+    }
 }
 
 /// One disk's window and its queues' counters at teardown.
@@ -732,6 +765,7 @@ pub fn run(
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
+    let memory_report = MemoryReport::of(&ram, checked.layout.size());
     let t_mem = Instant::now();
     let vm = build_vm(&checked, &memory)?;
     let t_vm = Instant::now();
@@ -785,7 +819,7 @@ pub fn run(
         cpu_model_shown_anyway,
         ending,
         boot,
-        memory: memory.describe(),
+        memory: memory_report,
         ran_for,
         vcpus: vcpu_reports,
         timings: Timings {

@@ -44,6 +44,8 @@ pub enum Outcome {
     TripleFault {
         /// The vCPU.
         vcpu: usize,
+        /// Where: RIP and the instruction bytes there.
+        site: String,
     },
     /// KVM reported an internal error the VMM did not assist.
     InternalError {
@@ -103,7 +105,10 @@ impl Outcome {
                 status: *status,
             },
             StopReason::Reset => Self::Reset { vcpu },
-            StopReason::TripleFault => Self::TripleFault { vcpu },
+            StopReason::TripleFault(site) => Self::TripleFault {
+                vcpu,
+                site: site.clone(),
+            },
             StopReason::InternalError(d) => Self::InternalError {
                 vcpu,
                 detail: d.clone(),
@@ -150,7 +155,10 @@ impl Outcome {
                 vcpu,
             ),
             Self::Reset { vcpu } => on("guest reset (a partition stops on reset)".into(), vcpu),
-            Self::TripleFault { vcpu } => on("guest triple-faulted".into(), vcpu),
+            Self::TripleFault { vcpu, site } if !site.is_empty() => {
+                on(format!("guest triple-faulted ({site})"), vcpu)
+            }
+            Self::TripleFault { vcpu, .. } => on("guest triple-faulted".into(), vcpu),
             Self::InternalError { vcpu, detail } => {
                 on(format!("KVM internal error: {detail}"), vcpu)
             }
@@ -298,7 +306,7 @@ pub struct ReportDoc {
     /// Stage durations.
     pub timings: TimingsDoc,
     /// The guest's memory and its backing.
-    pub memory: String,
+    pub memory: crate::launch::MemoryReport,
     /// Kernel entry point used.
     pub entry_addr: u64,
     /// Guest address of the ACPI RSDP.
@@ -376,7 +384,7 @@ mod tests {
             ),
             (g(StopReason::Reset), status::OK, "reset"),
             (
-                g(StopReason::TripleFault),
+                g(StopReason::TripleFault("RIP 0x200000 bytes 0f 0b".into())),
                 status::GUEST_CRASH,
                 "triple_fault",
             ),

@@ -89,8 +89,9 @@ pub enum StopReason {
     PowerOff(u8),
     /// The guest asked for a reset (treated as a stop: partitions do not reboot in place).
     Reset,
-    /// Triple fault.
-    TripleFault,
+    /// Triple fault, with where the vCPU was (RIP and instruction bytes; empty until the vCPU
+    /// loop fills it in).
+    TripleFault(String),
     /// KVM internal error, with what we could find out.
     InternalError(String),
     /// VM entry failure.
@@ -215,7 +216,7 @@ pub fn handle_exit(exit: Exit<'_>, pio: &Bus, mmio: &Bus) -> Action {
         }
         Exit::MmioWrite { addr, data } => event_action(mmio.write(addr, data)),
         Exit::Hlt | Exit::Interrupted => Action::Continue,
-        Exit::Shutdown => Action::Stop(StopReason::TripleFault),
+        Exit::Shutdown => Action::Stop(StopReason::TripleFault(String::new())),
         Exit::InternalError { suberror } => Action::Stop(StopReason::InternalError(format!(
             "suberror {suberror} ({})",
             internal_error_name(suberror)
@@ -366,7 +367,7 @@ mod tests {
         let (pio, mmio) = buses();
         assert_eq!(
             handle_exit(Exit::Shutdown, &pio, &mmio),
-            Action::Stop(StopReason::TripleFault)
+            Action::Stop(StopReason::TripleFault(String::new()))
         );
         assert!(matches!(
             handle_exit(Exit::InternalError { suberror: 1 }, &pio, &mmio),

@@ -248,7 +248,10 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
             Action::Stop(StopReason::InternalError(what)) => {
                 return StopReason::InternalError(format!("{what}; {}", fault_site(ctx)));
             }
-            Action::Stop(r @ (StopReason::TripleFault | StopReason::FailEntry(_))) => {
+            Action::Stop(StopReason::TripleFault(_)) => {
+                return StopReason::TripleFault(fault_site(ctx));
+            }
+            Action::Stop(r @ StopReason::FailEntry(_)) => {
                 log::error!("vcpu{}: {:?}; {}", ctx.index, r, fault_site(ctx));
                 return r;
             }

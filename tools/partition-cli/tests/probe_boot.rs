@@ -74,6 +74,7 @@ fn one_core_linux64_reports_what_it_was_given() {
             "--probe",
             "--cmdline",
             cmdline,
+            "--json",
         ],
         LIMIT,
     );
@@ -96,16 +97,17 @@ fn one_core_linux64_reports_what_it_was_given() {
     assert_eq!(r.seed, Some(12345));
     check_memtest(&r, 128 << 20);
     assert_eq!(r.result.as_deref(), Some("ok"));
-    assert!(
-        out.stderr.contains("guest powered off (status 0)"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("vcpu0 (core 0) exits:"),
-        "{}",
-        out.stderr
-    );
+    // The VMM's own account, as a program reads it.
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "power_off", "{j}");
+    assert_eq!(j["outcome"]["status"], 0, "{j}");
+    assert_eq!(j["outcome"]["exit_code"], 0, "{j}");
+    assert_eq!(j["vcpus"].as_array().map(Vec::len), Some(1), "{j}");
+    assert_eq!(j["vcpus"][0]["core"], 0, "{j}");
+    assert!(j["vcpus"][0]["exits"]["io_out"].as_u64() > Some(0), "{j}");
+    assert_eq!(j["memory"]["bytes"], 128u64 << 20, "{j}");
+    assert_eq!(j["memory"]["backing"], "anonymous", "{j}");
+    assert!(j["timings"]["first_output_ms"].as_f64() > Some(0.0), "{j}");
 }
 
 #[test]
@@ -118,7 +120,9 @@ fn two_cores_bring_up_two_cpus() {
         return;
     }
     let out = run(
-        &["launch", "--cores", "0,1", "--memory", "128M", "--probe"],
+        &[
+            "launch", "--cores", "0,1", "--memory", "128M", "--probe", "--json",
+        ],
         LIMIT,
     );
     assert_eq!(
@@ -133,16 +137,15 @@ fn two_cores_bring_up_two_cpus() {
     assert_eq!(r.mptable_ids, Some(vec![0, 1]));
     assert_eq!((r.expected, r.started), (Some(2), Some(2)));
     check_memtest(&r, 128 << 20);
-    assert!(
-        out.stderr.contains("on 2 vCPUs (cores 0-1)"),
-        "{}",
-        out.stderr
-    );
-    assert!(
-        out.stderr.contains("vcpu1 (core 1) exits:"),
-        "{}",
-        out.stderr
-    );
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "power_off", "{j}");
+    let cores: Vec<u64> = j["vcpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["core"].as_u64().unwrap())
+        .collect();
+    assert_eq!(cores, vec![0, 1], "{j}");
 }
 
 #[test]
@@ -162,6 +165,7 @@ fn pvh_entry_sees_the_same_machine() {
             "pvh",
             "--cmdline",
             "via pvh",
+            "--json",
         ],
         LIMIT,
     );
@@ -179,7 +183,10 @@ fn pvh_entry_sees_the_same_machine() {
     assert_eq!(r.e820, expected_e820(64 << 20));
     assert_eq!(r.madt_ids, Some(vec![0]));
     check_memtest(&r, 64 << 20);
-    assert!(out.stderr.contains("pvh entry"), "{}", out.stderr);
+    // Entered at the PVH note's 32-bit entry, not the ELF entry (the Linux 64-bit one).
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "power_off", "{j}");
+    assert_ne!(j["entry_addr"], 0x100000, "{j}");
 }
 
 #[test]
@@ -290,6 +297,7 @@ fn hugetlb_backing_boots_and_gives_the_pages_back() {
             "64M",
             "--probe",
             "--hugepages",
+            "--json",
         ],
         LIMIT,
     );
@@ -300,7 +308,9 @@ fn hugetlb_backing_boots_and_gives_the_pages_back() {
         out.stderr,
         out.stdout
     );
-    assert!(out.stderr.contains("hugetlb 2M"), "{}", out.stderr);
+    let j = report(&out.stdout);
+    assert_eq!(j["memory"]["backing"], "hugetlb", "{j}");
+    assert_eq!(j["memory"]["page_size"], 2u64 << 20, "{j}");
     check_memtest(&parse_probe(&out.stdout), 64 << 20);
     // All hugepages free again once the VMM exited.
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();

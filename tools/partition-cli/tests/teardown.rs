@@ -13,7 +13,7 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Boots `code` (64-bit, entered at 0x200000 through the Linux boot protocol) and returns
-/// the finished command.
+/// the finished command (its stdout ends with the `--json` report).
 fn boot(name: &str, code: &[u8], cores: &str) -> Output {
     let dir = Scratch::new(name);
     let k = dir.file("kernel", &tiny_kernel(code, 0));
@@ -26,6 +26,7 @@ fn boot(name: &str, code: &[u8], cores: &str) -> Output {
             "16M",
             "--kernel",
             k.to_str().unwrap(),
+            "--json",
         ],
         LIMIT,
     )
@@ -43,11 +44,10 @@ fn acpi_s5_powers_off_cleanly() {
         "0",
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
-    assert!(
-        out.stderr.contains("guest powered off (status 0)"),
-        "{}",
-        out.stderr
-    );
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "power_off", "{j}");
+    assert_eq!(j["outcome"]["status"], 0, "{j}");
+    assert_eq!(j["outcome"]["exit_code"], 0, "{j}");
 }
 
 #[test]
@@ -58,7 +58,10 @@ fn exit_status_port_reports_failure() {
     // mov al, 7; out 0xf4, al; hlt
     let out = boot("status", &[0xb0, 0x07, 0xe6, 0xf4, 0xf4, 0xeb, 0xfd], "0");
     assert_eq!(out.code(), 4, "{}", out.stderr);
-    assert!(out.stderr.contains("failure status 7"), "{}", out.stderr);
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "power_off", "{j}");
+    assert_eq!(j["outcome"]["status"], 7, "{j}");
+    assert_eq!(j["outcome"]["exit_code"], 4, "{j}");
 }
 
 #[test]
@@ -69,7 +72,7 @@ fn i8042_reset_stops_the_partition() {
     // mov al, 0xfe; out 0x64, al; hlt
     let out = boot("reset", &[0xb0, 0xfe, 0xe6, 0x64, 0xf4, 0xeb, 0xfd], "0");
     assert_eq!(out.code(), 0, "{}", out.stderr);
-    assert!(out.stderr.contains("guest reset"), "{}", out.stderr);
+    assert_eq!(report(&out.stdout)["outcome"]["kind"], "reset");
 }
 
 #[test]
@@ -80,11 +83,13 @@ fn triple_fault_is_reported_with_its_site() {
     // ud2 with no IDT: #UD -> #GP -> #DF -> triple fault.
     let out = boot("triple", &[0x0f, 0x0b], "0");
     assert_eq!(out.code(), 3, "{}", out.stderr);
-    assert!(out.stderr.contains("triple-faulted"), "{}", out.stderr);
+    let j = report(&out.stdout);
+    assert_eq!(j["outcome"]["kind"], "triple_fault", "{j}");
+    assert_eq!(j["outcome"]["exit_code"], 3, "{j}");
+    let site = j["outcome"]["site"].as_str().unwrap_or("");
     assert!(
-        out.stderr.contains("RIP 0x200000") && out.stderr.contains("bytes 0f 0b"),
-        "{}",
-        out.stderr
+        site.contains("RIP 0x200000") && site.contains("bytes 0f 0b"),
+        "{j}"
     );
 }
 
@@ -106,7 +111,9 @@ fn signal_while_halted(name: &str, cores: &str, signal: i32) {
         ),
     );
     let mut child = partition()
-        .args(["launch", "--cores", cores, "--memory", "16M", "--kernel"])
+        .args([
+            "launch", "--cores", cores, "--memory", "16M", "--json", "--kernel",
+        ])
         .arg(&k)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -122,13 +129,18 @@ fn signal_while_halted(name: &str, cores: &str, signal: i32) {
     let pid = child.id() as i32;
     // SAFETY: sending a signal to our own child.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    // The rest of stdout (the report, the last line) comes once the VMM has torn down.
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stdout.read_to_string(&mut s);
+        s
+    });
     let out = wait_output(child, LIMIT, name);
     assert_eq!(out.code(), 128 + signal, "{}", out.stderr);
-    assert!(
-        out.stderr.contains(&format!("stopped by signal {signal}")),
-        "{}",
-        out.stderr
-    );
+    let j = report(&rest.join().unwrap());
+    assert_eq!(j["outcome"]["kind"], "signal", "{j}");
+    assert_eq!(j["outcome"]["signal"], signal, "{j}");
+    assert_eq!(j["outcome"]["exit_code"], 128 + signal, "{j}");
     assert!(
         partition::ledger::pid_start_time(pid as u32).is_none(),
         "VMM process still running"
