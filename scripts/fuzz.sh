@@ -12,7 +12,7 @@
 # minimizes that back into the seeds, and prints how many inputs it executed. A finding
 # stops the run with libFuzzer's report and the input under <crate>/fuzz/artifacts/; once
 # fixed, copy it into the seeds (keep its crash-* name: the merge never drops those).
-# `cargo test` replays the seeds through the same code (tests/fuzz_corpus.rs of each crate).
+# `cargo test` replays the seeds through the same code (partition/tests/fuzz_corpus.rs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

@@ -77,74 +77,76 @@ fn launch(env: &Env, v: &Variant, state: &Path, cmdline: &str) -> Launch {
     l
 }
 
-fn paths_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
-    let c = launch(
-        env,
-        v,
-        &env.work.join("compare-state"),
-        "probe.memtest=0 probe.bench=paths probe.paths_max_mem=0",
-    )
-    .disk(image, "")
-    .command();
+/// One launch of `v` with `cmdline` and the image as a disk (`disk_opts` after its path);
+/// `record` reads what the run reported into `out`, or says why it cannot.
+fn once(
+    env: &Env,
+    v: &Variant,
+    image: &Path,
+    (cmdline, disk_opts): (&str, &str),
+    what: &str,
+    out: &mut Runs,
+    record: impl FnOnce(&crate::Run, &mut Runs) -> Result<(), String>,
+) {
+    let c = launch(env, v, &env.work.join("compare-state"), cmdline)
+        .disk(image, disk_opts)
+        .command();
     if out.commands.len() < 2 {
         out.commands.push(pretty(&c));
     }
-    match timed_run(c, Duration::from_secs(120)) {
-        Ok(r) => {
-            let p = crate::probe::parse(&r.stdout);
-            let report = LaunchJson::from_stdout(&r.stdout);
-            match (r.status.code(), p.ok, report) {
-                (Some(0), true, Ok(j)) => {
-                    for (k, (m, _, _)) in p.tests {
-                        out.add(format!("paths/{k}"), m);
-                    }
-                    if let Some(ms) = j.timings.first_output_ms {
-                        out.add("launch/first_output".into(), ms * 1e6);
-                    }
-                }
-                (code, ok, report) => out.failures.push(format!(
-                    "paths: exit {code:?}, complete {ok}, report {:?}; {}",
-                    report.err(),
-                    r.stderr.lines().last().unwrap_or("")
-                )),
-            }
-        }
-        Err(e) => out.failures.push(format!("paths: {e}")),
+    let r = match timed_run(c, Duration::from_secs(120)) {
+        Ok(r) => r,
+        Err(e) => return out.failures.push(format!("{what}: {e}")),
+    };
+    if let Err(why) = record(&r, out) {
+        out.failures.push(format!(
+            "{what}: exit {:?}, {why}; {}",
+            r.status.code(),
+            r.stderr.lines().last().unwrap_or("")
+        ));
     }
 }
 
+fn paths_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
+    let cmdline = "probe.memtest=0 probe.bench=paths probe.paths_max_mem=0";
+    once(env, v, image, (cmdline, ""), "paths", out, |r, out| {
+        let p = crate::probe::parse(&r.stdout);
+        let j = LaunchJson::from_stdout(&r.stdout)?;
+        if r.status.code() != Some(0) || !p.ok {
+            return Err(format!("paths complete {}", p.ok));
+        }
+        for (k, (m, _, _)) in p.tests {
+            out.add(format!("paths/{k}"), m);
+        }
+        if let Some(ms) = j.timings.first_output_ms {
+            out.add("launch/first_output".into(), ms * 1e6);
+        }
+        Ok(())
+    });
+}
+
 fn blk_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
-    let c = launch(
+    let cmdline = format!(
+        "probe.memtest=0 probe.blk=lat,fence probe.blk_n={SAMPLES} probe.blk_gap_us={GAP_US}"
+    );
+    once(
         env,
         v,
-        &env.work.join("compare-state"),
-        &format!(
-            "probe.memtest=0 probe.blk=lat,fence probe.blk_n={SAMPLES} probe.blk_gap_us={GAP_US}"
-        ),
-    )
-    .disk(image, ",poll_us=200")
-    .command();
-    if out.commands.len() < 2 {
-        out.commands.push(pretty(&c));
-    }
-    match timed_run(c, Duration::from_secs(120)) {
-        Ok(r) => {
+        image,
+        (&cmdline, ",poll_us=200"),
+        "blk",
+        out,
+        |r, out| {
             let p = crate::blk::parse_probe(&r.stdout);
-            if r.status.code() == Some(0) && p.ok {
-                for (k, (m, _)) in p.lat {
-                    out.add(format!("blk/{k}"), m);
-                }
-            } else {
-                out.failures.push(format!(
-                    "blk: exit {:?}, result ok {}; {}",
-                    r.status.code(),
-                    p.ok,
-                    r.stderr.lines().last().unwrap_or("")
-                ));
+            if r.status.code() != Some(0) || !p.ok {
+                return Err(format!("result ok {}", p.ok));
             }
-        }
-        Err(e) => out.failures.push(format!("blk: {e}")),
-    }
+            for (k, (m, _)) in p.lat {
+                out.add(format!("blk/{k}"), m);
+            }
+            Ok(())
+        },
+    );
 }
 
 /// Measures `a` and `b` alternately for `env.runs` rounds; the section's body (the caller

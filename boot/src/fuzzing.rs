@@ -1,6 +1,6 @@
 //! The body of the fuzz target in `boot/fuzz` (run with `scripts/fuzz.sh`), kept here so that
 //! `cargo test` replays the committed corpus through exactly the same code
-//! (`tests/fuzz_corpus.rs`). The input is a kernel image from a user who may be hostile or
+//! (`partition/tests/fuzz_corpus.rs`). The input is a kernel image from a user who may be hostile or
 //! mistaken: every parser (ELF, bzImage, the PVH note, the bzImage payload) may refuse it,
 //! never panic, read out of bounds or allocate without bound.
 

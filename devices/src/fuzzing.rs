@@ -1,6 +1,6 @@
 //! The bodies of the fuzz targets in `devices/fuzz` (run with `scripts/fuzz.sh`), kept here
 //! so that `cargo test` replays the committed corpus through exactly the same code
-//! (`tests/fuzz_corpus.rs`). Every input is hostile guest memory and register traffic: the
+//! (`partition/tests/fuzz_corpus.rs`). Every input is hostile guest memory and register traffic: the
 //! code under test may refuse it, never panic, loop or touch memory outside the guest's.
 
 use std::collections::VecDeque;

@@ -1,6 +1,6 @@
 //! The bodies of the fuzz targets in `partition/fuzz` (run with `scripts/fuzz.sh`), kept
 //! here so that `cargo test` replays the committed corpus through exactly the same code
-//! (`tests/fuzz_corpus.rs`). Host plans come from whoever edits /etc; a ledger may have
+//! (`partition/tests/fuzz_corpus.rs`). Host plans come from whoever edits /etc; a ledger may have
 //! been forged in a state directory (docs/security.md): both parsers and every check on
 //! what they describe may refuse the input, never panic.
 

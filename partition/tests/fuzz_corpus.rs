@@ -1,9 +1,14 @@
-//! The fuzz targets' committed corpus (`fuzz/seeds/<target>/`, made by `scripts/fuzz.sh`)
-//! replayed through the same functions the fuzzer runs: an input that once found a bug
-//! stays a test.
+//! Every fuzz target's committed corpus (`<crate>/fuzz/seeds/<target>/`, made by
+//! `scripts/fuzz.sh`) replayed through the same functions the fuzzer runs: an input that
+//! once found a bug stays a test. (Here because this crate sees all three: devices, boot and
+//! its own.)
 
-fn replay(target: &str, f: fn(&[u8])) {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+use std::path::Path;
+
+fn replay(krate: &str, target: &str, f: fn(&[u8])) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
         .join("fuzz/seeds")
         .join(target);
     let mut n = 0;
@@ -17,11 +22,26 @@ fn replay(target: &str, f: fn(&[u8])) {
 }
 
 #[test]
+fn virtqueue_corpus() {
+    replay("devices", "virtqueue", devices::fuzzing::virtqueue);
+}
+
+#[test]
+fn mmio_corpus() {
+    replay("devices", "mmio", devices::fuzzing::mmio);
+}
+
+#[test]
+fn kernel_corpus() {
+    replay("boot", "kernel", boot::fuzzing::kernel);
+}
+
+#[test]
 fn plan_corpus() {
-    replay("plan", partition::fuzzing::plan);
+    replay("partition", "plan", partition::fuzzing::plan);
 }
 
 #[test]
 fn ledger_corpus() {
-    replay("ledger", partition::fuzzing::ledger);
+    replay("partition", "ledger", partition::fuzzing::ledger);
 }

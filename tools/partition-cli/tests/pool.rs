@@ -121,7 +121,7 @@ impl Host {
     /// Starts a probe partition that stays up, and waits until it has said so.
     fn hold(&self, name: &str, memory: &str, extra: &str) -> Child {
         let log = self.dir.join(format!("{name}.console"));
-        let mut child = partition()
+        let child = partition()
             .args([
                 "launch", "--name", name, "--cores", "1", "--memory", memory, "--probe",
             ])
@@ -133,22 +133,7 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("probe: holding") {
-                return child;
-            }
-            if let Some(st) = child.try_wait().unwrap() {
-                let out = wait_output(child, LIMIT, "hold");
-                panic!("holding partition exited ({st}): {}\n{text}", out.stderr);
-            }
-            assert!(
-                start.elapsed() < LIMIT,
-                "partition {name} never held:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_holding(child, &log, name, LIMIT)
     }
 
     fn status(&self) -> serde_json::Value {
@@ -261,6 +246,20 @@ fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
 
     // A partition from the pool, seen by status while it runs.
     let child = h.hold("web", "256M", "probe.zerocheck=1");
+    // Its launcher is confined, and so is its keeper (uid 0 kept for root's ledger, but
+    // no capability, no_new_privs, its own filter).
+    for t in partition::sandbox::threads_of(child.id()) {
+        assert!(
+            t.uid[0] != 0 && t.cap_eff == 0 && t.no_new_privs && t.seccomp == 2,
+            "{t:?}"
+        );
+    }
+    let keeper = keeper_of(child.id()).expect("a keeper beside the launcher");
+    let kt = partition::sandbox::threads_of(keeper);
+    assert!(!kt.is_empty());
+    for t in kt {
+        assert!(t.cap_eff == 0 && t.no_new_privs && t.seccomp == 2, "{t:?}");
+    }
     let s = h.status();
     let p = &s["partitions"][0];
     assert_eq!(p["name"], "web");
@@ -514,6 +513,17 @@ fn keeper_of(launcher: u32) -> Option<u32> {
         })
 }
 
+/// Kills a holding launcher's keeper, then the launcher (in that order, so the keeper
+/// cannot start giving the partition back).
+fn kill_launcher_and_keeper(mut c: Child) {
+    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
+    // SAFETY: killing our own child's child.
+    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+    let _ = c.wait();
+}
+
 /// The launcher died without stopping its guest: its keeper scrubbed the extent and gave it
 /// and the cores back, and said so.
 fn assert_kept(h: &Host, name: &str, stderr: &str, reserved_ledger: &serde_json::Value) {
@@ -589,22 +599,10 @@ fn kill_9_at_each_point_is_recoverable() {
     let out = wait_output(c, LIMIT, "victim");
     assert_kept(&h, "victim", &out.stderr, &reserved);
     // Launcher and keeper both killed: the claim stays for `release`.
-    let mut c = h.hold("both", "64M@0", "probe.memtest=1");
-    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
-    // SAFETY: killing our own child and its child.
-    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
-    // SAFETY: as above.
-    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-    let _ = c.wait();
+    kill_launcher_and_keeper(h.hold("both", "64M@0", "probe.memtest=1"));
     assert_dead_then_release(&h, "both", &reserved);
     // Killed again during release: a second release finishes the job.
-    let mut c = h.hold("twice", "64M@0", "probe.memtest=1");
-    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
-    // SAFETY: as above.
-    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
-    // SAFETY: as above.
-    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-    let _ = c.wait();
+    kill_launcher_and_keeper(h.hold("twice", "64M@0", "probe.memtest=1"));
     let out = h.run_env(
         &["release", "twice"],
         &[("PARTITION_TEST_CRASH_AT", "during-release")],

@@ -8,7 +8,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -25,7 +25,7 @@ fn hold(dir: &Scratch, name: &str, extra: &[&str]) -> Child {
     let console = dir.path(&format!("{name}.console"));
     let disk = dir.file(&format!("{name}.img"), &vec![0u8; 1 << 20]);
     let core = (host_cores() - 1).to_string();
-    let mut child = partition()
+    let child = partition()
         .args([
             "launch", "--cores", &core, "--memory", "64M", "--probe", "--json",
         ])
@@ -39,22 +39,7 @@ fn hold(dir: &Scratch, name: &str, extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(&console).unwrap_or_default();
-        if text.contains("probe: holding") {
-            return child;
-        }
-        if let Some(st) = child.try_wait().unwrap() {
-            let out = wait_output(child, LIMIT, name);
-            panic!(
-                "{name} exited ({st}) before holding: {}\n{text}",
-                out.stderr
-            );
-        }
-        assert!(start.elapsed() < LIMIT, "{name} never held:\n{text}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_holding(child, &console, name, LIMIT)
 }
 
 fn stop(child: Child, name: &str) -> Output {
@@ -187,7 +172,18 @@ fn bad_sandbox_arguments_exit_2() {
     }
 }
 
-/// Bytes and mode of every file under `dir`.
+/// Each verb, on state directory `state`, exits 2 saying `why`.
+fn refused(verbs: &[&[&str]], state: &str, why: &str) {
+    for v in verbs {
+        let mut args = v.to_vec();
+        args.extend_from_slice(&["--state-dir", state]);
+        let out = run(&args, LIMIT);
+        assert_eq!(out.code(), 2, "{v:?}: {}", out.stderr);
+        assert!(out.stderr.contains(why), "{v:?}: {}", out.stderr);
+    }
+}
+
+/// Bytes and mode of each of `paths`.
 fn snapshot(paths: &[&std::path::Path]) -> Vec<(Vec<u8>, u32)> {
     paths
         .iter()
@@ -248,17 +244,7 @@ fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes
             "launch", "--name", "x", "--cores", "1", "--memory", "16M", "--probe",
         ],
     ];
-    for v in verbs {
-        let mut args = v.to_vec();
-        args.extend_from_slice(&["--state-dir", state]);
-        let out = run(&args, LIMIT);
-        assert_eq!(out.code(), 2, "{v:?}: {}", out.stderr);
-        assert!(
-            out.stderr.contains("belongs to uid 65534, not root"),
-            "{v:?}: {}",
-            out.stderr
-        );
-    }
+    refused(&verbs, state, "belongs to uid 65534, not root");
     assert_eq!(
         snapshot(&[&secret, &target]),
         before,
@@ -291,18 +277,11 @@ fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes
     let fc = std::ffi::CString::new(evil.join("ledger.json").to_str().unwrap()).unwrap();
     // SAFETY: chown of a file this test made, to root.
     assert_eq!(unsafe { libc::chown(fc.as_ptr(), 0, 0) }, 0);
-    for v in [&["release", "x"][..], &["unreserve"][..]] {
-        let mut args = v.to_vec();
-        args.extend_from_slice(&["--state-dir", state]);
-        let out = run(&args, LIMIT);
-        assert_eq!(out.code(), 2, "{v:?}: {}", out.stderr);
-        assert!(
-            out.stderr
-                .contains("is not a ledger this version understands"),
-            "{v:?}: {}",
-            out.stderr
-        );
-    }
+    refused(
+        &[&["release", "x"], &["unreserve"]],
+        state,
+        "is not a ledger this version understands",
+    );
     assert_eq!(
         snapshot(&[&secret, &target]),
         before,

@@ -389,3 +389,24 @@ pub fn host_state() -> HostState {
         our_processes,
     }
 }
+
+/// Waits until a probe launched with `probe.hold=1` says it holds (on `console`); panics
+/// with what it said if it exits first or takes longer than `limit`.
+pub fn wait_holding(mut child: Child, console: &Path, what: &str, limit: Duration) -> Child {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(console).unwrap_or_default();
+        if text.contains("probe: holding") {
+            return child;
+        }
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = wait_output(child, limit, what);
+            panic!(
+                "{what} exited ({st}) before holding: {}\n{text}",
+                out.stderr
+            );
+        }
+        assert!(start.elapsed() < limit, "{what} never held:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
