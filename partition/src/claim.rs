@@ -108,6 +108,8 @@ pub struct ClaimRequest<'a> {
     pub idle: &'a str,
     /// Kernel name, for the record.
     pub kernel: &'a str,
+    /// The local API socket, for the record.
+    pub api_socket: Option<&'a Path>,
 }
 
 /// What a finished claim did with its extent.
@@ -212,6 +214,7 @@ impl ExtentClaim {
             state: PartitionState::Launching,
             started_at: ledger::now(),
             kernel: req.kernel.to_string(),
+            api_socket: req.api_socket.map(Path::to_path_buf),
         });
         lock.store(&l)?;
         crash_point("after-ledger");

@@ -122,7 +122,15 @@ pub struct LaunchConfig {
     pub cpu_model: CpuModelRequest,
     /// Whether, and as whom, the running VMM is confined ([`crate::sandbox`]).
     pub sandbox: SandboxRequest,
+    /// With `cores` = `from-cgroup`: the kubelet's CPU manager checkpoint, to establish
+    /// that the cgroup's cores are exclusive ([`crate::pod`]).
+    pub kubelet_cpu_state: Option<PathBuf>,
+    /// Serve the local API ([`crate::api`]) on this Unix socket.
+    pub api_socket: Option<PathBuf>,
 }
+
+/// `--cores` naming no list: the cores of the cgroup this process runs in (a pod's).
+pub const CORES_FROM_CGROUP: &str = "from-cgroup";
 
 /// `--no-sandbox`, or `--uid`/`--gid` (each a name or a number; default the `partition`
 /// user and its group).
@@ -146,6 +154,9 @@ pub enum MemorySource {
     Anonymous(Backing),
     /// A pool extent and reserved cores, claimed under a partition name.
     Pool(PoolRequest),
+    /// A file in this hugetlbfs directory (a pod's `HugePages-2Mi` volume), within the
+    /// pod's hugetlb limit ([`crate::pod`]).
+    Volume(PathBuf),
 }
 
 /// A launch from the reservation.
@@ -245,6 +256,12 @@ pub enum LaunchError {
     /// The reserved cores' cpuset could not be opened or joined.
     #[error("{0}")]
     Isolation(#[from] IsolationError),
+    /// A pod's cores or memory cannot be used.
+    #[error("{0}")]
+    Pod(#[from] crate::pod::PodError),
+    /// The API socket cannot be set up.
+    #[error("{0}")]
+    Api(#[from] crate::api::ApiError),
     /// OS-level failure (threads, signals, eventfds).
     #[error("{what}: {source}")]
     Os {
@@ -285,6 +302,8 @@ impl LaunchError {
             ),
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             Self::Sandbox(e) => e.is_usage(),
+            Self::Pod(e) => e.is_usage(),
+            Self::Api(e) => e.is_usage(),
             Self::Ledger(e) => e.is_usage(),
             _ => false,
         }
@@ -304,6 +323,7 @@ pub struct Checked {
     initrd: Option<Vec<u8>>,
     console: Box<dyn Write + Send>,
     sandbox: Sandbox,
+    cores_from: Option<String>,
     cfg: LaunchConfig,
 }
 
@@ -341,6 +361,10 @@ impl Checked {
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
     }
+    /// With `--cores from-cgroup`: why the cgroup's cores count as exclusive.
+    pub fn cores_from(&self) -> Option<&str> {
+        self.cores_from.as_deref()
+    }
 }
 
 fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8>, LaunchError> {
@@ -368,7 +392,12 @@ fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8
 /// Validates everything the user gave. Nothing is allocated, mapped or created, except
 /// that the console file is opened.
 pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
-    let cores = cores::parse(&cfg.cores)?;
+    let (cores, cores_from) = if cfg.cores == CORES_FROM_CGROUP {
+        let (c, why) = crate::pod::cores_from_cgroup(cfg.kubelet_cpu_state.as_deref())?;
+        (c, Some(why))
+    } else {
+        (cores::parse(&cfg.cores)?, None)
+    };
     cores::check_available(&cores, &cores::available())?;
     let sandbox = match &cfg.sandbox {
         SandboxRequest::Off => Sandbox::Off,
@@ -398,6 +427,18 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
             crate::claim::check_not_reserved(&cfg.state_dir, &cores)?;
         }
         MemorySource::Pool(req) => crate::claim::check_name(&req.name)?,
+        MemorySource::Volume(dir) => {
+            let page = crate::pod::volume_page_size(dir)?;
+            if cfg.memory % page != 0 {
+                return Err(crate::pod::PodError::PageMultiple {
+                    size: cfg.memory,
+                    page,
+                    dir: dir.clone(),
+                }
+                .into());
+            }
+            crate::claim::check_not_reserved(&cfg.state_dir, &cores)?;
+        }
     }
     let (bytes, kernel_name) = match &cfg.kernel {
         KernelSource::Path(p) => (
@@ -470,6 +511,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         initrd,
         console,
         sandbox,
+        cores_from,
         cfg,
     })
 }
@@ -486,6 +528,8 @@ pub enum Ending {
     },
     /// The VMM received a signal.
     Signal(i32),
+    /// The local API asked for a clean stop.
+    Requested,
 }
 
 /// Per-vCPU summary.
@@ -540,7 +584,7 @@ pub struct LaunchReport {
 pub struct MemoryReport {
     /// Guest RAM in bytes.
     pub bytes: u64,
-    /// `anonymous`, `prefault`, `hugetlb` or `pool`.
+    /// `anonymous`, `prefault`, `hugetlb`, `pool` or `volume` (a pod's hugetlbfs).
     pub backing: &'static str,
     /// Page size of the backing.
     pub page_size: u64,
@@ -551,12 +595,13 @@ pub struct MemoryReport {
 }
 
 impl MemoryReport {
-    fn of(ram: &RamSource, bytes: u64) -> Self {
-        let (backing, pool_extent) = match ram {
-            RamSource::Anonymous(Backing::Anonymous) => ("anonymous", None),
-            RamSource::Anonymous(Backing::AnonymousPopulated) => ("prefault", None),
-            RamSource::Anonymous(Backing::Hugetlb) => ("hugetlb", None),
-            RamSource::Extent(e) => ("pool", Some((e.extent().offset, e.extent().len))),
+    fn of(ram: &RamSource, source: &MemorySource, bytes: u64) -> Self {
+        let (backing, pool_extent) = match (ram, source) {
+            (_, MemorySource::Volume(_)) => ("volume", None),
+            (RamSource::Anonymous(Backing::Anonymous), _) => ("anonymous", None),
+            (RamSource::Anonymous(Backing::AnonymousPopulated), _) => ("prefault", None),
+            (RamSource::Anonymous(Backing::Hugetlb), _) => ("hugetlb", None),
+            (RamSource::Extent(e), _) => ("pool", Some((e.extent().offset, e.extent().len))),
         };
         Self {
             bytes,
@@ -634,8 +679,8 @@ impl Observer for () {}
 
 /// A launch's guest memory, and what must happen to it afterwards.
 pub enum Acquired {
-    /// Anonymous memory, gone with the mapping.
-    Anonymous(RamSource),
+    /// Memory no claim holds (anonymous, or a pod's volume file), gone with the mapping.
+    Unclaimed(RamSource),
     /// A pool extent: the claim scrubs and frees it when it ends.
     Extent {
         /// The claim in the ledger (boxed: it holds the ledger as loaded).
@@ -649,7 +694,10 @@ pub enum Acquired {
 pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
     let cfg = &checked.cfg;
     match &cfg.source {
-        MemorySource::Anonymous(backing) => Ok(Acquired::Anonymous(RamSource::Anonymous(*backing))),
+        MemorySource::Anonymous(backing) => Ok(Acquired::Unclaimed(RamSource::Anonymous(*backing))),
+        MemorySource::Volume(dir) => Ok(Acquired::Unclaimed(RamSource::Extent(
+            crate::pod::volume_memory(dir, checked.memory())?,
+        ))),
         MemorySource::Pool(req) => {
             let claim = ExtentClaim::take(&ClaimRequest {
                 state_dir: &cfg.state_dir,
@@ -659,6 +707,7 @@ pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
                 cores: &checked.cores,
                 idle: checked.idle.policy.name(),
                 kernel: &checked.kernel_name,
+                api_socket: cfg.api_socket.as_deref(),
             })?;
             match claim.extent_file() {
                 Ok(ram) => Ok(Acquired::Extent {
@@ -709,7 +758,90 @@ impl Observer for KeeperObserver<'_> {
 struct Filters {
     vcpu: Arc<seccompiler::BpfProgram>,
     worker: Arc<seccompiler::BpfProgram>,
+    api: Arc<seccompiler::BpfProgram>,
     main: seccompiler::BpfProgram,
+}
+
+/// How the launcher's wait is told to end, and what the vCPUs' pause state is.
+struct Control {
+    /// Written by the API to ask for a clean stop.
+    stop: Arc<EventFd>,
+    /// Set once teardown starts.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with every vCPU thread.
+    pause: Arc<kvm_vcpu::PauseControl>,
+}
+
+impl Control {
+    fn new() -> Result<Self, LaunchError> {
+        Ok(Self {
+            stop: Arc::new(
+                EventFd::new(libc::EFD_NONBLOCK).map_err(|source| LaunchError::Os {
+                    what: "eventfd",
+                    source,
+                })?,
+            ),
+            stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            pause: Arc::new(kvm_vcpu::PauseControl::default()),
+        })
+    }
+}
+
+/// Starts the API thread on `sock`, serving this launch.
+fn start_api(
+    sock: crate::api::ApiSocket,
+    checked: &Checked,
+    vcpus: &Vcpus,
+    memory: &MemoryReport,
+    control: &Control,
+    filter: Option<Arc<seccompiler::BpfProgram>>,
+) -> Result<crate::api::ApiServer, LaunchError> {
+    let description = serde_json::json!({
+        "pid": std::process::id(),
+        "name": match &checked.cfg.source {
+            MemorySource::Pool(p) => Some(p.name.clone()),
+            _ => None,
+        },
+        "cores": checked.cores,
+        "cores_exclusive_by": checked.cores_from,
+        "memory": memory,
+        "kernel": checked.kernel_name,
+        "cmdline": checked.cmdline,
+        "idle_policy": checked.idle.policy.name(),
+        "cpu_model": checked.cpu_model.name,
+        "sandbox": match &checked.sandbox {
+            Sandbox::On(who) => serde_json::to_value(who).unwrap_or_default(),
+            Sandbox::Off => serde_json::Value::Null,
+        },
+    });
+    let state = crate::api::ApiState {
+        description,
+        vcpus: vcpus
+            .handles
+            .iter()
+            .map(|h| crate::api::ApiVcpu {
+                index: h.index,
+                core: h.core,
+                counters: h.counters.clone(),
+                kicker: h.kicker.clone(),
+                stats: h.stats.clone(),
+            })
+            .collect(),
+        idle: checked.idle.clone(),
+        cpuid_back: vcpus.cpuid_back.as_ref().map(|c| c.as_slice().to_vec()),
+        pause: control.pause.clone(),
+        stop: control.stop.clone(),
+        stopping: control.stopping.clone(),
+        started: Instant::now(),
+    };
+    crate::api::ApiServer::start(sock, state, move || match &filter {
+        Some(f) => crate::sandbox::apply(Role::Api, f).map_err(|e| e.to_string()),
+        None => Ok(()),
+    })
+    .map_err(|source| LaunchError::Os {
+        what: "starting the API thread",
+        source,
+    })
 }
 
 /// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
@@ -725,6 +857,7 @@ fn confine(sandbox: &Sandbox) -> Result<Option<Filters>, LaunchError> {
             &crate::kvm::vcpu_thread_ioctls(),
         )?),
         worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
+        api: Arc::new(crate::sandbox::filter(Role::Api, &[])?),
         main: crate::sandbox::filter(Role::Main, &[])?,
     };
     crate::sandbox::install_violation_handler()?;
@@ -765,7 +898,7 @@ pub fn run(
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
-    let memory_report = MemoryReport::of(&ram, checked.layout.size());
+    let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
     let t_mem = Instant::now();
     let vm = build_vm(&checked, &memory)?;
     let t_vm = Instant::now();
@@ -781,20 +914,49 @@ pub fn run(
         what: "blocking SIGINT/SIGTERM",
         source,
     })?;
+    // The API socket is bound while root, for the sandbox's user.
+    let api_socket = match &checked.cfg.api_socket {
+        Some(p) => Some(crate::api::ApiSocket::bind(
+            p,
+            match &checked.sandbox {
+                Sandbox::On(who) => Some((who.uid, who.gid)),
+                Sandbox::Off => None,
+            },
+        )?),
+        None => None,
+    };
     // Everything that needs root exists: give it up, then start the threads, each under
     // its own filter.
     let filters = confine(&checked.sandbox)?;
+    let control = Control::new()?;
     for c in &mut vcpus.contexts {
         c.filter = filters.as_ref().map(|f| f.vcpu.clone());
+        c.pause = control.pause.clone();
     }
     start_devices(&devices, filters.as_ref())?;
-    let (ending, ran_for) = run_vcpus(
+    let api = match api_socket {
+        Some(sock) => Some(start_api(
+            sock,
+            &checked,
+            &vcpus,
+            &memory_report,
+            &control,
+            filters.as_ref().map(|f| f.api.clone()),
+        )?),
+        None => None,
+    };
+    let ran = run_vcpus(
         vcpus.contexts,
         &vcpus.handles,
         &signals,
         observer,
         filters.as_ref().map(|f| &f.main),
-    )?;
+        &control,
+    );
+    if let Some(a) = api {
+        a.stop();
+    }
+    let (ending, ran_for) = ran?;
     // Workers write into guest memory: stop them before it goes away.
     let disks = devices.shut_down();
     drop(signals);
@@ -1005,7 +1167,7 @@ fn create_vcpus(
             out.cpuid_back = back;
         }
         let (counters, kicker, mut h) = kvm_vcpu::handles(index, core);
-        h.stats = Stats::open(&fd).ok();
+        h.stats = Stats::open(&fd).ok().map(Arc::new);
         out.handles.push(h);
         out.contexts.push(VcpuContext {
             index,
@@ -1018,6 +1180,7 @@ fn create_vcpus(
             kicker,
             cpuset: cpuset.clone(),
             filter: None,
+            pause: Arc::default(),
             syscall: kvm_vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
         });
     }
@@ -1032,6 +1195,7 @@ fn run_vcpus(
     signals: &SignalGuard,
     observer: &dyn Observer,
     main_filter: Option<&seccompiler::BpfProgram>,
+    control: &Control,
 ) -> Result<(Ending, Duration), LaunchError> {
     let os = |what| move |source| LaunchError::Os { what, source };
     kvm_vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
@@ -1074,10 +1238,13 @@ fn run_vcpus(
             return Err(e.into());
         }
     }
-    let ending = wait(signals, &exit_evt, &first_stop, || {
+    let ending = wait(signals, &exit_evt, &control.stop, &first_stop, || {
         observer.tick(&reports(handles))
     });
     let ran_for = spawned.elapsed();
+    control
+        .stopping
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     stop_all(handles, threads);
     Ok((ending, ran_for))
 }
@@ -1125,31 +1292,29 @@ impl Write for FirstByte {
 fn wait(
     signals: &SignalGuard,
     exit_evt: &EventFd,
+    api_stop: &EventFd,
     first_stop: &Mutex<Option<(usize, StopReason)>>,
     mut tick: impl FnMut(),
 ) -> Ending {
     use std::os::fd::AsRawFd;
     loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: signals.fd(),
+        let mut fds =
+            [signals.fd(), exit_evt.as_raw_fd(), api_stop.as_raw_fd()].map(|fd| libc::pollfd {
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
-            },
-            libc::pollfd {
-                fd: exit_evt.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: polling two valid fds in a local array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 1000) };
+            });
+        // SAFETY: polling three valid fds in a local array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, 1000) };
         if n == 0 {
             tick();
             continue;
         }
         if let Some(sig) = signals.take() {
             return Ending::Signal(sig);
+        }
+        if fds[2].revents & libc::POLLIN != 0 && api_stop.read().is_ok() {
+            return Ending::Requested;
         }
         if fds[1].revents & libc::POLLIN != 0 {
             let _ = exit_evt.read();
@@ -1178,7 +1343,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
     let checked = check(cfg)?;
     let started = Instant::now();
     match acquire(&checked)? {
-        Acquired::Anonymous(ram) => run(checked, ram, started, None, observer),
+        Acquired::Unclaimed(ram) => run(checked, ram, started, None, observer),
         Acquired::Extent { claim, ram } => {
             // Opened as root (the vCPU threads join it after the launcher gave root up).
             let cpuset = GuestsCpuset::open(&claim.isolation())?;
@@ -1245,6 +1410,8 @@ mod tests {
             ioeventfd: true,
             cpu_model: CpuModelRequest::Auto,
             sandbox: SandboxRequest::Off,
+            kubelet_cpu_state: None,
+            api_socket: None,
         }
     }
 

@@ -213,6 +213,9 @@ pub struct PartitionRecord {
     pub started_at: u64,
     /// Kernel name.
     pub kernel: String,
+    /// The partition's local API socket, if it serves one (`status` asks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_socket: Option<PathBuf>,
 }
 
 /// The whole ledger.
@@ -707,6 +710,7 @@ pub(crate) mod tests {
                 state: PartitionState::Running,
                 started_at: 0,
                 kernel: "probe".into(),
+                api_socket: None,
             }],
         }
     }

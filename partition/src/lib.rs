@@ -5,6 +5,7 @@
 //! [`kvm`] does; [`vcpu`] says what an exit means, [`launch`] is the pipeline from user
 //! input to teardown.
 
+pub mod api;
 pub mod assist;
 pub mod claim;
 pub mod console;
@@ -25,6 +26,7 @@ pub mod memory;
 pub mod outcome;
 pub mod partitions;
 pub mod plan;
+pub mod pod;
 pub mod readback;
 pub mod reserve;
 pub mod sandbox;

@@ -90,6 +90,8 @@ pub enum Outcome {
         /// The signal number.
         signal: i32,
     },
+    /// The local API asked for a clean stop.
+    StopRequested,
 }
 
 impl Outcome {
@@ -97,6 +99,7 @@ impl Outcome {
     pub fn of(ending: &Ending) -> Self {
         let (vcpu, reason) = match ending {
             Ending::Signal(signal) => return Self::Signal { signal: *signal },
+            Ending::Requested => return Self::StopRequested,
             Ending::Guest { vcpu, reason } => (*vcpu, reason),
         };
         match reason {
@@ -133,7 +136,9 @@ impl Outcome {
     /// The exit status `partition launch` ends with.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::PowerOff { status: 0, .. } | Self::Reset { .. } => status::OK,
+            Self::PowerOff { status: 0, .. } | Self::Reset { .. } | Self::StopRequested => {
+                status::OK
+            }
             Self::PowerOff { .. } => status::GUEST_FAILED,
             Self::TripleFault { .. }
             | Self::InternalError { .. }
@@ -171,6 +176,7 @@ impl Outcome {
             Self::VcpuFailed { vcpu, detail } => on(format!("vCPU failed: {detail}"), vcpu),
             Self::Stopped { vcpu } => on("stopped".into(), vcpu),
             Self::Signal { signal } => format!("stopped by signal {signal}"),
+            Self::StopRequested => "stopped through the API".into(),
         }
     }
 }
@@ -411,6 +417,7 @@ mod tests {
             ),
             (g(StopReason::Kicked), status::VMM_ERROR, "stopped"),
             (Ending::Signal(15), 143, "signal"),
+            (Ending::Requested, status::OK, "stop_requested"),
         ];
         for (ending, code, kind) in cases {
             let o = Outcome::of(&ending);

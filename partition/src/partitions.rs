@@ -244,6 +244,14 @@ pub struct PartitionStatus {
     pub note: Option<String>,
 }
 
+/// A running partition's counters, asked of its API.
+fn api_counters(socket: &Path) -> Option<StatsFile> {
+    match crate::api::request(socket, "GET", "/counters", None) {
+        Ok((200, v)) => serde_json::from_value(v).ok(),
+        _ => None,
+    }
+}
+
 /// Reads the state directory.
 pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
     let lock = LedgerLock::shared(state_dir)?;
@@ -276,7 +284,12 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         .map(|p| {
             let alive = lock.partition_alive(&p.name);
             let exits = if alive {
-                read_stats(&lock, &p.name)
+                // From the partition's API where it serves one, else the file its keeper
+                // writes.
+                p.api_socket
+                    .as_deref()
+                    .and_then(api_counters)
+                    .or_else(|| read_stats(&lock, &p.name))
             } else {
                 None
             };

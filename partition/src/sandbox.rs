@@ -311,6 +311,8 @@ pub enum Role {
     Main,
     /// The keeper process of a pool partition: the ledger and the pool file.
     Keeper,
+    /// The local API's thread: accepting and answering connections on its socket.
+    Api,
 }
 
 impl Role {
@@ -321,6 +323,7 @@ impl Role {
             Self::BlockWorker => "blk-worker",
             Self::Main => "main",
             Self::Keeper => "keeper",
+            Self::Api => "api",
         }
     }
 }
@@ -378,6 +381,16 @@ fn extra(role: Role) -> &'static [i64] {
             libc::SYS_tgkill,
             libc::SYS_wait4,
             libc::SYS_waitid,
+        ],
+        Role::Api => &[
+            libc::SYS_poll,
+            libc::SYS_ppoll,
+            libc::SYS_accept4,
+            libc::SYS_recvfrom,
+            libc::SYS_sendto,
+            libc::SYS_shutdown,
+            libc::SYS_pread64,
+            libc::SYS_tgkill,
         ],
         Role::Keeper => &[
             libc::SYS_poll,
@@ -624,7 +637,13 @@ mod tests {
 
     #[test]
     fn every_role_has_a_filter_and_only_the_vcpu_one_takes_ioctls() {
-        for role in [Role::Vcpu, Role::BlockWorker, Role::Main, Role::Keeper] {
+        for role in [
+            Role::Vcpu,
+            Role::BlockWorker,
+            Role::Main,
+            Role::Keeper,
+            Role::Api,
+        ] {
             let p = filter(role, &[]).unwrap();
             assert!(!p.is_empty(), "{role:?}");
         }

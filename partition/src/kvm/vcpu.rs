@@ -97,8 +97,69 @@ impl Kicker {
         drop(p);
     }
 
+    /// Pulls the vCPU out of the guest without asking it to stop (it looks at its pause
+    /// state, then carries on).
+    pub fn nudge(&self) {
+        let p = self
+            .immediate_exit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *p != 0 {
+            // SAFETY: as in `kick`.
+            unsafe { std::ptr::write_volatile(*p as *mut u8, 1) };
+        }
+        if let Some(t) = *self.thread.lock().unwrap_or_else(|e| e.into_inner()) {
+            // SAFETY: as in `kick`.
+            unsafe { libc::pthread_kill(t, kick_signal()) };
+        }
+        drop(p);
+    }
+
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// Whether the partition's vCPUs may run: the local API pauses and resumes them
+/// (`crate::api`). A paused vCPU waits outside `KVM_RUN` until resumed or stopped.
+#[derive(Debug, Default)]
+pub struct PauseControl {
+    paused: AtomicBool,
+    lock: Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+impl PauseControl {
+    /// Whether the vCPUs are paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Pauses every vCPU (each leaves the guest at once).
+    pub fn pause(&self, kickers: &[Arc<Kicker>]) {
+        self.paused.store(true, Ordering::SeqCst);
+        for k in kickers {
+            k.nudge();
+        }
+    }
+
+    /// Lets them run again.
+    pub fn resume(&self) {
+        let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.paused.store(false, Ordering::SeqCst);
+        self.cv.notify_all();
+    }
+
+    /// Waits while paused, looking at `stopping` every 50 ms.
+    fn wait(&self, stopping: impl Fn() -> bool) {
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.is_paused() && !stopping() {
+            g = self
+                .cv
+                .wait_timeout(g, std::time::Duration::from_millis(50))
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
+        }
     }
 }
 
@@ -127,6 +188,8 @@ pub struct VcpuContext {
     pub filter: Option<Arc<seccompiler::BpfProgram>>,
     /// The SYSCALL repair's state (armed when the guest writes IA32_LSTAR).
     pub syscall: SyscallRepair,
+    /// Paused by the local API.
+    pub pause: Arc<PauseControl>,
 }
 
 /// A vCPU's handles, kept by the launcher.
@@ -140,7 +203,7 @@ pub struct VcpuHandle {
     /// Stop control.
     pub kicker: Arc<Kicker>,
     /// KVM's statistics for the vCPU, if the host offers them.
-    pub stats: Option<super::stats::Stats>,
+    pub stats: Option<Arc<super::stats::Stats>>,
 }
 
 /// Creates the shared parts of a vCPU.
@@ -200,6 +263,10 @@ pub fn run(mut ctx: VcpuContext) -> StopReason {
 
 fn run_loop(ctx: &mut VcpuContext) -> StopReason {
     loop {
+        if ctx.pause.is_paused() {
+            let k = ctx.kicker.clone();
+            ctx.pause.wait(|| k.stopping());
+        }
         if ctx.kicker.stopping() {
             return StopReason::Kicked;
         }

@@ -63,6 +63,10 @@ enum Cmd {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Ask one partition's local API instead (a launch with --api-socket, inside a pod
+        /// say, which no ledger records): what runs, its state and its counters.
+        #[arg(long, value_name = "PATH")]
+        api_socket: Option<PathBuf>,
         #[command(flatten)]
         state: StateDir,
     },
@@ -193,7 +197,9 @@ fn parse_memory(s: &str) -> Result<MemorySpec, String> {
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("image").required(true).args(["kernel", "probe"])))]
 struct LaunchArgs {
-    /// Host cores, one vCPU each, in vCPU order: "0", "0,1", "2-5".
+    /// Host cores, one vCPU each, in vCPU order: "0", "0,1", "2-5"; or `from-cgroup`: the
+    /// cores of the cpuset cgroup this process runs in, if they are exclusive (a pod's under
+    /// the kubelet's static CPU manager, docs/kubernetes.md).
     #[arg(long, value_name = "LIST")]
     cores: String,
     /// Guest memory: 128M, 1G, 2GiB (a multiple of 4 KiB; of 2 MiB with --hugepages or a
@@ -238,6 +244,19 @@ struct LaunchArgs {
     /// Same as --backing hugetlb.
     #[arg(long, conflicts_with_all = ["name", "backing"])]
     hugepages: bool,
+    /// Guest memory from a file in this hugetlbfs directory (a pod's emptyDir with
+    /// `medium: HugePages-2Mi`), within the pod's hugetlb limit; the file is unlinked at once.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["name", "backing", "hugepages"])]
+    memory_from: Option<PathBuf>,
+    /// With --cores from-cgroup: the kubelet's CPU manager checkpoint
+    /// (/var/lib/kubelet/cpu_manager_state, mounted read-only), which says whether the
+    /// cgroup's cores are exclusive when the cgroup itself does not.
+    #[arg(long, value_name = "FILE")]
+    kubelet_cpu_state: Option<PathBuf>,
+    /// Serve the local API (HTTP and JSON: state, counters, idle read-back, pause, resume,
+    /// stop) on this Unix socket, owned by the VMM's user, mode 0600 (docs/kubernetes.md).
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
     /// A virtio-blk disk: path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N]
     /// [,core=N][,sqpoll=on][,id=STR]. Repeatable. Announced to the guest on its command
     /// line (virtio_mmio.device=4K@ADDR:GSI).
@@ -296,6 +315,12 @@ impl Observer for Progress {
         eprintln!("partition: {}", checked.idle().describe());
         eprintln!("partition: {}", checked.cpu_model().describe(&[]));
         eprintln!("partition: command line: {}", checked.cmdline());
+        if let Some(why) = checked.cores_from() {
+            eprintln!("partition: cores from this process's cgroup, exclusive by {why}");
+        }
+        if let Some(p) = &checked.config().api_socket {
+            eprintln!("partition: local API on {}", p.display());
+        }
         match checked.sandbox() {
             partition::sandbox::Sandbox::On(who) => eprintln!(
                 "partition: sandbox: once set up the VMM runs as {} (uid {}, gid {}) with no \
@@ -312,6 +337,10 @@ impl Observer for Progress {
 }
 
 fn launch(a: LaunchArgs) -> ExitCode {
+    if a.kubelet_cpu_state.is_some() && a.cores != partition::launch::CORES_FROM_CGROUP {
+        eprintln!("partition: error: --kubelet-cpu-state goes with --cores from-cgroup");
+        return ExitCode::from(EXIT_USAGE);
+    }
     if a.memory.offset.is_some() && a.name.is_none() {
         eprintln!(
             "partition: error: --memory SIZE@OFFSET takes an extent of the pool: it needs --name"
@@ -347,12 +376,13 @@ fn launch(a: LaunchArgs) -> ExitCode {
             Boot::Linux64 => boot::regs::BootProtocol::Linux64,
             Boot::Pvh => boot::regs::BootProtocol::Pvh,
         },
-        source: match a.name {
-            Some(name) => MemorySource::Pool(PoolRequest {
+        source: match (a.name, a.memory_from) {
+            (Some(name), _) => MemorySource::Pool(PoolRequest {
                 name,
                 offset: a.memory.offset,
             }),
-            None => MemorySource::Anonymous(match (a.hugepages, a.backing) {
+            (None, Some(dir)) => MemorySource::Volume(dir),
+            (None, None) => MemorySource::Anonymous(match (a.hugepages, a.backing) {
                 (true, _) | (_, BackingArg::Hugetlb) => pool::Backing::Hugetlb,
                 (_, BackingArg::Prefault) => pool::Backing::AnonymousPopulated,
                 (_, BackingArg::Anonymous) => pool::Backing::Anonymous,
@@ -363,6 +393,8 @@ fn launch(a: LaunchArgs) -> ExitCode {
         disks,
         ioeventfd: !a.no_ioeventfd,
         cpu_model: a.cpu_model,
+        kubelet_cpu_state: a.kubelet_cpu_state,
+        api_socket: a.api_socket,
         sandbox: if a.no_sandbox {
             partition::SandboxRequest::Off
         } else {
@@ -506,7 +538,12 @@ fn main() -> ExitCode {
     match cmd {
         Cmd::Reserve(a) => verbs::reserve(a),
         Cmd::Unreserve { state } => verbs::unreserve(&state.state_dir),
-        Cmd::Status { json, state } => verbs::status(&state.state_dir, json),
+        Cmd::Status {
+            json,
+            api_socket: Some(sock),
+            ..
+        } => verbs::api_status(&sock, json),
+        Cmd::Status { json, state, .. } => verbs::status(&state.state_dir, json),
         Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
         Cmd::Launch(a) => launch(a),
         Cmd::Bench(a) => bench::bench(a),

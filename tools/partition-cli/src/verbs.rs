@@ -330,6 +330,69 @@ pub fn status(state_dir: &Path, json: bool) -> ExitCode {
     }
 }
 
+/// `status --api-socket PATH`: what one partition's API says.
+pub fn api_status(socket: &Path, json: bool) -> ExitCode {
+    let mut doc = serde_json::Map::new();
+    for (key, path) in [
+        ("partition", "/partition"),
+        ("state", "/state"),
+        ("counters", "/counters"),
+    ] {
+        match partition::api::request(socket, "GET", path, None) {
+            Ok((200, v)) => {
+                doc.insert(key.into(), v);
+            }
+            Ok((code, v)) => {
+                return fail(
+                    format!("{}: GET {path}: {code} {v}", socket.display()),
+                    false,
+                );
+            }
+            Err(e) => {
+                return fail(
+                    format!(
+                        "{}: {e} (is a partition serving its API there?)",
+                        socket.display()
+                    ),
+                    true,
+                );
+            }
+        }
+    }
+    let doc = serde_json::Value::Object(doc);
+    if json {
+        println!("{doc}");
+        return ExitCode::SUCCESS;
+    }
+    let p = &doc["partition"];
+    println!(
+        "partition {} (pid {}): {}, cores {}, {} of {} memory, kernel {}",
+        p["name"].as_str().unwrap_or("(unnamed)"),
+        p["pid"],
+        doc["state"]["state"].as_str().unwrap_or("?"),
+        p["cores"],
+        bytes(p["memory"]["bytes"].as_u64().unwrap_or(0)),
+        p["memory"]["backing"].as_str().unwrap_or("?"),
+        p["kernel"].as_str().unwrap_or("?"),
+    );
+    for v in doc["counters"]["vcpus"].as_array().into_iter().flatten() {
+        let exits: Vec<String> = v["exits"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| n.as_u64() > Some(0))
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        println!(
+            "  vcpu{} (core {}) exits: {}",
+            v["vcpu"],
+            v["core"],
+            exits.join(" ")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 pub fn caps(json: bool) -> ExitCode {
     use partition::idle::{IdlePolicy, resolve};
     let caps = match partition::kvm::idle_caps() {

@@ -1,0 +1,643 @@
+//! The local API of a running partition (docs/kubernetes.md): HTTP/1.1 and JSON on a Unix
+//! socket (`partition launch --api-socket PATH`), as Firecracker and Cloud Hypervisor serve
+//! theirs, for an orchestrator that must not parse stderr.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /partition` | what runs: cores, memory, kernel, command line, idle policy, CPU model, sandbox, pid |
+//! | `GET /state` | `{"state": "running" \| "paused" \| "stopping", "ran_for_s": ...}` |
+//! | `PUT /state` `{"state": "paused" \| "running"}` | pauses (every vCPU leaves the guest and waits) or resumes |
+//! | `GET /counters` | per vCPU: exits by reason, instruction assists, KVM's statistics |
+//! | `GET /idle` | the idle plan and what KVM reads back about it now |
+//! | `PUT /actions` `{"action": "stop"}` | a clean stop: the launcher tears down and exits 0 |
+//!
+//! One thread serves it, one connection at a time (`Connection: close`), under its own
+//! seccomp filter. It never takes a lock a vCPU holds: counters are atomics, KVM's
+//! statistics are read from their own descriptors, pausing sets a flag and pulls each vCPU
+//! out of `KVM_RUN`. Requests are bounded (8 KiB of head, 4 KiB of body, 2 s to arrive);
+//! anything malformed gets a 4xx with the reason and changes nothing. The socket is bound
+//! by the launcher while it is root, owned by the sandbox's user, mode 0600.
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::idle::IdlePlan;
+use crate::kvm::stats::Stats;
+use crate::kvm::vcpu::{Kicker, PauseControl};
+use crate::vcpu::ExitCounters;
+
+/// Longest request head (request line and headers).
+const MAX_HEAD: usize = 8 << 10;
+/// Longest request body.
+const MAX_BODY: usize = 4 << 10;
+/// How long a request may take to arrive.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Errors setting up the API socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Something other than a stale socket is in the way.
+    #[error(
+        "--api-socket {0}: exists and is not a socket root or the VMM's user owns; not replacing it"
+    )]
+    InTheWay(PathBuf),
+    /// A system call failed.
+    #[error("--api-socket {path}: {what}: {source}")]
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// What failed.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl ApiError {
+    /// Whether the user's request is at fault (exit 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::InTheWay(_))
+    }
+}
+
+/// A bound API socket, not yet served.
+#[derive(Debug)]
+pub struct ApiSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ApiSocket {
+    /// Binds `path` (a stale socket there is replaced; any other file is refused), then
+    /// gives it to `owner` (uid, gid) with mode 0600. Call while root, before the sandbox.
+    pub fn bind(path: &Path, owner: Option<(u32, u32)>) -> Result<Self, ApiError> {
+        let io = |what| {
+            let p = path.to_path_buf();
+            move |source| ApiError::Io {
+                path: p,
+                what,
+                source,
+            }
+        };
+        if let Ok(m) = std::fs::symlink_metadata(path) {
+            let ours = m.uid() == 0 || owner.is_some_and(|(u, _)| m.uid() == u);
+            if !m.file_type().is_socket() || !ours {
+                return Err(ApiError::InTheWay(path.to_path_buf()));
+            }
+            std::fs::remove_file(path).map_err(io("removing the stale socket"))?;
+        }
+        let listener = UnixListener::bind(path).map_err(io("bind"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(io("chmod"))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io("chown"))?;
+        }
+        Ok(Self {
+            listener,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// One vCPU as the API sees it.
+pub struct ApiVcpu {
+    /// Index.
+    pub index: usize,
+    /// Host core.
+    pub core: usize,
+    /// Exit and assist counters.
+    pub counters: Arc<ExitCounters>,
+    /// To pull it out of the guest.
+    pub kicker: Arc<Kicker>,
+    /// KVM's statistics.
+    pub stats: Option<Arc<Stats>>,
+}
+
+/// What the API serves and controls.
+pub struct ApiState {
+    /// `GET /partition`.
+    pub description: Value,
+    /// The vCPUs.
+    pub vcpus: Vec<ApiVcpu>,
+    /// The idle plan in force.
+    pub idle: IdlePlan,
+    /// The CPUID KVM reported back for vCPU 0.
+    pub cpuid_back: Option<Vec<kvm_bindings::kvm_cpuid_entry2>>,
+    /// Pausing the vCPUs.
+    pub pause: Arc<PauseControl>,
+    /// Written to ask the launcher for a clean stop.
+    pub stop: Arc<EventFd>,
+    /// Set once the launcher is tearing down.
+    pub stopping: Arc<AtomicBool>,
+    /// When the vCPUs started.
+    pub started: Instant,
+}
+
+/// An HTTP answer.
+#[derive(Debug, PartialEq)]
+pub struct Response {
+    /// Status code.
+    pub code: u16,
+    /// JSON body.
+    pub body: Value,
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        _ => "Error",
+    }
+}
+
+fn err(code: u16, why: impl Into<String>) -> Response {
+    Response {
+        code,
+        body: json!({ "error": why.into() }),
+    }
+}
+
+impl ApiState {
+    fn state_name(&self) -> &'static str {
+        if self.stopping.load(Ordering::SeqCst) {
+            "stopping"
+        } else if self.pause.is_paused() {
+            "paused"
+        } else {
+            "running"
+        }
+    }
+
+    fn state(&self) -> Value {
+        json!({
+            "state": self.state_name(),
+            "ran_for_s": self.started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn kvm(&self, v: &ApiVcpu) -> std::collections::BTreeMap<String, u64> {
+        v.stats
+            .as_ref()
+            .map(|s| {
+                s.read()
+                    .into_iter()
+                    .filter(|(k, _)| k.starts_with("halt_") || k == "exits")
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn counters(&self) -> Value {
+        json!({
+            "updated_at": crate::ledger::now(),
+            "vcpus": self.vcpus.iter().map(|v| json!({
+                "vcpu": v.index,
+                "core": v.core,
+                "exits": v.counters.snapshot().iter().map(|(k, n)| (k.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                "assists": v.counters.assist_snapshot().iter().map(|(k, n)| (k.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                "kvm": self.kvm(v),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn idle(&self) -> Value {
+        let kvm: Vec<_> = self.vcpus.iter().map(|v| (v.index, self.kvm(v))).collect();
+        let rb = crate::readback::Readback::new(
+            &self.idle,
+            self.cpuid_back.as_deref(),
+            crate::cpuid::host_leaf5().is_some(),
+            kvm.iter().map(|(i, m)| (*i, m)),
+        );
+        json!({ "policy": self.idle.policy.name(), "reason": self.idle.reason, "readback": rb })
+    }
+
+    /// The answer to one parsed request.
+    pub fn handle(&self, method: &str, path: &str, body: &[u8]) -> Response {
+        let json_body = || -> Result<Value, Response> {
+            serde_json::from_slice::<Value>(body)
+                .map_err(|e| err(400, format!("the body is not JSON: {e}")))
+        };
+        let ok = |body| Response { code: 200, body };
+        match (method, path) {
+            ("GET", "/partition") => ok(self.description.clone()),
+            ("GET", "/state") => ok(self.state()),
+            ("GET", "/counters") => ok(self.counters()),
+            ("GET", "/idle") => ok(self.idle()),
+            ("PUT" | "PATCH", "/state") => {
+                let v = match json_body() {
+                    Ok(v) => v,
+                    Err(r) => return r,
+                };
+                if self.stopping.load(Ordering::SeqCst) {
+                    return err(400, "the partition is stopping");
+                }
+                match v.get("state").and_then(Value::as_str) {
+                    Some("paused") => {
+                        let kickers: Vec<_> = self.vcpus.iter().map(|v| v.kicker.clone()).collect();
+                        self.pause.pause(&kickers);
+                        ok(self.state())
+                    }
+                    Some("running") => {
+                        self.pause.resume();
+                        ok(self.state())
+                    }
+                    _ => err(400, "state must be \"paused\" or \"running\""),
+                }
+            }
+            ("PUT" | "POST", "/actions") => {
+                let v = match json_body() {
+                    Ok(v) => v,
+                    Err(r) => return r,
+                };
+                match v.get("action").and_then(Value::as_str) {
+                    Some("stop") => {
+                        self.pause.resume();
+                        let _ = self.stop.write(1);
+                        Response {
+                            code: 202,
+                            body: json!({ "state": "stopping" }),
+                        }
+                    }
+                    _ => err(400, "action must be \"stop\""),
+                }
+            }
+            (_, "/partition" | "/state" | "/counters" | "/idle" | "/actions") => {
+                err(405, format!("{method} {path} is not served"))
+            }
+            _ => err(404, format!("no resource {path}")),
+        }
+    }
+}
+
+/// A parsed request: method, path, body.
+#[derive(Debug, PartialEq)]
+pub struct Request {
+    /// Method.
+    pub method: String,
+    /// Path (without a query).
+    pub path: String,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+/// Parses a request head (up to and without the blank line) and says how long its body is.
+pub fn parse_head(head: &[u8]) -> Result<(String, String, usize), Response> {
+    let text = std::str::from_utf8(head).map_err(|_| err(400, "the request is not UTF-8"))?;
+    let mut lines = text.split("\r\n");
+    let line = lines.next().unwrap_or("");
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(err(400, format!("not an HTTP request line: {line:?}")));
+    };
+    if !version.starts_with("HTTP/1.") {
+        return Err(err(400, format!("not HTTP/1.x: {version:?}")));
+    }
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(err(400, format!("not a method: {method:?}")));
+    }
+    let path = target.split('?').next().unwrap_or("").to_string();
+    if !path.starts_with('/') {
+        return Err(err(400, format!("not a path: {target:?}")));
+    }
+    let mut len = 0usize;
+    for h in lines {
+        let Some((k, v)) = h.split_once(':') else {
+            return Err(err(400, format!("not a header: {h:?}")));
+        };
+        if k.trim().eq_ignore_ascii_case("content-length") {
+            len = v
+                .trim()
+                .parse()
+                .map_err(|_| err(400, format!("Content-Length {:?}", v.trim())))?;
+        } else if k.trim().eq_ignore_ascii_case("transfer-encoding") {
+            return Err(err(400, "chunked bodies are not accepted"));
+        }
+    }
+    if len > MAX_BODY {
+        return Err(err(
+            413,
+            format!("a body of {len} bytes; at most {MAX_BODY}"),
+        ));
+    }
+    Ok((method.to_string(), path, len))
+}
+
+/// Waits up to the time left for `fd` to be readable.
+fn readable(fd: i32, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polling one valid fd in a local struct.
+    unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) > 0 }
+}
+
+/// Reads one request from `s` within the limits.
+pub fn read_request(s: &mut UnixStream) -> Result<Request, Response> {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let fd = s.as_raw_fd();
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(err(413, format!("a request head over {MAX_HEAD} bytes")));
+        }
+        if !readable(fd, deadline) {
+            return Err(err(408, "the request did not arrive in time"));
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return Err(err(400, "the connection closed before the request ended")),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(err(400, e.to_string())),
+        }
+    };
+    let (method, path, len) = parse_head(&buf[..head_end])?;
+    let mut body = buf[head_end + 4..].to_vec();
+    while body.len() < len {
+        if !readable(fd, deadline) {
+            return Err(err(408, "the request body did not arrive in time"));
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return Err(err(400, "the connection closed inside the body")),
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(err(400, e.to_string())),
+        }
+    }
+    body.truncate(len);
+    Ok(Request { method, path, body })
+}
+
+fn respond(s: &mut UnixStream, r: &Response) {
+    let body = r.body.to_string();
+    let head = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        r.code,
+        reason(r.code),
+        body.len() + 1
+    );
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body.as_bytes());
+    let _ = s.write_all(b"\n");
+}
+
+/// A serving API thread; [`ApiServer::stop`] ends it.
+pub struct ApiServer {
+    quit: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl ApiServer {
+    /// Serves `socket` on a new thread named `api`, which first calls `confine` (its
+    /// seccomp filter).
+    pub fn start(
+        socket: ApiSocket,
+        state: ApiState,
+        confine: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let quit = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
+        let q = quit.clone();
+        let path = socket.path.clone();
+        let thread = std::thread::Builder::new()
+            .name("api".into())
+            .spawn(move || {
+                if let Err(e) = confine() {
+                    log::error!("api: {e}; the API is not served");
+                    return;
+                }
+                serve(&socket.listener, &state, &q);
+            })?;
+        Ok(Self {
+            quit,
+            thread: Some(thread),
+            path,
+        })
+    }
+
+    /// Stops serving and joins the thread. The socket file stays (the VMM may no longer
+    /// remove it); the next launch on the same path replaces it.
+    pub fn stop(mut self) {
+        let _ = self.quit.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn serve(listener: &UnixListener, state: &ApiState, quit: &EventFd) {
+    let log = devices::ratelimit::RateLimiter::new(5, Duration::from_secs(1));
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: quit.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: polling two valid fds in a local array.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 || fds[1].revents != 0 {
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return;
+        }
+        let Ok((mut s, _)) = listener.accept() else {
+            continue;
+        };
+        let r = match read_request(&mut s) {
+            Ok(req) => state.handle(&req.method, &req.path, &req.body),
+            Err(r) => r,
+        };
+        if r.code >= 400 {
+            devices::warn_ratelimited!(log, "api: answered {}: {}", r.code, r.body);
+        }
+        respond(&mut s, &r);
+    }
+}
+
+/// Asks a running partition's API: `method path` with `body`; the answer's status and
+/// JSON. For `partition status` and tests.
+pub fn request(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<(u16, Value)> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let body = body.map(Value::to_string).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut text = String::new();
+    s.take(1 << 20).read_to_string(&mut text)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no HTTP answer"))?;
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+    let v = serde_json::from_str(body.trim()).map_err(std::io::Error::other)?;
+    Ok((code, v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_heads_parse_or_get_4xx() {
+        assert_eq!(
+            parse_head(b"GET /state HTTP/1.1\r\nHost: x").unwrap(),
+            ("GET".into(), "/state".into(), 0)
+        );
+        assert_eq!(
+            parse_head(b"PUT /state?x=1 HTTP/1.0\r\ncontent-length: 20").unwrap(),
+            ("PUT".into(), "/state".into(), 20)
+        );
+        for (bad, code) in [
+            (&b"GET /state"[..], 400),
+            (b"get /state HTTP/1.1", 400),
+            (b"GET state HTTP/1.1", 400),
+            (b"GET /state SPDY/3", 400),
+            (b"GET /state HTTP/1.1\r\nContent-Length: -1", 400),
+            (b"GET /state HTTP/1.1\r\nContent-Length: 99999", 413),
+            (b"GET /state HTTP/1.1\r\nTransfer-Encoding: chunked", 400),
+            (b"GET /state HTTP/1.1\r\nno colon", 400),
+            (b"\xff\xfe", 400),
+        ] {
+            assert_eq!(parse_head(bad).unwrap_err().code, code, "{bad:?}");
+        }
+    }
+
+    fn state() -> ApiState {
+        ApiState {
+            description: json!({"cores": [1]}),
+            vcpus: Vec::new(),
+            idle: crate::idle::resolve(
+                crate::idle::IdlePolicy::Shared,
+                &crate::idle::IdleCaps::default(),
+            )
+            .unwrap(),
+            cpuid_back: None,
+            pause: Arc::new(PauseControl::default()),
+            stop: Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()),
+            stopping: Arc::new(AtomicBool::new(false)),
+            started: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn resources_answer_and_bad_requests_change_nothing() {
+        let s = state();
+        assert_eq!(s.handle("GET", "/partition", b"").body["cores"], json!([1]));
+        assert_eq!(s.handle("GET", "/state", b"").body["state"], "running");
+        assert_eq!(s.handle("GET", "/counters", b"").code, 200);
+        assert_eq!(s.handle("GET", "/idle", b"").body["policy"], "shared");
+        assert_eq!(s.handle("GET", "/nothing", b"").code, 404);
+        assert_eq!(s.handle("DELETE", "/state", b"").code, 405);
+        assert_eq!(s.handle("PUT", "/state", b"{").code, 400);
+        assert_eq!(
+            s.handle("PUT", "/state", br#"{"state":"asleep"}"#).code,
+            400
+        );
+        assert_eq!(
+            s.handle("PUT", "/actions", br#"{"action":"explode"}"#).code,
+            400
+        );
+        assert!(!s.pause.is_paused() && s.stop.read().is_err());
+        assert_eq!(
+            s.handle("PUT", "/state", br#"{"state":"paused"}"#).body["state"],
+            "paused"
+        );
+        assert!(s.pause.is_paused());
+        assert_eq!(
+            s.handle("PUT", "/state", br#"{"state":"running"}"#).body["state"],
+            "running"
+        );
+        assert_eq!(
+            s.handle("PUT", "/actions", br#"{"action":"stop"}"#).code,
+            202
+        );
+        assert_eq!(s.stop.read().unwrap(), 1);
+    }
+
+    #[test]
+    fn the_socket_serves_over_http_and_refuses_to_replace_a_file() {
+        let dir = std::env::temp_dir().join(format!("api-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("not-a-socket");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            ApiSocket::bind(&file, None),
+            Err(ApiError::InTheWay(_))
+        ));
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+        let path = dir.join("api.sock");
+        let sock = ApiSocket::bind(&path, None).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let server = ApiServer::start(sock, state(), || Ok(())).unwrap();
+        let (code, v) = request(&path, "GET", "/state", None).unwrap();
+        assert_eq!((code, v["state"].as_str()), (200, Some("running")));
+        let (code, _) = request(&path, "PUT", "/state", Some(&json!({"state": 5}))).unwrap();
+        assert_eq!(code, 400);
+        // Garbage on the socket gets a 400 and the server carries on.
+        {
+            let mut s = UnixStream::connect(&path).unwrap();
+            s.write_all(b"\x00\x01 nonsense\r\n\r\n").unwrap();
+            let mut t = String::new();
+            s.read_to_string(&mut t).unwrap();
+            assert!(t.starts_with("HTTP/1.1 400"), "{t}");
+        }
+        let (code, _) = request(&path, "GET", "/partition", None).unwrap();
+        assert_eq!(code, 200);
+        server.stop();
+        // A stale socket is replaced.
+        let again = ApiSocket::bind(&path, None).unwrap();
+        drop(again);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,404 @@
+//! Running inside a pod (docs/kubernetes.md): the cores are the ones the kubelet put in the
+//! container's cpuset, the memory comes from the pod's hugetlbfs volume within its hugetlb
+//! limit. Nothing host-wide (cpusets, IRQ affinities, the kernel's hugepage count) is
+//! touched: the node owns those.
+//!
+//! Exclusive cores: the kubelet's static CPU manager gives a Guaranteed pod's container
+//! CPUs nobody else is scheduled on, but does not mark its cgroup; so a container's cores are
+//! taken as exclusive when the cgroup says so (cgroup v1 `cpuset.cpu_exclusive`, cgroup v2 a
+//! `root` or `isolated` cpuset partition) or when the kubelet's CPU manager checkpoint
+//! (`cpu_manager_state`, mounted read-only into the pod) assigns them to a container and
+//! keeps them out of its shared pool. Anything else is refused: a partition on shared cores
+//! is not one.
+
+use std::path::{Path, PathBuf};
+
+use pool::Extent;
+use pool::poolfile::{ExtentFile, PoolFile};
+
+/// Errors finding the pod's cores and memory.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// This process's cgroup for a controller cannot be found or read.
+    #[error("cgroup {controller}: {why}")]
+    Cgroup {
+        /// The controller.
+        controller: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The cgroup's cores are not exclusive.
+    #[error(
+        "--cores from-cgroup: cores {cores} of cgroup {dir} are not exclusive ({why}); a \
+         partition needs cores nobody else runs on (a Guaranteed pod with whole CPUs under \
+         the kubelet's static CPU manager: pass its cpu_manager_state with \
+         --kubelet-cpu-state, docs/kubernetes.md)"
+    )]
+    NotExclusive {
+        /// The cores.
+        cores: String,
+        /// The cgroup directory.
+        dir: PathBuf,
+        /// What was checked.
+        why: String,
+    },
+    /// The memory directory is not on hugetlbfs.
+    #[error("--memory-from {0}: not a hugetlbfs mount (an emptyDir with medium HugePages-2Mi)")]
+    NotHugetlbfs(PathBuf),
+    /// The guest's memory is not a multiple of the volume's page size.
+    #[error("--memory: {size} bytes is not a multiple of the {page} byte pages of {dir}")]
+    PageMultiple {
+        /// Size asked for.
+        size: u64,
+        /// The mount's page size.
+        page: u64,
+        /// The mount.
+        dir: PathBuf,
+    },
+    /// More than the pod's hugetlb limit leaves.
+    #[error(
+        "--memory: {want} bytes of {page_kb} KiB hugepages is more than the pod's hugetlb \
+         limit leaves ({left} of {limit} bytes, cgroup {dir})"
+    )]
+    OverLimit {
+        /// Bytes asked for.
+        want: u64,
+        /// Bytes left under the limit.
+        left: u64,
+        /// The limit.
+        limit: u64,
+        /// Page size in KiB.
+        page_kb: u64,
+        /// The cgroup.
+        dir: PathBuf,
+    },
+    /// The memory file could not be made.
+    #[error("--memory-from {dir}: {why}")]
+    Memory {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
+impl PodError {
+    /// Whether the request is at fault (exit 2): cores that are not exclusive, a wrong
+    /// directory, a size over the limit.
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Self::Cgroup { .. })
+    }
+}
+
+/// Where this process's cgroup for `controller` is, from `/proc/self/cgroup` and
+/// `/proc/self/mounts` texts: under a cgroup v1 hierarchy that has the controller, else
+/// under the cgroup v2 hierarchy if the controller is enabled there.
+pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mounts: &str) -> Option<PathBuf> {
+    let mut v2_path = None;
+    for l in proc_cgroup.lines() {
+        let mut f = l.splitn(3, ':');
+        let (Some(id), Some(ctrls), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if id == "0" && ctrls.is_empty() {
+            v2_path = Some(path.to_string());
+        } else if ctrls.split(',').any(|c| c == controller) {
+            let mount = mounts.lines().find_map(|m| {
+                let w: Vec<&str> = m.split_whitespace().collect();
+                (w.len() >= 4 && w[2] == "cgroup" && w[3].split(',').any(|o| o == controller))
+                    .then(|| PathBuf::from(w[1]))
+            })?;
+            return Some(mount.join(path.trim_start_matches('/')));
+        }
+    }
+    let path = v2_path?;
+    let mount = mounts.lines().find_map(|m| {
+        let w: Vec<&str> = m.split_whitespace().collect();
+        (w.len() >= 3 && w[2] == "cgroup2").then(|| PathBuf::from(w[1]))
+    })?;
+    let dir = mount.join(path.trim_start_matches('/'));
+    let ctrls = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
+    // The root cgroup lists every controller; a child only those its parent enabled.
+    ctrls
+        .split_whitespace()
+        .any(|c| c == controller)
+        .then_some(dir)
+}
+
+fn own_cgroup_dir(controller: &'static str) -> Result<PathBuf, PodError> {
+    let read = |p: &str| {
+        std::fs::read_to_string(p).map_err(|e| PodError::Cgroup {
+            controller,
+            why: format!("{p}: {e}"),
+        })
+    };
+    cgroup_dir(
+        controller,
+        &read("/proc/self/cgroup")?,
+        &read("/proc/self/mounts")?,
+    )
+    .ok_or(PodError::Cgroup {
+        controller,
+        why: "this process is in no cgroup with that controller".into(),
+    })
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The kubelet's CPU manager checkpoint (`/var/lib/kubelet/cpu_manager_state`).
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CpuManagerState {
+    policy_name: String,
+    #[serde(default)]
+    default_cpu_set: String,
+    #[serde(default)]
+    entries: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+}
+
+/// Whether `cores` are exclusive according to a CPU manager checkpoint's text: the static
+/// policy, none of them in the shared pool, all of them assigned to containers.
+pub fn exclusive_by_kubelet(cores: &[usize], state: &str) -> Result<(), String> {
+    let s: CpuManagerState =
+        serde_json::from_str(state).map_err(|e| format!("cpu_manager_state: {e}"))?;
+    if s.policy_name != "static" {
+        return Err(format!(
+            "the kubelet's CPU manager policy is {:?}, not static",
+            s.policy_name
+        ));
+    }
+    let shared = crate::cores::parse(&s.default_cpu_set).unwrap_or_default();
+    if let Some(c) = cores.iter().find(|c| shared.contains(c)) {
+        return Err(format!("core {c} is in the kubelet's shared pool"));
+    }
+    let assigned: Vec<usize> = s
+        .entries
+        .values()
+        .flat_map(|containers| containers.values())
+        .flat_map(|set| crate::cores::parse(set).unwrap_or_default())
+        .collect();
+    match cores.iter().find(|c| !assigned.contains(c)) {
+        Some(c) => Err(format!("core {c} is assigned to no container")),
+        None => Ok(()),
+    }
+}
+
+/// The cores of this process's cpuset cgroup, if they are exclusive (see the module
+/// documentation), and how that was established.
+pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, String), PodError> {
+    let dir = own_cgroup_dir("cpuset")?;
+    let cg = |what: String| PodError::Cgroup {
+        controller: "cpuset",
+        why: what,
+    };
+    let v2 = dir.join("cpuset.cpus.effective").exists();
+    let list = read_trim(&dir.join(if v2 {
+        "cpuset.cpus.effective"
+    } else {
+        "cpuset.cpus"
+    }))
+    .ok_or_else(|| cg(format!("{}: no cpuset.cpus", dir.display())))?;
+    let cores = crate::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
+    let mut why = Vec::new();
+    if !v2 {
+        if read_trim(&dir.join("cpuset.cpu_exclusive")).as_deref() == Some("1") {
+            return Ok((
+                cores,
+                format!("cgroup v1 {} has cpu_exclusive", dir.display()),
+            ));
+        }
+        why.push("cpuset.cpu_exclusive is 0".to_string());
+    } else {
+        let part = read_trim(&dir.join("cpuset.cpus.partition")).unwrap_or_default();
+        if part == "root" || part == "isolated" {
+            return Ok((
+                cores,
+                format!("cgroup v2 {} is a {part} partition", dir.display()),
+            ));
+        }
+        why.push(format!("cpuset.cpus.partition is {part:?}"));
+    }
+    match kubelet_state {
+        Some(p) => match std::fs::read_to_string(p)
+            .map_err(|e| format!("{}: {e}", p.display()))
+            .and_then(|t| exclusive_by_kubelet(&cores, &t))
+        {
+            Ok(()) => {
+                return Ok((
+                    cores,
+                    format!("the kubelet's static CPU manager ({})", p.display()),
+                ));
+            }
+            Err(e) => why.push(e),
+        },
+        None => why.push("no --kubelet-cpu-state given".into()),
+    }
+    Err(PodError::NotExclusive {
+        cores: crate::cores::format(&cores),
+        dir,
+        why: why.join("; "),
+    })
+}
+
+/// The hugetlb limit and usage in bytes of this process's cgroup for pages of `page_size`
+/// (None: no limit).
+pub fn hugetlb_room(page_size: u64) -> Result<Option<(u64, u64, PathBuf)>, PodError> {
+    let dir = match own_cgroup_dir("hugetlb") {
+        Ok(d) => d,
+        // No hugetlb controller anywhere: no limit to respect.
+        Err(_) => return Ok(None),
+    };
+    let size = if page_size >= 1 << 30 {
+        format!("{}GB", page_size >> 30)
+    } else {
+        format!("{}MB", page_size >> 20)
+    };
+    let cg = |what: String| PodError::Cgroup {
+        controller: "hugetlb",
+        why: what,
+    };
+    let (limit, usage) = if dir.join(format!("hugetlb.{size}.max")).exists() {
+        (
+            read_trim(&dir.join(format!("hugetlb.{size}.max"))),
+            read_trim(&dir.join(format!("hugetlb.{size}.current"))),
+        )
+    } else {
+        (
+            read_trim(&dir.join(format!("hugetlb.{size}.limit_in_bytes"))),
+            read_trim(&dir.join(format!("hugetlb.{size}.usage_in_bytes"))),
+        )
+    };
+    let limit = limit.ok_or_else(|| cg(format!("{}: no hugetlb.{size} limit", dir.display())))?;
+    if limit == "max" {
+        return Ok(None);
+    }
+    let num = |s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| cg(format!("{}: {s:?} is not a number", dir.display())))
+    };
+    let limit = num(&limit)?;
+    // v1's "no limit" is the largest page-aligned value.
+    if limit >= (i64::MAX as u64) & !(page_size - 1) {
+        return Ok(None);
+    }
+    Ok(Some((limit, num(&usage.unwrap_or_default())?, dir)))
+}
+
+/// `statfs` block size: on hugetlbfs, its page size.
+fn hugetlbfs_page_size(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    if !pool::hugetlbfs::is_hugetlbfs(dir) {
+        return None;
+    }
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statfs is plain data; all-zero is valid and statfs overwrites it.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a local struct.
+    (unsafe { libc::statfs(c.as_ptr(), &mut s) } == 0).then_some(s.f_bsize as u64)
+}
+
+/// The page size of the pod's hugetlbfs volume `dir`, checked to be one.
+pub fn volume_page_size(dir: &Path) -> Result<u64, PodError> {
+    hugetlbfs_page_size(dir).ok_or_else(|| PodError::NotHugetlbfs(dir.to_path_buf()))
+}
+
+/// `size` bytes of guest memory from the pod's hugetlbfs volume `dir`: checked against the
+/// pod's hugetlb limit first, then a file made in the volume, preallocated (the pages are
+/// charged to the pod) and unlinked at once, so nothing is left in the volume however the
+/// launch ends; the pages go back when the VMM exits.
+pub fn volume_memory(dir: &Path, size: u64) -> Result<ExtentFile, PodError> {
+    let page = volume_page_size(dir)?;
+    if size == 0 || size % page != 0 {
+        return Err(PodError::PageMultiple {
+            size,
+            page,
+            dir: dir.to_path_buf(),
+        });
+    }
+    if let Some((limit, used, cg)) = hugetlb_room(page)? {
+        let left = limit.saturating_sub(used);
+        if size > left {
+            return Err(PodError::OverLimit {
+                want: size,
+                left,
+                limit,
+                page_kb: page >> 10,
+                dir: cg,
+            });
+        }
+    }
+    let path = dir.join(format!("partition-{}.mem", std::process::id()));
+    let mem = |why: String| PodError::Memory {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    let pf = PoolFile::create(&path, size, page, &mut |_, _| {}).map_err(|e| mem(e.to_string()))?;
+    // Mapped through the open file from now on; the name goes.
+    std::fs::remove_file(&path).map_err(|e| mem(format!("{}: {e}", path.display())))?;
+    pf.extent(Extent {
+        offset: 0,
+        len: size,
+    })
+    .map_err(|e| mem(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTS: &str = "\
+cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+";
+
+    #[test]
+    fn cgroup_directories_are_found_in_v1_and_v2() {
+        let pc = "4:memory:/kubepods/pod1\n3:cpuset:/kubepods/pod1/c1\n0::/kubepods/pod1/c1\n";
+        assert_eq!(
+            cgroup_dir("cpuset", pc, MOUNTS),
+            Some(PathBuf::from("/sys/fs/cgroup/cpuset/kubepods/pod1/c1"))
+        );
+        // A controller no v1 hierarchy has: v2, if enabled there (not in this fake tree).
+        assert_eq!(cgroup_dir("hugetlb", pc, MOUNTS), None);
+        assert_eq!(cgroup_dir("cpuset", "", MOUNTS), None);
+        // A v1 controller without a mount.
+        assert_eq!(cgroup_dir("cpuset", "3:cpuset:/x\n", ""), None);
+    }
+
+    #[test]
+    fn the_kubelets_checkpoint_decides_exclusivity() {
+        let state = r#"{"policyName":"static","defaultCpuSet":"0,3-7",
+            "entries":{"pod-uid":{"vmm":"1-2"}},"checksum":1}"#;
+        assert_eq!(exclusive_by_kubelet(&[1, 2], state), Ok(()));
+        assert!(
+            exclusive_by_kubelet(&[2, 3], state)
+                .unwrap_err()
+                .contains("shared pool")
+        );
+        let unassigned = r#"{"policyName":"static","defaultCpuSet":"0","entries":{}}"#;
+        assert!(
+            exclusive_by_kubelet(&[1], unassigned)
+                .unwrap_err()
+                .contains("assigned to no container")
+        );
+        let none = r#"{"policyName":"none","defaultCpuSet":"","entries":{}}"#;
+        assert!(
+            exclusive_by_kubelet(&[1], none)
+                .unwrap_err()
+                .contains("not static")
+        );
+        assert!(exclusive_by_kubelet(&[1], "{").is_err());
+    }
+
+    #[test]
+    fn a_directory_that_is_not_hugetlbfs_is_refused() {
+        let e = volume_memory(Path::new("/tmp"), 2 << 20).unwrap_err();
+        assert!(matches!(e, PodError::NotHugetlbfs(_)), "{e}");
+        assert!(e.is_usage());
+    }
+}

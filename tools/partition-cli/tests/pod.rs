@@ -1,0 +1,437 @@
+//! A pod simulated on this host (docs/kubernetes.md): a cgroup with an exclusive cpuset and a
+//! hugetlb limit, a hugetlbfs mount standing in for the pod's `HugePages-2Mi` volume, and
+//! `partition launch --cores from-cgroup --memory-from DIR --api-socket PATH` started inside
+//! that cgroup. The probe guest boots on the cgroup's core from the volume's memory; the
+//! test drives the API (description, state, counters, pause and resume, a malformed request,
+//! a clean stop). A launch asking for more than the pod's hugetlb limit, or on cores the
+//! cgroup does not hold exclusively, is refused before the guest starts. The host is left as
+//! it was: cgroups removed, the mount gone, the hugepage count and the cgroup v2 controllers
+//! as they were.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const HUGEPAGES: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages";
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn write(p: &Path, v: &str) {
+    std::fs::write(p, v).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+}
+
+fn mount_of(fstype: &str, option: Option<&str>) -> Option<PathBuf> {
+    read(Path::new("/proc/mounts")).lines().find_map(|l| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        (w.len() >= 4 && w[2] == fstype && option.is_none_or(|o| w[3].split(',').any(|x| x == o)))
+            .then(|| PathBuf::from(w[1]))
+    })
+}
+
+/// One pod at a time: two exclusive cpusets on one core cannot coexist.
+static ONE_POD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The pod: its cgroups, its volume, and what to put back.
+struct Pod {
+    _one: std::sync::MutexGuard<'static, ()>,
+    name: String,
+    cpuset: PathBuf,
+    hugetlb: PathBuf,
+    v2_root: Option<PathBuf>,
+    enabled_hugetlb: bool,
+    volume: PathBuf,
+    hugepages_before: String,
+    dir: Scratch,
+}
+
+impl Pod {
+    /// A pod holding `core` (exclusively if `exclusive`) with a hugetlb limit of
+    /// `limit_mib`; None (and why, printed) where this host cannot make one.
+    fn new(tag: &str, core: usize, exclusive: bool, limit_mib: u64) -> Option<Self> {
+        let one = ONE_POD.lock().unwrap_or_else(|e| e.into_inner());
+        let test = format!("pod::{tag}");
+        if !kvm_available(&test) {
+            return None;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("SKIPPED {test}: cgroups and hugetlbfs mounts need root");
+            return None;
+        }
+        if host_cores() < 2 {
+            println!("SKIPPED {test}: the pod's core needs another for the host");
+            return None;
+        }
+        let Some(cpuset_root) = mount_of("cgroup", Some("cpuset")) else {
+            println!("SKIPPED {test}: no cgroup v1 cpuset hierarchy (this test makes a v1 cpuset)");
+            return None;
+        };
+        let (hugetlb_root, v2_root) = match mount_of("cgroup", Some("hugetlb")) {
+            Some(m) => (m, None),
+            None => match mount_of("cgroup2", None) {
+                Some(m)
+                    if read(&m.join("cgroup.controllers"))
+                        .split(' ')
+                        .any(|c| c == "hugetlb") =>
+                {
+                    (m.clone(), Some(m))
+                }
+                _ => {
+                    println!("SKIPPED {test}: no hugetlb cgroup controller here");
+                    return None;
+                }
+            },
+        };
+        let name = format!("partition-pod-{tag}-{}", std::process::id());
+        let dir = Scratch::new(&format!("pod-{tag}"));
+        let mut pod = Self {
+            _one: one,
+            name: name.clone(),
+            cpuset: cpuset_root.join(&name),
+            hugetlb: hugetlb_root.join(&name),
+            v2_root: v2_root.clone(),
+            enabled_hugetlb: false,
+            volume: dir.path("volume"),
+            hugepages_before: read(Path::new(HUGEPAGES)),
+            dir,
+        };
+        // The node's pre-allocated hugepages, as a kubelet expects them.
+        let before: u64 = pod.hugepages_before.parse().unwrap_or(0);
+        write(Path::new(HUGEPAGES), &(before + 96).to_string());
+        std::fs::create_dir(&pod.cpuset).unwrap();
+        write(&pod.cpuset.join("cpuset.cpus"), &core.to_string());
+        write(
+            &pod.cpuset.join("cpuset.mems"),
+            &read(&cpuset_root.join("cpuset.mems")),
+        );
+        if exclusive {
+            write(&pod.cpuset.join("cpuset.cpu_exclusive"), "1");
+        }
+        if let Some(root) = &v2_root {
+            let ctl = root.join("cgroup.subtree_control");
+            if !read(&ctl).split(' ').any(|c| c == "hugetlb") {
+                write(&ctl, "+hugetlb");
+                pod.enabled_hugetlb = true;
+            }
+        }
+        std::fs::create_dir(&pod.hugetlb).unwrap();
+        let limit = (limit_mib << 20).to_string();
+        if v2_root.is_some() {
+            write(&pod.hugetlb.join("hugetlb.2MB.max"), &limit);
+        } else {
+            write(&pod.hugetlb.join("hugetlb.2MB.limit_in_bytes"), &limit);
+        }
+        std::fs::create_dir(&pod.volume).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "hugetlbfs", "-o", "pagesize=2M", "none"])
+            .arg(&pod.volume)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting hugetlbfs at {}", pod.volume.display());
+        Some(pod)
+    }
+
+    /// `partition ARGS` started inside the pod's cgroups.
+    fn spawn(&self, args: &[&str]) -> Child {
+        let procs = if self.v2_root.is_some() {
+            "cgroup.procs"
+        } else {
+            "tasks"
+        };
+        partition_command_in(&[self.cpuset.join("tasks"), self.hugetlb.join(procs)], args)
+    }
+}
+
+/// `partition ARGS` run by a shell that first moves itself into each of `tasks` (cgroup
+/// membership files) and then execs it.
+fn partition_command_in(tasks: &[PathBuf], args: &[&str]) -> Child {
+    let mut script = String::new();
+    for t in tasks {
+        script.push_str(&format!("echo $$ > '{}' && ", t.display()));
+    }
+    script.push_str("exec \"$@\"");
+    let bin = partition().get_program().to_owned();
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script).arg("sh").arg(bin).args(args);
+    for (k, v) in partition().get_envs() {
+        if let Some(v) = v {
+            c.env(k, v);
+        }
+    }
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.volume).status();
+        for cg in [&self.cpuset, &self.hugetlb] {
+            // Whatever is left in them goes back to the parent first.
+            let parent = cg.parent().unwrap();
+            for f in ["tasks", "cgroup.procs"] {
+                for pid in read(&cg.join(f)).lines() {
+                    let _ = std::fs::write(parent.join(f), pid);
+                }
+            }
+            let _ = std::fs::remove_dir(cg);
+        }
+        if self.enabled_hugetlb {
+            if let Some(root) = &self.v2_root {
+                let _ = std::fs::write(root.join("cgroup.subtree_control"), "-hugetlb");
+            }
+        }
+        let _ = std::fs::write(HUGEPAGES, &self.hugepages_before);
+        let _ = &self.name;
+        let _ = &self.dir;
+    }
+}
+
+fn api(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    partition::api::request(sock, method, path, body.as_ref())
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+#[test]
+fn a_pod_runs_a_partition_on_its_cores_and_memory_driven_through_the_api() {
+    let before = host_state();
+    let Some(pod) = Pod::new("run", 1, true, 64) else {
+        return;
+    };
+    let console = pod.dir.path("console");
+    let sock = pod.dir.path("api.sock");
+    let volume = pod.volume.to_str().unwrap().to_string();
+    let child = pod.spawn(&[
+        "launch",
+        "--cores",
+        "from-cgroup",
+        "--memory",
+        "32M",
+        "--memory-from",
+        &volume,
+        "--probe",
+        "--cmdline",
+        "probe.hold=1 probe.memtest=1",
+        "--console",
+        console.to_str().unwrap(),
+        "--api-socket",
+        sock.to_str().unwrap(),
+        "--json",
+    ]);
+    let child = wait_holding(child, &console, "pod launch", LIMIT);
+    let pid = child.id();
+    // The launcher runs in the pod's cgroup; the volume holds no file (unlinked at once).
+    let cg = read(&PathBuf::from(format!("/proc/{pid}/cgroup")));
+    assert!(cg.contains(&pod.name), "{cg}");
+    assert_eq!(std::fs::read_dir(&pod.volume).unwrap().count(), 0);
+    // The API: what runs, on what, from what.
+    let (code, p) = api(&sock, "GET", "/partition", None);
+    assert_eq!(code, 200, "{p}");
+    assert_eq!(p["cores"], json!([1]), "{p}");
+    assert_eq!(p["memory"]["backing"], "volume", "{p}");
+    assert_eq!(p["memory"]["bytes"], 32u64 << 20, "{p}");
+    assert!(
+        p["cores_exclusive_by"]
+            .as_str()
+            .unwrap()
+            .contains("cpu_exclusive"),
+        "{p}"
+    );
+    assert_eq!(p["pid"], pid, "{p}");
+    let mode = std::fs::metadata(&sock).unwrap();
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    assert_eq!(mode.uid(), p["sandbox"]["uid"].as_u64().unwrap() as u32);
+    assert_eq!(api(&sock, "GET", "/state", None).1["state"], "running");
+    let (_, c) = api(&sock, "GET", "/counters", None);
+    assert!(c["vcpus"][0]["exits"]["io_out"].as_u64() > Some(0), "{c}");
+    assert_eq!(c["vcpus"][0]["core"], 1, "{c}");
+    assert_eq!(api(&sock, "GET", "/idle", None).0, 200);
+    // Pause and resume.
+    let (code, s) = api(&sock, "PUT", "/state", Some(json!({"state": "paused"})));
+    assert_eq!((code, s["state"].as_str()), (200, Some("paused")));
+    assert_eq!(api(&sock, "GET", "/state", None).1["state"], "paused");
+    let (code, s) = api(&sock, "PUT", "/state", Some(json!({"state": "running"})));
+    assert_eq!((code, s["state"].as_str()), (200, Some("running")));
+    // Bad requests get 4xx and change nothing.
+    assert_eq!(api(&sock, "GET", "/nowhere", None).0, 404);
+    assert_eq!(api(&sock, "DELETE", "/state", None).0, 405);
+    assert_eq!(
+        api(&sock, "PUT", "/state", Some(json!({"state": 3}))).0,
+        400
+    );
+    {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.write_all(b"THIS IS NOT HTTP\r\n\r\n").unwrap();
+        let mut t = String::new();
+        s.read_to_string(&mut t).unwrap();
+        assert!(t.starts_with("HTTP/1.1 400"), "{t}");
+    }
+    assert_eq!(api(&sock, "GET", "/state", None).1["state"], "running");
+    // `partition status` asks the API.
+    let out = run(
+        &["status", "--api-socket", sock.to_str().unwrap(), "--json"],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let st: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(st["state"]["state"], "running", "{st}");
+    // A clean stop.
+    let (code, _) = api(&sock, "PUT", "/actions", Some(json!({"action": "stop"})));
+    assert_eq!(code, 202);
+    let out = wait_output(child, LIMIT, "pod launch");
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let r = report(&out.stdout);
+    assert_eq!(r["outcome"]["kind"], "stop_requested", "{r}");
+    assert_eq!(r["vcpus"][0]["core"], 1, "{r}");
+    let text = std::fs::read_to_string(&console).unwrap();
+    assert!(text.contains("probe: holding"), "{text}");
+    drop(pod);
+    let after = host_state();
+    assert_eq!(after.hugepages_total, before.hugepages_total);
+    assert_eq!(after.mounts, before.mounts);
+}
+
+#[test]
+fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest_starts() {
+    let Some(pod) = Pod::new("limit", 1, true, 32) else {
+        return;
+    };
+    let volume = pod.volume.to_str().unwrap().to_string();
+    let out = wait_output(
+        pod.spawn(&[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--memory",
+            "64M",
+            "--memory-from",
+            &volume,
+            "--probe",
+        ]),
+        LIMIT,
+        "over the limit",
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("more than the pod's hugetlb limit leaves"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !out.stdout.contains("probe:"),
+        "the guest ran: {}",
+        out.stdout
+    );
+    assert_eq!(std::fs::read_dir(&pod.volume).unwrap().count(), 0);
+    // Memory not in the volume's page size.
+    let out = wait_output(
+        pod.spawn(&[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--memory",
+            "9M",
+            "--memory-from",
+            &volume,
+            "--probe",
+        ]),
+        LIMIT,
+        "odd size",
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    // A directory that is not hugetlbfs.
+    let out = wait_output(
+        pod.spawn(&[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--memory",
+            "8M",
+            "--memory-from",
+            "/tmp",
+            "--probe",
+        ]),
+        LIMIT,
+        "not hugetlbfs",
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not a hugetlbfs mount"),
+        "{}",
+        out.stderr
+    );
+    drop(pod);
+
+    // Cores the cgroup does not hold exclusively: refused, unless the kubelet's checkpoint
+    // says they are assigned to a container and out of its shared pool.
+    let Some(pod) = Pod::new("shared", 1, false, 32) else {
+        return;
+    };
+    let volume = pod.volume.to_str().unwrap().to_string();
+    let out = wait_output(
+        pod.spawn(&[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--memory",
+            "16M",
+            "--memory-from",
+            &volume,
+            "--probe",
+        ]),
+        LIMIT,
+        "shared cores",
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("are not exclusive"), "{}", out.stderr);
+    let state = pod.dir.file(
+        "cpu_manager_state",
+        br#"{"policyName":"static","defaultCpuSet":"0","entries":{"pod":{"vmm":"1"}},"checksum":1}"#,
+    );
+    let out = wait_output(
+        pod.spawn(&[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--kubelet-cpu-state",
+            state.to_str().unwrap(),
+            "--memory",
+            "16M",
+            "--memory-from",
+            &volume,
+            "--probe",
+            "--json",
+        ]),
+        LIMIT,
+        "kubelet-assigned cores",
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert_eq!(report(&out.stdout)["memory"]["backing"], "volume");
+    assert!(
+        out.stderr.contains("kubelet's static CPU manager"),
+        "{}",
+        out.stderr
+    );
+}
