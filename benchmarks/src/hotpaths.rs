@@ -25,8 +25,8 @@ pub const NESTED_LIMITATION: &str = "guest kernel entries are emulated on this h
     SYSCALL repair (a page fault, a debug exit and back). Guest ring 3 runs natively, but \
     the Linux guest's timer interrupt (100 Hz) runs its handler in the emulator for \
     milliseconds inside every timed interval, so its ring-3 rows (memory latency and \
-    bandwidth) are inflated too (an L1-resident chase about 2x the host's, bandwidth about a \
-    third). No row of the Linux guest compares the VMM with the host here; the probe \
+    bandwidth) can be inflated too, by an amount that varies from run to run. No row of \
+    the Linux guest compares the VMM with the host here; the probe \
     guest, which takes no timer interrupts, does (its memory chase is at parity with the \
     host's).";
 
