@@ -19,7 +19,7 @@ use boot::regs::BootProtocol;
 use boot::{BootConfig, BootError, BootInfo};
 use devices::Bus;
 use devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use devices::pci::{NoPci, PCI_CONFIG_BASE, PCI_CONFIG_LEN};
+use devices::pci::{NoHost, PCI_CONFIG_BASE, PCI_CONFIG_LEN, PciRoot};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
 };
@@ -1102,11 +1102,17 @@ fn attach_devices(
         DEBUG_EXIT_LEN,
         Arc::new(Mutex::new(DebugExit)),
     )?;
+    // No PCI functions yet: the root answers like a machine without PCI.
+    let pci = Arc::new(Mutex::new(PciRoot::new(
+        boot::layout::MMIO_HOLE_START,
+        boot::layout::VIRTIO_MMIO_BASE,
+        Box::new(NoHost),
+    )));
     pio.insert(
-        "no-pci",
+        "pci-config",
         PCI_CONFIG_BASE,
         PCI_CONFIG_LEN,
-        Arc::new(Mutex::new(NoPci)),
+        PciRoot::port_device(&pci),
     )?;
     let mut mmio = Bus::new("mmio");
     // Queue workers go to a core the partition does not use, when there is one.
