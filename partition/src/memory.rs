@@ -94,7 +94,7 @@ impl GuestMemory {
                 addr: r.guest_addr,
                 len: r.len,
                 what: source.describe(),
-                reason: e.to_string(),
+                reason: explain_map_failure(source, &e.to_string()),
             })?;
             let region = GuestRegionMmap::new(region, GuestAddress(r.guest_addr)).ok_or(
                 MemoryError::Region {
@@ -136,6 +136,26 @@ impl GuestMemory {
     pub fn describe(&self) -> String {
         self.describe.clone()
     }
+}
+
+/// `reason`, with what to do about it when the cause is a short hugepage pool.
+fn explain_map_failure(source: &RamSource, reason: &str) -> String {
+    if !matches!(source, RamSource::Anonymous(pool::Backing::Hugetlb)) {
+        return reason.to_string();
+    }
+    let free = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("HugePages_Free:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .map_or_else(|| "unknown".to_string(), |n| n.to_string());
+    format!(
+        "{reason}; --backing hugetlb takes 2 MiB pages from the kernel's free pool \
+         (HugePages_Free: {free}): free more with `sysctl vm.nr_hugepages=N`, or launch \
+         from a reserved pool (--name)"
+    )
 }
 
 #[cfg(test)]
@@ -223,5 +243,27 @@ mod tests {
         ));
         drop(gm);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_short_hugepage_pool_is_a_clear_error_not_a_sigbus() {
+        // 8 GiB more than the kernel has free: no test on this machine frees that many.
+        let free = std::fs::read_to_string("/proc/meminfo")
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("HugePages_Free:")
+                    .map(|v| v.trim().parse::<u64>().unwrap())
+            })
+            .unwrap();
+        let layout = MemoryLayout::new((free + 4096) * (2 << 20)).unwrap();
+        match GuestMemory::new(&RamSource::Anonymous(Backing::Hugetlb), layout) {
+            Err(MemoryError::Map { reason, .. }) => {
+                assert!(reason.contains("HugePages_Free"), "{reason}");
+                assert!(reason.contains("vm.nr_hugepages"), "{reason}");
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+            Ok(_) => panic!("{} free hugepages backed {} more", free, 4096),
+        }
     }
 }

@@ -7,7 +7,8 @@ pub enum Backing {
     Anonymous,
     /// 4 KiB pages, faulted in at map time (MAP_POPULATE).
     AnonymousPopulated,
-    /// 2 MiB hugetlb pages from the kernel's free hugepage pool (MAP_HUGETLB | MAP_POPULATE).
+    /// 2 MiB hugetlb pages from the kernel's free hugepage pool (MAP_HUGETLB | MAP_POPULATE,
+    /// reserved at map time: too few free hugepages fail the mmap instead of a later touch).
     Hugetlb,
 }
 
@@ -22,10 +23,12 @@ impl Backing {
 
     /// The `mmap` flags that give this backing.
     pub fn mmap_flags(self) -> i32 {
-        let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let base = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
         match self {
-            Self::Anonymous => base,
-            Self::AnonymousPopulated => base | libc::MAP_POPULATE,
+            Self::Anonymous => base | libc::MAP_NORESERVE,
+            Self::AnonymousPopulated => base | libc::MAP_NORESERVE | libc::MAP_POPULATE,
+            // No MAP_NORESERVE here: with it, a short hugepage pool maps fine, MAP_POPULATE
+            // quietly stops, and the first touch of an unbacked page is a SIGBUS.
             Self::Hugetlb => base | libc::MAP_HUGETLB | libc::MAP_POPULATE,
         }
     }
@@ -57,6 +60,11 @@ mod tests {
         assert_eq!(
             h & (libc::MAP_POPULATE | libc::MAP_HUGETLB),
             libc::MAP_POPULATE | libc::MAP_HUGETLB
+        );
+        assert_eq!(
+            h & libc::MAP_NORESERVE,
+            0,
+            "hugepages are reserved at map time"
         );
         assert_eq!(Backing::Hugetlb.page_size(), 2 << 20);
     }
