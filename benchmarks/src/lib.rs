@@ -345,6 +345,15 @@ pub fn timed_run(cmd: Command, limit: Duration) -> std::io::Result<Run> {
     timed_run_with(cmd, limit, |_| Ok(()))
 }
 
+/// Everything `r` gives until EOF, as text: a guest's console is not promised to be UTF-8
+/// (one stray byte made `read_to_string` drop a whole run's output), so invalid bytes
+/// become U+FFFD instead.
+pub fn read_lossy(r: &mut impl Read) -> String {
+    let mut bytes = Vec::new();
+    let _ = r.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// As [`timed_run`], calling `after_spawn` with the child's pid before reading its output
 /// (to pin its threads, say); the child is killed if the hook fails.
 pub fn timed_run_with(
@@ -370,11 +379,7 @@ pub fn timed_run_with(
         .stderr
         .take()
         .ok_or_else(|| std::io::Error::other("no stderr"))?;
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let err_t = std::thread::spawn(move || read_lossy(&mut err));
     let pid = child.id();
     let watchdog = std::thread::spawn(move || {
         let t = Instant::now();
@@ -396,9 +401,7 @@ pub fn timed_run_with(
         _ => (None, String::new()),
     };
     let at_first_byte = first_byte.and_then(|_| ProcSample::of(pid));
-    let mut rest = String::new();
-    let _ = out.read_to_string(&mut rest);
-    stdout.push_str(&rest);
+    stdout.push_str(&read_lossy(&mut out));
     let status = child.wait()?;
     let total = start.elapsed();
     let _ = watchdog.join();
@@ -511,6 +514,16 @@ impl LaunchJson {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_console_with_a_stray_byte_keeps_its_text() {
+        let mut console: &[u8] =
+            b"[ 0.1] boot\n\xff\xfeHOTPATHS-BEGIN\n{}\nHOTPATHS-END status=0\n";
+        let text = read_lossy(&mut console);
+        assert!(text.starts_with("[ 0.1] boot\n"), "{text}");
+        assert!(text.contains("HOTPATHS-END status=0"), "{text}");
+        assert!(text.contains('\u{fffd}'));
+    }
 
     #[test]
     fn the_launch_builder_writes_what_a_person_would_type() {

@@ -130,11 +130,7 @@ fn signal_while_halted(name: &str, cores: &str, signal: i32) {
     // SAFETY: sending a signal to our own child.
     assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     // The rest of stdout (the report, the last line) comes once the VMM has torn down.
-    let rest = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stdout.read_to_string(&mut s);
-        s
-    });
+    let rest = std::thread::spawn(move || common::read_lossy(&mut stdout));
     let out = wait_output(child, LIMIT, name);
     assert_eq!(out.code(), 128 + signal, "{}", out.stderr);
     let j = report(&rest.join().unwrap());

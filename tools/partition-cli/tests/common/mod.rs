@@ -77,6 +77,14 @@ impl Output {
     }
 }
 
+/// Everything `r` gives until EOF, invalid UTF-8 (a guest console can have any byte)
+/// replaced rather than losing the whole output.
+pub fn read_lossy(r: &mut impl Read) -> String {
+    let mut bytes = Vec::new();
+    let _ = r.read_to_end(&mut bytes);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 /// Waits for `child` up to `limit`, killing it (and failing) if it takes longer. The limit
 /// is a hang guard, not a speed check.
 pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
@@ -84,20 +92,8 @@ pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut out = child.stdout.take();
     let mut err = child.stderr.take();
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(o) = out.as_mut() {
-            let _ = o.read_to_string(&mut s);
-        }
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(e) = err.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    });
+    let t_out = std::thread::spawn(move || out.as_mut().map(read_lossy).unwrap_or_default());
+    let t_err = std::thread::spawn(move || err.as_mut().map(read_lossy).unwrap_or_default());
     let status = loop {
         if let Some(s) = child.try_wait().expect("try_wait") {
             break s;
