@@ -17,7 +17,11 @@
 //!   `(5 << 2) | SLP_EN` = 0x34 there ([`S5_SLEEP_VALUE`]);
 //! - a reset path: FADT's reset register is the i8042 command port 0x64 with value 0xfe,
 //!   the same line a keyboard-controller reset pulls;
-//! - the CMOS clock's century register ([`RTC_CENTURY_REG`]).
+//! - the CMOS clock's century register ([`RTC_CENTURY_REG`]);
+//! - when the partition has PCI functions, a PCI host bridge ([`PciHostBridge`]): an MCFG
+//!   table with the ECAM of segment 0, bus 0, and a `PNP0A08` device (`_CID` `PNP0A03`)
+//!   whose `_CRS` gives bus 0, the CF8/CFC ports and the BAR window, as QEMU's microvm
+//!   with PCIe describes its GPEX bridge. No `_PRT`: our functions interrupt by MSI-X.
 //!
 //! The image is written into a caller buffer; this module needs `alloc`, not `std`.
 
@@ -33,6 +37,7 @@ use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::madt::{
     EnabledStatus, IoApic, LocalInterruptController, MADT, ProcessorLocalApic,
 };
+use acpi_tables::mcfg::MCFG;
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
@@ -92,9 +97,22 @@ pub struct IsaDevice {
     pub irq: Option<u32>,
 }
 
+/// A PCI host bridge: segment 0, bus 0 only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PciHostBridge {
+    /// ECAM base of bus 0 (1 MiB aligned, below 4 GiB).
+    pub ecam_base: u64,
+    /// Start of the 32-bit BAR window.
+    pub window_start: u64,
+    /// End of the window (exclusive, at most 4 GiB).
+    pub window_end: u64,
+}
+
 /// What the tables describe.
 #[derive(Clone, Copy, Debug)]
 pub struct AcpiConfig<'a> {
+    /// A PCI host bridge, when the partition has PCI functions.
+    pub pci: Option<PciHostBridge>,
     /// vCPUs (APIC IDs 0..cpus).
     pub cpus: usize,
     /// virtio-mmio devices.
@@ -115,6 +133,9 @@ pub enum AcpiError {
     MmioDevice(MmioDevice),
     /// A legacy device whose ACPI name or EISA id is malformed.
     IsaDevice(&'static str),
+    /// A PCI host bridge whose ECAM is not 1 MiB aligned below 4 GiB, or whose window is
+    /// empty or not below 4 GiB.
+    PciHost(PciHostBridge),
     /// The buffer is smaller than the tables.
     BufferTooSmall {
         /// Bytes needed.
@@ -135,6 +156,12 @@ impl core::fmt::Display for AcpiError {
                 d.base, d.len, d.gsi
             ),
             Self::IsaDevice(n) => write!(f, "ACPI: legacy device {n:?}: bad name or EISA id"),
+            Self::PciHost(p) => write!(
+                f,
+                "ACPI: PCI host bridge with ECAM at {:#x} and window {:#x}..{:#x} cannot be \
+                 described (ECAM 1 MiB aligned, both below 4 GiB, the window not empty)",
+                p.ecam_base, p.window_start, p.window_end
+            ),
             Self::BufferTooSmall { needed } => write!(f, "ACPI: needs {needed} bytes"),
         }
     }
@@ -198,14 +225,42 @@ fn isa_device(d: &IsaDevice, uid: u32) -> RawAml {
     )))
 }
 
-/// The DSDT body: the legacy and virtio-mmio devices under `\_SB`, and `\_S5_`.
-fn dsdt(devices: &[MmioDevice], isa: &[IsaDevice]) -> Vec<u8> {
+/// The PCI host bridge device `PCI0`: bus 0, the CF8/CFC ports, the BAR window.
+fn pci_host(p: &PciHostBridge) -> RawAml {
+    let bus = aml::AddressSpace::<u16>::new_bus_number(0, 0);
+    let io = aml::IO::new(0xcf8, 0xcf8, 1, 8);
+    let mem = aml::AddressSpace::<u32>::new_memory(
+        aml::AddressSpaceCacheable::NotCacheable,
+        true,
+        p.window_start as u32,
+        (p.window_end - 1) as u32,
+        None,
+    );
+    let crs = aml::ResourceTemplate::new(alloc::vec![&bus, &io, &mem]);
+    let hid = aml::EISAName::new("PNP0A08");
+    let cid = aml::EISAName::new("PNP0A03");
+    let hid = aml::Name::new("_HID".into(), &hid);
+    let cid = aml::Name::new("_CID".into(), &cid);
+    let seg = aml::Name::new("_SEG".into(), &aml::ZERO);
+    let bbn = aml::Name::new("_BBN".into(), &aml::ZERO);
+    let uid = aml::Name::new("_UID".into(), &aml::ZERO);
+    let cca = aml::Name::new("_CCA".into(), &aml::ONE);
+    let crs = aml::Name::new("_CRS".into(), &crs);
+    RawAml(serialize(&aml::Device::new(
+        "PCI0".into(),
+        alloc::vec![&hid, &cid, &seg, &bbn, &uid, &cca, &crs],
+    )))
+}
+
+/// The DSDT body: the legacy, PCI host and virtio-mmio devices under `\_SB`, and `\_S5_`.
+fn dsdt(devices: &[MmioDevice], isa: &[IsaDevice], pci: Option<&PciHostBridge>) -> Vec<u8> {
     let mut body = Vec::new();
     let mut devs: Vec<RawAml> = isa
         .iter()
         .enumerate()
         .map(|(i, d)| isa_device(d, i as u32))
         .collect();
+    devs.extend(pci.map(pci_host));
     for (i, d) in devices.iter().enumerate() {
         let mem = aml::Memory32Fixed::new(true, d.base as u32, d.len as u32);
         let irq = aml::Interrupt::new(true, true, false, false, d.gsi);
@@ -256,7 +311,8 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     }
     let align = |v: &mut Vec<u8>| v.resize(v.len().next_multiple_of(16), 0);
     let mut out = Vec::new();
-    // Layout: RSDP, XSDT, FADT, DSDT, MADT; offsets known before the tables are built.
+    // Layout: RSDP, XSDT, FADT, DSDT, MADT, MCFG (with PCI); offsets known before the
+    // tables are built.
     let rsdp_len = Rsdp::len();
     if let Some(d) = cfg.isa.iter().find(|d| {
         d.name.len() != 4
@@ -270,7 +326,18 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     }) {
         return Err(AcpiError::IsaDevice(d.name));
     }
-    let dsdt_body = dsdt(cfg.virtio_mmio, cfg.isa);
+    if let Some(p) = cfg.pci {
+        let ok = p.ecam_base % (1 << 20) == 0
+            && p.ecam_base
+                .checked_add(1 << 20)
+                .is_some_and(|e| e <= 1 << 32)
+            && p.window_start < p.window_end
+            && p.window_end <= 1 << 32;
+        if !ok {
+            return Err(AcpiError::PciHost(p));
+        }
+    }
+    let dsdt_body = dsdt(cfg.virtio_mmio, cfg.isa, cfg.pci.as_ref());
     let mut dsdt = Sdt::new(*b"DSDT", 36, 2, OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     dsdt.append_slice(&dsdt_body);
     let dsdt = dsdt.as_slice().to_vec();
@@ -303,13 +370,19 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     madt[9] = 0;
     madt[9] = checksum(&madt);
 
+    let mcfg = cfg.pci.map(|p| {
+        let mut m = MCFG::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
+        m.add_ecam(p.ecam_base, 0, 0, 0);
+        serialize(&m)
+    });
     let fadt_len = acpi_tables::fadt::FADT::len();
-    let xsdt_len = 36 + 2 * 8;
+    let xsdt_len = 36 + (2 + usize::from(mcfg.is_some())) * 8;
     let off = |n: usize| n.next_multiple_of(16);
     let xsdt_off = off(rsdp_len);
     let fadt_off = xsdt_off + off(xsdt_len);
     let dsdt_off = fadt_off + off(fadt_len);
     let madt_off = dsdt_off + off(dsdt.len());
+    let mcfg_off = madt_off + off(madt.len());
     let addr = |o: usize| base + o as u64;
 
     let mut fadt = FADTBuilder::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION)
@@ -329,16 +402,20 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
     let mut xsdt = XSDT::new(OEM_ID, OEM_TABLE_ID, OEM_REVISION);
     xsdt.add_entry(addr(fadt_off));
     xsdt.add_entry(addr(madt_off));
+    if mcfg.is_some() {
+        xsdt.add_entry(addr(mcfg_off));
+    }
     let xsdt = serialize(&xsdt);
     debug_assert_eq!(xsdt.len(), xsdt_len);
 
-    for (o, t) in [
+    let tables = [
         (0, serialize(&Rsdp::new(OEM_ID, addr(xsdt_off)))),
         (xsdt_off, xsdt),
         (fadt_off, fadt),
         (dsdt_off, dsdt),
         (madt_off, madt),
-    ] {
+    ];
+    for (o, t) in tables.into_iter().chain(mcfg.map(|m| (mcfg_off, m))) {
         debug_assert_eq!(out.len(), o);
         out.extend_from_slice(&t);
         align(&mut out);
@@ -388,6 +465,7 @@ mod tests {
             match &buf[t..t + 4] {
                 b"FACP" => fadt = t,
                 b"APIC" => madt = t,
+                b"MCFG" => {}
                 other => panic!("unexpected table {other:?}"),
             }
         }
@@ -406,11 +484,91 @@ mod tests {
         hay.windows(needle.len()).position(|w| w == needle)
     }
 
+    /// The offset of the table with signature `sig` the XSDT points at.
+    fn table(buf: &[u8], base: u64, sig: &[u8; 4]) -> Option<usize> {
+        let xsdt = (u64_at(buf, 24) - base) as usize;
+        let xlen = u32_at(buf, xsdt + 4) as usize;
+        (0..(xlen - 36) / 8)
+            .map(|i| (u64_at(buf, xsdt + 36 + 8 * i) - base) as usize)
+            .find(|&t| &buf[t..t + 4] == sig)
+    }
+
+    #[test]
+    fn a_pci_host_bridge_has_its_mcfg_and_device() {
+        let base = 0xe0000;
+        let mut buf = [0u8; 4096];
+        let pci = PciHostBridge {
+            ecam_base: 0xe000_0000,
+            window_start: 0xc000_0000,
+            window_end: 0xd000_0000,
+        };
+        let cfg = AcpiConfig {
+            pci: Some(pci),
+            cpus: 1,
+            virtio_mmio: &[],
+            isa: &[],
+            sleep_port: 0x600,
+        };
+        write(&mut buf, base, &cfg).unwrap();
+        let (fadt, _) = walk(&buf, base);
+        // MCFG: one allocation, ECAM base, segment 0, buses 0..=0.
+        let mcfg = table(&buf, base, b"MCFG").expect("MCFG in the XSDT");
+        assert_eq!(u32_at(&buf, mcfg + 4), 44 + 16);
+        assert_eq!(u64_at(&buf, mcfg + 44), 0xe000_0000);
+        assert_eq!(&buf[mcfg + 52..mcfg + 56], &[0, 0, 0, 0]);
+        // PCI0: PNP0A08 (EISA 0x080ad041), PNP0A03 as _CID, the window in a DWord memory
+        // descriptor (min, max), the config ports.
+        let dsdt = dsdt_of(&buf, base, fadt);
+        let at = find(dsdt, b"PCI0").expect("PCI0 device");
+        let dev = &dsdt[at..];
+        assert!(find(dev, b"_HID\x0c\x41\xd0\x0a\x08").is_some());
+        assert!(find(dev, b"_CID\x0c\x41\xd0\x0a\x03").is_some());
+        let mut window = Vec::new();
+        window.extend_from_slice(&0xc000_0000u32.to_le_bytes());
+        window.extend_from_slice(&0xcfff_ffffu32.to_le_bytes());
+        assert!(find(dev, &window).is_some(), "window in _CRS");
+        assert!(
+            find(dev, &[0x47, 0x01, 0xf8, 0x0c, 0xf8, 0x0c, 0x01, 0x08]).is_some(),
+            "IO(0xcf8, 8)"
+        );
+        // Without PCI there is neither.
+        let n = write(&mut buf, base, &AcpiConfig { pci: None, ..cfg }).unwrap();
+        assert!(table(&buf, base, b"MCFG").is_none());
+        assert!(find(&buf[..n], b"PCI0").is_none());
+        // A misaligned ECAM or an empty window is refused.
+        for bad in [
+            PciHostBridge {
+                ecam_base: 0xe000_1000,
+                ..pci
+            },
+            PciHostBridge {
+                window_end: 0xc000_0000,
+                ..pci
+            },
+            PciHostBridge {
+                ecam_base: 0xffff_f000_0000,
+                ..pci
+            },
+        ] {
+            assert_eq!(
+                build(
+                    base,
+                    &AcpiConfig {
+                        pci: Some(bad),
+                        ..cfg
+                    }
+                ),
+                Err(AcpiError::PciHost(bad))
+            );
+        }
+    }
+
     #[test]
     fn tables_walk_and_checksum() {
         let base = 0xe0000;
         let mut buf = [0u8; 4096];
         let cfg = AcpiConfig {
+            pci: None,
             cpus: 3,
             virtio_mmio: &[],
             isa: &[],
@@ -470,6 +628,7 @@ mod tests {
         let t = build(
             base,
             &AcpiConfig {
+                pci: None,
                 cpus: 1,
                 virtio_mmio: &devs,
                 isa: &[],
@@ -527,6 +686,7 @@ mod tests {
         let t = build(
             base,
             &AcpiConfig {
+                pci: None,
                 cpus: 1,
                 virtio_mmio: &[],
                 isa: &isa,
@@ -568,6 +728,7 @@ mod tests {
             build(
                 base,
                 &AcpiConfig {
+                    pci: None,
                     cpus: 1,
                     virtio_mmio: &[],
                     isa: &bad,
@@ -581,6 +742,7 @@ mod tests {
     #[test]
     fn errors() {
         let cfg = |cpus, virtio_mmio| AcpiConfig {
+            pci: None,
             cpus,
             virtio_mmio,
             isa: &[],

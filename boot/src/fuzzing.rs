@@ -52,6 +52,7 @@ pub fn kernel(data: &[u8]) {
             virtio_mmio: &[],
             isa: &[],
             sleep_port: 0x600,
+            pci: None,
         },
     );
 }

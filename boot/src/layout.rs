@@ -57,6 +57,16 @@ pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;
 /// Local APIC MMIO base.
 pub const LAPIC_ADDR: u64 = 0xfee0_0000;
+/// Start of the PCI BAR window (32-bit memory BARs are placed in
+/// `[PCI_WINDOW_START, PCI_WINDOW_END)`), the bottom of the MMIO hole.
+pub const PCI_WINDOW_START: u64 = MMIO_HOLE_START;
+/// End of the PCI BAR window, where the virtio-mmio windows start.
+pub const PCI_WINDOW_END: u64 = VIRTIO_MMIO_BASE;
+/// ECAM of PCI segment 0, bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB), described by the
+/// MCFG table and reserved in the e820 map.
+pub const PCI_ECAM_BASE: u64 = 0xe000_0000;
+/// Size of [`PCI_ECAM_BASE`]'s window.
+pub const PCI_ECAM_SIZE: u64 = 1 << 20;
 /// First address handed out to virtio-mmio devices (each window's size is the device's:
 /// `devices::virtio::mmio::WINDOW`).
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;

@@ -98,6 +98,8 @@ mod setup {
         pub isa: &'a [acpi::IsaDevice],
         /// The power device's sleep control port (the FADT's sleep control register).
         pub sleep_port: u16,
+        /// A PCI host bridge (MCFG, `PNP0A08`, ECAM reserved in e820), when there is PCI.
+        pub pci: Option<acpi::PciHostBridge>,
     }
 
     /// What was built, for the VMM to report and to load into the boot vCPU.
@@ -244,12 +246,20 @@ mod setup {
             virtio_mmio: cfg.virtio_mmio,
             isa: cfg.isa,
             sleep_port: cfg.sleep_port,
+            pci: cfg.pci,
         };
         let n = acpi::write(&mut buf, layout::ACPI_ADDR, &acpi_cfg)
             .map_err(|e| BootError::Tables(e.to_string()))?;
         write(mem, "ACPI tables", layout::ACPI_ADDR, &buf[..n])?;
 
-        let e820: Vec<E820Entry> = e820::build(layout).to_vec();
+        let reserved: Vec<(u64, u64)> = cfg
+            .pci
+            .iter()
+            .map(|p| (p.ecam_base, layout::PCI_ECAM_SIZE))
+            .collect();
+        let e820: Vec<E820Entry> = e820::build_with(layout, &reserved)
+            .map_err(|e| BootError::Tables(e.to_string()))?
+            .to_vec();
         let entry_addr = match cfg.protocol {
             BootProtocol::Linux64 => {
                 let bp = params::linux_boot_params(&LinuxParams {
@@ -344,6 +354,7 @@ mod setup {
                     virtio_mmio: &[],
                     isa: &[],
                     sleep_port: 0x600,
+                    pci: None,
                 },
             )
             .unwrap();
@@ -392,6 +403,7 @@ mod setup {
                     virtio_mmio: &[],
                     isa: &[],
                     sleep_port: 0x600,
+                    pci: None,
                 },
             )
             .unwrap();
@@ -418,6 +430,7 @@ mod setup {
                 virtio_mmio: &[],
                 isa: &[],
                 sleep_port: 0x600,
+                pci: None,
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];
@@ -481,6 +494,7 @@ mod setup {
                     virtio_mmio: &[],
                     isa: &[],
                     sleep_port: 0x600,
+                    pci: None,
                 },
             )
             .unwrap();

@@ -1026,6 +1026,7 @@ fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, Launc
             virtio_mmio: &crate::disks::windows(checked.disks.len()),
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
+            pci: None,
         },
     )?)
 }

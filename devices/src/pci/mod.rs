@@ -14,6 +14,7 @@
 //! nothing and is not reported as unknown port pokes.
 
 pub mod config;
+pub mod engine;
 pub mod msix;
 
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -309,7 +309,7 @@ impl Observer for Progress {
             cores.len(),
             if cores.len() == 1 { "" } else { "s" },
             partition::cores::format(cores),
-            partition::size::format(boot::e820::total(&boot.e820)),
+            partition::size::format(boot::e820::memory(&boot.e820)),
             memory,
         );
         eprintln!("partition: {}", checked.idle().describe());

@@ -686,6 +686,7 @@ fn debian_bzimage_loads_with_a_correct_zero_page() {
             virtio_mmio: &[],
             isa: &[],
             sleep_port: 0x600,
+            pci: None,
         },
     )
     .unwrap();
