@@ -554,6 +554,9 @@ pub struct LaunchReport {
     pub ending: Ending,
     /// Boot details.
     pub boot: BootInfo,
+    /// The kernel command line the guest was given (the CPU model's and idle policy's
+    /// words included).
+    pub cmdline: String,
     /// The guest's memory and what backs it.
     pub memory: MemoryReport,
     /// From the first KVM_RUN to teardown.
@@ -981,6 +984,7 @@ pub fn run(
         cpu_model_shown_anyway,
         ending,
         boot,
+        cmdline: checked.cmdline.clone(),
         memory: memory_report,
         ran_for,
         vcpus: vcpu_reports,

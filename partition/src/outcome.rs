@@ -317,6 +317,8 @@ pub struct ReportDoc {
     pub entry_addr: u64,
     /// Guest address of the ACPI RSDP.
     pub rsdp: u64,
+    /// The kernel command line the guest was given.
+    pub cmdline: String,
     /// The idle plan and its read-back.
     pub idle: IdleDoc,
     /// The CPU model.
@@ -345,6 +347,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         memory: r.memory.clone(),
         entry_addr: r.boot.entry_addr,
         rsdp: r.boot.rsdp,
+        cmdline: r.cmdline.clone(),
         idle: IdleDoc {
             policy: r.idle.policy.name(),
             reason: r.idle.reason.clone(),

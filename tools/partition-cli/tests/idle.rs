@@ -93,7 +93,7 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
         let user = "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2";
         let idle_words = if resolved == "poll" { " idle=poll" } else { "" };
         let want = format!("{}{user}{idle_words}", cpu_model_words());
-        assert_eq!(vmm_cmdline(&out.stderr), want, "{policy}");
+        assert_eq!(report(&out.stdout)["cmdline"], want.as_str(), "{policy}");
         assert!(
             out.stdout
                 .replace('\r', "")

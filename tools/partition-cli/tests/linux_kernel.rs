@@ -404,10 +404,10 @@ fn boot_until(name: &str, kernel: &Path, cores: &str, until: Option<&str>, limit
     let mut child = partition()
         .args(["launch", "--cores", cores, "--memory", "256M", "--kernel"])
         .arg(kernel)
-        .args(["--cmdline", cmdline, "--console"])
+        .args(["--cmdline", cmdline, "--json", "--console"])
         .arg(&console)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -442,7 +442,11 @@ fn boot_until(name: &str, kernel: &Path, cores: &str, until: Option<&str>, limit
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = wait_output(child, Duration::from_secs(60), name);
-    check_early_log(name, &early, &vmm_cmdline(&out.stderr), size);
+    let gave = report(&out.stdout)["cmdline"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    check_early_log(name, &early, &gave, size);
     assert_eq!(
         out.code(),
         128 + libc::SIGTERM,
@@ -505,12 +509,12 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
         .arg(vmlinux)
         .arg("--initrd")
         .arg(initrd)
-        .args(["--cmdline", "console=ttyS0", "--console"])
+        .args(["--cmdline", "console=ttyS0", "--json", "--console"])
         .arg(&console)
         .arg("--disk")
         .arg(format!("path={}", disk.display()))
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -526,13 +530,20 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
         )
     };
     assert_eq!(out.code(), 0, "{name}: {}", show());
-    assert!(
-        out.stderr.contains("guest powered off (status 0)"),
+    let r = report(&out.stdout);
+    assert_eq!(
+        (&r["outcome"]["kind"], &r["outcome"]["status"]),
+        (&"power_off".into(), &0.into()),
         "{}",
         show()
     );
     let early = early_log(&log).unwrap_or_else(|| panic!("{name}: no early log\n{}", show()));
-    check_early_log(name, &early, &vmm_cmdline(&out.stderr), size);
+    check_early_log(
+        name,
+        &early,
+        r["cmdline"].as_str().unwrap_or_default(),
+        size,
+    );
     let userspace = marker(&log, "USERSPACE-OK").unwrap_or_else(|| panic!("{}", show()));
     assert!(
         marker(&log, "INSMOD-FAILED").is_none(),
@@ -573,12 +584,12 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
     }
     if nested_pvm() {
         // Every system call of init went through the SYSCALL repair.
-        let assists = out
-            .stderr
-            .lines()
-            .find(|l| l.starts_with("partition: vcpu0 assists: "))
-            .unwrap_or_else(|| panic!("no assists reported\n{}", out.stderr));
-        assert!(assists.contains("syscall="), "{assists}");
+        let syscalls = r["vcpus"][0]["assists"]["syscall"].as_u64().unwrap_or(0);
+        assert!(
+            syscalls > 0,
+            "no SYSCALL repair on vcpu0: {}",
+            r["vcpus"][0]
+        );
     }
     println!(
         "NOTE {name}: {} vCPU(s): userspace at {userspace}, done at {done} (guest seconds); \

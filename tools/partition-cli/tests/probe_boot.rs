@@ -89,6 +89,8 @@ fn one_core_linux64_reports_what_it_was_given() {
     assert_eq!(r.protocol, "linux64");
     let want = format!("{}{cmdline}", cpu_model_words());
     assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
+    assert_eq!(report(&out.stdout)["cmdline"], want.as_str());
+    // The sentence the launch prints for a person says the same.
     assert_eq!(vmm_cmdline(&out.stderr), want);
     assert_eq!(r.e820, expected_e820(128 << 20));
     assert_eq!(r.madt_ids, Some(vec![0]));
