@@ -1,0 +1,404 @@
+//! The submission engine as a PCI function: the [`engine`](super::engine) protocol behind
+//! a type-0 header with three BARs and an MSI-X capability.
+//!
+//! | BAR | size | what | how the guest reaches it |
+//! |---|---|---|---|
+//! | 0 | 4 KiB | the engine's registers | traps to the VMM |
+//! | 2 | 4 KiB | MSI-X table (offset 0) and PBA (offset 0x800) | traps to the VMM |
+//! | 4 | 4 KiB | the doorbell page | per [`DoorbellMode`] |
+//!
+//! The three doorbell modes differ only in how the engine thread learns there is work:
+//! [`DoorbellMode::Trap`], a write to BAR 4 exits to the VMM, which kicks the thread;
+//! [`DoorbellMode::Ioeventfd`], KVM turns the write into an eventfd signal without leaving
+//! the kernel; [`DoorbellMode::Mapped`], BAR 4 is host memory mapped into the guest (a KVM
+//! memory slot: no exit at all) and the engine thread polls its first word. The register
+//! doorbell (BAR 0 `DOORBELL`) always traps. Completion is a fence in guest memory the
+//! driver may poll, and MSI-X vector 0 when a command asks for it.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vm_memory::GuestMemoryMmap;
+
+use super::config::{Bar, BarKind, CAP_MSIX, ConfigError, ConfigSpace};
+use super::engine::{Effect, Engine};
+use super::msix::{Delivery, Msix, MsixError, MsixLayout, RouteChange};
+use super::{ConfigEffects, PciFunction};
+use crate::{Interrupt, VmEvent};
+
+/// PCI vendor id the engine answers with (the id QEMU's own test devices use; not ours to
+/// register, and only ever seen by our own probe guest).
+pub const VENDOR: u16 = 0x1234;
+/// PCI device id of the engine.
+pub const DEVICE: u16 = 0x5e01;
+/// Class: processing accelerator (0x12), subclass 0, interface 0.
+pub const CLASS: u32 = 0x12_0000;
+/// BAR index of the registers.
+pub const BAR_REGS: usize = 0;
+/// BAR index of the MSI-X table and PBA.
+pub const BAR_MSIX: usize = 2;
+/// BAR index of the doorbell page.
+pub const BAR_DOORBELL: usize = 4;
+/// Size of each BAR.
+pub const BAR_SIZE: u64 = 4096;
+/// Offset of the PBA in [`BAR_MSIX`].
+pub const PBA_OFFSET: u32 = 0x800;
+/// MSI-X vectors: 0 is completion.
+pub const VECTORS: usize = 2;
+
+/// How the doorbell page reaches the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DoorbellMode {
+    /// Every doorbell write exits to the VMM.
+    Trap,
+    /// KVM signals an eventfd; no exit to userspace.
+    Ioeventfd,
+    /// Host memory in the guest; the engine thread polls it; no exit at all.
+    Mapped,
+}
+
+impl DoorbellMode {
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Trap => "trap",
+            Self::Ioeventfd => "ioeventfd",
+            Self::Mapped => "mapped",
+        }
+    }
+}
+
+/// What the engine thread and the function share.
+pub struct Shared {
+    /// The protocol state.
+    pub engine: Mutex<Engine>,
+    /// The MSI-X state (the thread asks it how to deliver).
+    pub msix: Mutex<Msix>,
+    /// Vector `i`'s line (an irqfd the VMM routes to the vector's message).
+    pub vectors: Vec<Box<dyn Interrupt + Sync>>,
+    /// Guest memory.
+    pub mem: GuestMemoryMmap,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    /// Raises vector `v` as MSI-X says: sent now, left pending, or dropped.
+    pub fn raise(&self, v: usize) -> Delivery {
+        let d = lock(&self.msix).signal(v);
+        if let (Delivery::Send(_), Some(line)) = (d, self.vectors.get(v)) {
+            let _ = line.trigger();
+        }
+        d
+    }
+
+    /// Sends a vector that went pending, once its route is back (after a route change).
+    pub fn fire_pending(&self, change: &RouteChange) {
+        if change.fire_pending
+            && let Some(line) = self.vectors.get(usize::from(change.vector))
+        {
+            let _ = line.trigger();
+        }
+    }
+
+    /// The engine state.
+    pub fn engine(&self) -> MutexGuard<'_, Engine> {
+        lock(&self.engine)
+    }
+}
+
+/// The engine's PCI function.
+pub struct SubmitFunction {
+    config: ConfigSpace,
+    msix_cap: usize,
+    shared: Arc<Shared>,
+    mode: DoorbellMode,
+    kick: Box<dyn Interrupt>,
+}
+
+/// Errors building the function (the VMM's own mistakes).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The configuration space refused a BAR or capability.
+    #[error("submission engine: {0}")]
+    Config(#[from] ConfigError),
+    /// The MSI-X capability was refused.
+    #[error("submission engine: {0}")]
+    Msix(#[from] MsixError),
+    /// A BAR base that is not 4 KiB aligned.
+    #[error("submission engine: BAR base {0:#x} is not 4 KiB aligned")]
+    Base(u64),
+}
+
+impl SubmitFunction {
+    /// The function with its BARs at `bases` (registers, MSI-X, doorbell), guest memory
+    /// `mem`, one line per MSI-X vector, and `kick` to wake the engine thread (trap mode's
+    /// doorbell, enable and reset).
+    pub fn new(
+        bases: [u64; 3],
+        mode: DoorbellMode,
+        mem: GuestMemoryMmap,
+        vectors: Vec<Box<dyn Interrupt + Sync>>,
+        kick: Box<dyn Interrupt>,
+    ) -> Result<(Self, Arc<Shared>), SubmitError> {
+        if let Some(b) = bases.iter().find(|b| **b % BAR_SIZE != 0) {
+            return Err(SubmitError::Base(*b));
+        }
+        let mut config = ConfigSpace::new(VENDOR, DEVICE, CLASS, 1, 0);
+        let bar = Bar {
+            size: BAR_SIZE,
+            kind: BarKind::Mem32,
+            prefetchable: false,
+        };
+        for (index, base) in [BAR_REGS, BAR_MSIX, BAR_DOORBELL].into_iter().zip(bases) {
+            config.set_bar(index, bar, base)?;
+        }
+        let msix = Msix::new(
+            VECTORS,
+            MsixLayout {
+                table: (BAR_MSIX as u8, 0),
+                pba: (BAR_MSIX as u8, PBA_OFFSET),
+            },
+        )?;
+        let (body, mask) = msix.capability();
+        let msix_cap = config.add_capability(CAP_MSIX, &body, &mask)?;
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(Engine::new()),
+            msix: Mutex::new(msix),
+            vectors,
+            mem,
+        });
+        Ok((
+            Self {
+                config,
+                msix_cap,
+                shared: shared.clone(),
+                mode,
+                kick,
+            },
+            shared,
+        ))
+    }
+
+    /// How the doorbell reaches the engine.
+    pub fn mode(&self) -> DoorbellMode {
+        self.mode
+    }
+
+    fn kick(&self) {
+        let _ = self.kick.trigger();
+    }
+}
+
+impl PciFunction for SubmitFunction {
+    fn config(&self) -> &ConfigSpace {
+        &self.config
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) -> ConfigEffects {
+        let bars = self.config.write(offset, data);
+        // Message control is the capability's bytes 2-3: follow enable and function mask.
+        let control_at = (self.msix_cap + 2) as u64;
+        let touched = offset < control_at + 2 && offset + data.len() as u64 > control_at;
+        let msix = if touched {
+            let b = self.config.bytes(control_at as usize, 2);
+            let control = u16::from_le_bytes([b[0], b[1]]);
+            let changes = lock(&self.shared.msix).write_control(control);
+            for c in &changes {
+                self.shared.fire_pending(c);
+            }
+            changes
+        } else {
+            Vec::new()
+        };
+        ConfigEffects { bars, msix }
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        match bar {
+            BAR_REGS => self.shared.engine().read(offset, data),
+            BAR_MSIX => {
+                let m = lock(&self.shared.msix);
+                if offset < u64::from(PBA_OFFSET) {
+                    m.read_table(offset, data);
+                } else {
+                    m.read_pba(offset - u64::from(PBA_OFFSET), data);
+                }
+            }
+            _ => data.fill(0),
+        }
+    }
+
+    fn write_bar(
+        &mut self,
+        bar: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> (Vec<RouteChange>, Option<VmEvent>) {
+        match bar {
+            BAR_REGS => {
+                let effect = {
+                    let mut e = self.shared.engine();
+                    e.write(&self.shared.mem, offset, data)
+                };
+                if effect != Effect::None {
+                    self.kick();
+                }
+                (Vec::new(), None)
+            }
+            BAR_MSIX if offset < u64::from(PBA_OFFSET) => {
+                let change = lock(&self.shared.msix).write_table(offset, data);
+                if let Some(c) = &change {
+                    self.shared.fire_pending(c);
+                }
+                (change.into_iter().collect(), None)
+            }
+            // The doorbell page reached the VMM: trap mode (or a mapped page not mapped
+            // yet). Any write is a doorbell.
+            BAR_DOORBELL => {
+                self.kick();
+                (Vec::new(), None)
+            }
+            _ => (Vec::new(), None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::engine::{Command, FLAG_INTERRUPT, OP_FENCE, RING_HEADER, reg};
+    use super::super::msix::CONTROL_ENABLE;
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use vm_memory::{Bytes, GuestAddress};
+
+    #[derive(Clone, Default)]
+    struct Count(Arc<AtomicU32>);
+    impl Interrupt for Count {
+        fn trigger(&self) -> std::io::Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    impl Count {
+        fn get(&self) -> u32 {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    const BASES: [u64; 3] = [0xc000_0000, 0xc000_1000, 0xc000_2000];
+
+    fn function() -> (SubmitFunction, Arc<Shared>, Count, Count) {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let (v0, kick) = (Count::default(), Count::default());
+        let vectors: Vec<Box<dyn Interrupt + Sync>> =
+            vec![Box::new(v0.clone()), Box::new(Count::default())];
+        let (f, s) = SubmitFunction::new(
+            BASES,
+            DoorbellMode::Trap,
+            mem,
+            vectors,
+            Box::new(kick.clone()),
+        )
+        .unwrap();
+        (f, s, v0, kick)
+    }
+
+    fn w32(f: &mut SubmitFunction, bar: usize, off: u64, v: u32) {
+        f.write_bar(bar, off, &v.to_le_bytes());
+    }
+
+    #[test]
+    fn the_header_describes_the_engine() {
+        let (f, _, _, _) = function();
+        let c = f.config();
+        let mut id = [0u8; 4];
+        c.read(0, &mut id);
+        assert_eq!(
+            u32::from_le_bytes(id),
+            u32::from(DEVICE) << 16 | u32::from(VENDOR)
+        );
+        for (i, b) in [BAR_REGS, BAR_MSIX, BAR_DOORBELL].into_iter().zip(BASES) {
+            assert_eq!(c.bar_addr(i), Some(b));
+        }
+        // The MSI-X capability: the first one, table size 2, table and PBA in BAR 2.
+        assert_eq!(c.bytes(0x34, 1), &[0x40]);
+        assert_eq!(c.bytes(0x40, 1), &[CAP_MSIX]);
+        assert_eq!(c.bytes(0x42, 2), &[1, 0]);
+        assert_eq!(c.bytes(0x44, 4), &2u32.to_le_bytes());
+        assert_eq!(c.bytes(0x48, 4), &(PBA_OFFSET | 2).to_le_bytes());
+        let bad = SubmitFunction::new(
+            [0xc000_0800, 0, 0],
+            DoorbellMode::Mapped,
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x1000)]).unwrap(),
+            Vec::new(),
+            Box::new(Count::default()),
+        );
+        assert!(matches!(bad, Err(SubmitError::Base(0xc000_0800))));
+    }
+
+    #[test]
+    fn a_submission_through_the_trapping_doorbell_completes_by_fence_and_msix() {
+        let (mut f, s, v0, kick) = function();
+        // MSI-X on, vector 0 programmed and unmasked: the route is reported to the host.
+        let eff = f.write_config(0x42, &CONTROL_ENABLE.to_le_bytes());
+        assert!(eff.msix.is_empty(), "all vectors are masked at reset");
+        f.write_bar(BAR_MSIX, 0, &0xfee0_0000u64.to_le_bytes());
+        w32(&mut f, BAR_MSIX, 8, 0x41);
+        let (routes, _) = f.write_bar(BAR_MSIX, 12, &0u32.to_le_bytes());
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0].route.map(|m| m.data), Some(0x41));
+        // The ring at 0x1000, four entries; enabling kicks the engine thread.
+        w32(&mut f, BAR_REGS, reg::RING_LO, 0x1000);
+        w32(&mut f, BAR_REGS, reg::RING_SIZE, 4);
+        w32(&mut f, BAR_REGS, reg::CONTROL, 1);
+        assert_eq!(kick.get(), 1);
+        let c = Command {
+            opcode: OP_FENCE,
+            flags: FLAG_INTERRUPT,
+            fence_addr: 0x8000,
+            fence_value: 77,
+            work_ns: 0,
+        };
+        s.mem
+            .write_slice(&c.to_bytes(), GuestAddress(0x1000 + RING_HEADER))
+            .unwrap();
+        s.mem.write_obj(1u32, GuestAddress(0x1000)).unwrap();
+        // The doorbell page traps here: it kicks.
+        w32(&mut f, BAR_DOORBELL, 0, 1);
+        assert_eq!(kick.get(), 2);
+        // What the engine thread does when kicked.
+        let p = s.engine().execute(&s.mem, |_| {});
+        assert_eq!((p.executed, p.interrupts), (1, 1));
+        assert_eq!(s.raise(0), Delivery::Send(routes[0].route.unwrap()));
+        assert_eq!(v0.get(), 1);
+        assert_eq!(s.mem.read_obj::<u64>(GuestAddress(0x8000)).unwrap(), 77);
+        let mut head = [0u8; 4];
+        f.read_bar(BAR_REGS, reg::HEAD, &mut head);
+        assert_eq!(u32::from_le_bytes(head), 1);
+    }
+
+    #[test]
+    fn a_masked_completion_waits_in_the_pba_and_fires_on_unmask() {
+        let (mut f, s, v0, _) = function();
+        f.write_config(0x42, &CONTROL_ENABLE.to_le_bytes());
+        f.write_bar(BAR_MSIX, 0, &0xfee0_0000u64.to_le_bytes());
+        assert_eq!(s.raise(0), Delivery::Pending);
+        assert_eq!(v0.get(), 0);
+        let mut pba = [0u8; 8];
+        f.read_bar(BAR_MSIX, u64::from(PBA_OFFSET), &mut pba);
+        assert_eq!(u64::from_le_bytes(pba), 1);
+        // Unmasking delivers it once, through the vector's line.
+        w32(&mut f, BAR_MSIX, 12, 0);
+        assert_eq!(v0.get(), 1);
+        f.read_bar(BAR_MSIX, u64::from(PBA_OFFSET), &mut pba);
+        assert_eq!(u64::from_le_bytes(pba), 0);
+        // The PBA is read-only, the doorbell page reads zero.
+        f.write_bar(BAR_MSIX, u64::from(PBA_OFFSET), &[0xff; 8]);
+        let mut d = [0xffu8; 4];
+        f.read_bar(BAR_DOORBELL, 0, &mut d);
+        assert_eq!(d, [0; 4]);
+    }
+}
