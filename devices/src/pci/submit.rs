@@ -15,9 +15,13 @@
 //! doorbell (BAR 0 `DOORBELL`) always traps. Completion is a fence in guest memory the
 //! driver may poll, and MSI-X vector 0 when a command asks for it.
 
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemoryMmap, MmapRegion};
+use vmm_sys_util::eventfd::EventFd;
 
 use super::config::{Bar, BarKind, CAP_MSIX, ConfigError, ConfigSpace};
 use super::engine::{Effect, Engine};
@@ -266,12 +270,170 @@ impl PciFunction for SubmitFunction {
     }
 }
 
+/// The doorbell page of [`DoorbellMode::Mapped`]: a page of host memory the VMM maps into
+/// the guest at BAR 4 (a KVM memory slot) and the engine thread polls.
+#[derive(Clone)]
+pub struct DoorbellPage(Arc<MmapRegion>);
+
+impl DoorbellPage {
+    /// A fresh zeroed page.
+    pub fn new() -> std::io::Result<Self> {
+        MmapRegion::new(BAR_SIZE as usize)
+            .map(|r| Self(Arc::new(r)))
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    /// Host address and length, for the memory slot.
+    pub fn host_range(&self) -> (u64, u64) {
+        (self.0.as_ptr() as u64, BAR_SIZE)
+    }
+
+    /// The doorbell word (offset 0).
+    fn word(&self) -> &AtomicU32 {
+        // SAFETY: the mapping is BAR_SIZE bytes, page aligned and lives as long as `self`
+        // (the Arc); an AtomicU32 has the size and alignment of the u32 at its start, and
+        // every access to it (ours, and the guest's through the slot) is a plain 4-byte
+        // load or store, which an atomic load observes whole.
+        unsafe { &*(self.0.as_ptr() as *const AtomicU32) }
+    }
+
+    /// What the guest last wrote to the doorbell word.
+    pub fn read(&self) -> u32 {
+        self.word().load(Ordering::Acquire)
+    }
+}
+
+/// How the engine thread waits for work.
+pub enum Wake {
+    /// Blocks on the kick eventfd: trap mode (the VMM writes it on a doorbell exit) and
+    /// ioeventfd mode (KVM writes it on the doorbell write).
+    Block,
+    /// Polls the doorbell page, and the kick eventfd without blocking (enable, reset and
+    /// the register doorbell still trap).
+    Poll(DoorbellPage),
+}
+
+/// A running engine thread.
+pub struct EngineThread {
+    stop: Arc<AtomicBool>,
+    kick: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl EngineThread {
+    /// Starts the thread: `hook` runs first (the sandbox installs its filter there), then
+    /// it executes whatever is already submitted, and from then on waits as `wake` says and
+    /// executes what the driver submitted, raising vector 0 for the commands that ask.
+    /// `kick` should be non-blocking (`EFD_NONBLOCK`): the thread waits for it with
+    /// `poll(2)` in [`Wake::Block`] and only peeks at it in [`Wake::Poll`].
+    pub fn spawn(
+        shared: Arc<Shared>,
+        kick: Arc<EventFd>,
+        wake: Wake,
+        hook: super::super::virtio::ThreadHook,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, k) = (stop.clone(), kick.clone());
+        let thread = std::thread::Builder::new()
+            .name("engine".into())
+            .spawn(move || {
+                if let Err(e) = hook("engine") {
+                    log::error!("engine thread: {e}");
+                    return 0;
+                }
+                engine_loop(&shared, &k, &wake, &st)
+            })?;
+        Ok(Self {
+            stop,
+            kick,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops and joins it; returns how many times it executed up to the tail.
+    pub fn stop(mut self) -> u64 {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> u64 {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.kick.write(1);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for EngineThread {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Spends `ns` nanoseconds of the engine's own time (a command's busy work).
+fn busy(ns: u64) {
+    let until = Instant::now() + Duration::from_nanos(ns.min(1_000_000_000));
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+fn run_once(shared: &Shared) -> bool {
+    let p = shared.engine().execute(&shared.mem, busy);
+    if p.interrupts > 0 {
+        shared.raise(0);
+    }
+    p.executed > 0
+}
+
+fn wait_readable(fd: &EventFd) {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call. EINTR or an error just means
+    // look again: the caller reads the fd without blocking and checks its stop flag.
+    unsafe { libc::poll(&mut p, 1, -1) };
+}
+
+fn engine_loop(shared: &Shared, kick: &EventFd, wake: &Wake, stop: &AtomicBool) -> u64 {
+    let mut rounds = 0u64;
+    // Whatever was submitted before the thread ran; a doorbell seen from now on runs again.
+    let mut seen = match wake {
+        Wake::Poll(page) => page.read(),
+        Wake::Block => 0,
+    };
+    run_once(shared);
+    loop {
+        let run = match wake {
+            Wake::Block => {
+                wait_readable(kick);
+                kick.read().is_ok()
+            }
+            Wake::Poll(page) => {
+                let rung = page.read();
+                let kicked = kick.read().is_ok();
+                let changed = rung != seen;
+                seen = rung;
+                changed || kicked
+            }
+        };
+        if stop.load(Ordering::Acquire) {
+            return rounds;
+        }
+        if run {
+            rounds += 1;
+            run_once(shared);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::engine::{Command, FLAG_INTERRUPT, OP_FENCE, RING_HEADER, reg};
     use super::super::msix::CONTROL_ENABLE;
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
     use vm_memory::{Bytes, GuestAddress};
 
     #[derive(Clone, Default)]
@@ -308,6 +470,75 @@ mod tests {
 
     fn w32(f: &mut SubmitFunction, bar: usize, off: u64, v: u32) {
         f.write_bar(bar, off, &v.to_le_bytes());
+    }
+
+    /// Submits one fence command on the ring at 0x1000 (4 entries) as the driver would.
+    fn submit(s: &Shared, tail: &mut u32, value: u64, flags: u32) {
+        let c = Command {
+            opcode: OP_FENCE,
+            flags,
+            fence_addr: 0x8000,
+            fence_value: value,
+            work_ns: 1000,
+        };
+        let at = 0x1000 + RING_HEADER + u64::from(*tail % 4) * 32;
+        s.mem.write_slice(&c.to_bytes(), GuestAddress(at)).unwrap();
+        *tail += 1;
+        s.mem.write_obj(*tail, GuestAddress(0x1000)).unwrap();
+    }
+
+    fn wait_fence(s: &Shared, value: u64) {
+        let t = Instant::now();
+        while s.mem.read_obj::<u64>(GuestAddress(0x8000)).unwrap() != value {
+            if t.elapsed() > Duration::from_secs(20) {
+                let e = s.engine();
+                panic!(
+                    "fence {value} never came: {:?}, {} executed, running {}",
+                    e.error(),
+                    e.executed(),
+                    e.running()
+                );
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_engine_thread_serves_kicks_and_a_polled_page() {
+        for poll in [false, true] {
+            let (mut f, s, v0, _) = function();
+            f.write_config(0x42, &CONTROL_ENABLE.to_le_bytes());
+            f.write_bar(BAR_MSIX, 0, &0xfee0_0000u64.to_le_bytes());
+            w32(&mut f, BAR_MSIX, 12, 0);
+            w32(&mut f, BAR_REGS, reg::RING_LO, 0x1000);
+            w32(&mut f, BAR_REGS, reg::RING_SIZE, 4);
+            w32(&mut f, BAR_REGS, reg::CONTROL, 1);
+            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+            let page = DoorbellPage::new().unwrap();
+            let wake = if poll {
+                Wake::Poll(page.clone())
+            } else {
+                Wake::Block
+            };
+            let hook: crate::virtio::ThreadHook = Arc::new(|_| Ok(()));
+            let t = EngineThread::spawn(s.clone(), kick.clone(), wake, hook).unwrap();
+            let mut tail = 0;
+            for i in 1..=6u64 {
+                submit(&s, &mut tail, i, FLAG_INTERRUPT);
+                if poll {
+                    // The guest's store to the mapped page.
+                    page.word().store(tail, Ordering::Release);
+                } else {
+                    kick.write(1).unwrap();
+                }
+                wait_fence(&s, i);
+            }
+            let rounds = t.stop();
+            assert!(rounds >= 1, "poll={poll}");
+            assert_eq!(s.engine().executed(), 6, "poll={poll}");
+            // One interrupt per round that completed a command.
+            assert!((1..=6).contains(&v0.get()), "poll={poll}: {}", v0.get());
+        }
     }
 
     #[test]
