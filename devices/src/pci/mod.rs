@@ -64,7 +64,9 @@ pub trait PciFunction: Send {
 pub trait PciHost: Send {
     /// Slot `slot`'s BAR moved (or started or stopped decoding).
     fn bar_changed(&mut self, slot: u8, change: &BarChange);
-    /// Slot `slot`'s MSI-X vector changed route (and may have a pending message to send).
+    /// Slot `slot`'s MSI-X vector changed route. When `change.fire_pending`, the host sends
+    /// the vector once after installing the new route (the device left that to it, so
+    /// the message cannot overtake its route).
     fn msix_changed(&mut self, slot: u8, change: &RouteChange);
 }
 

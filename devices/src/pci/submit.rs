@@ -98,15 +98,6 @@ impl Shared {
         d
     }
 
-    /// Sends a vector that went pending, once its route is back (after a route change).
-    pub fn fire_pending(&self, change: &RouteChange) {
-        if change.fire_pending
-            && let Some(line) = self.vectors.get(usize::from(change.vector))
-        {
-            let _ = line.trigger();
-        }
-    }
-
     /// The engine state.
     pub fn engine(&self) -> MutexGuard<'_, Engine> {
         lock(&self.engine)
@@ -209,11 +200,7 @@ impl PciFunction for SubmitFunction {
         let msix = if touched {
             let b = self.config.bytes(control_at as usize, 2);
             let control = u16::from_le_bytes([b[0], b[1]]);
-            let changes = lock(&self.shared.msix).write_control(control);
-            for c in &changes {
-                self.shared.fire_pending(c);
-            }
-            changes
+            lock(&self.shared.msix).write_control(control)
         } else {
             Vec::new()
         };
@@ -253,10 +240,9 @@ impl PciFunction for SubmitFunction {
                 (Vec::new(), None)
             }
             BAR_MSIX if offset < u64::from(PBA_OFFSET) => {
+                // A vector unmasked while pending is the host's to send, once it has
+                // installed the route (`RouteChange::fire_pending`).
                 let change = lock(&self.shared.msix).write_table(offset, data);
-                if let Some(c) = &change {
-                    self.shared.fire_pending(c);
-                }
                 (change.into_iter().collect(), None)
             }
             // The doorbell page reached the VMM: trap mode (or a mapped page not mapped
@@ -621,9 +607,11 @@ mod tests {
         let mut pba = [0u8; 8];
         f.read_bar(BAR_MSIX, u64::from(PBA_OFFSET), &mut pba);
         assert_eq!(u64::from_le_bytes(pba), 1);
-        // Unmasking delivers it once, through the vector's line.
-        w32(&mut f, BAR_MSIX, 12, 0);
-        assert_eq!(v0.get(), 1);
+        // Unmasking asks the host to send it once, after it installs the route.
+        let (routes, _) = f.write_bar(BAR_MSIX, 12, &0u32.to_le_bytes());
+        assert_eq!(routes.len(), 1);
+        assert!(routes[0].fire_pending && routes[0].route.is_some());
+        assert_eq!(v0.get(), 0);
         f.read_bar(BAR_MSIX, u64::from(PBA_OFFSET), &mut pba);
         assert_eq!(u64::from_le_bytes(pba), 0);
         // The PBA is read-only, the doorbell page reads zero.

@@ -4,9 +4,11 @@
 use boot::regs::EntryState;
 use kvm_bindings::{
     CpuId, KVM_CAP_HALT_POLL, KVM_CAP_X86_DISABLE_EXITS, KVM_CAP_X86_USER_SPACE_MSR,
-    KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, kvm_pit_config, kvm_userspace_memory_region,
+    KVM_IRQ_ROUTING_IRQCHIP, KVM_IRQ_ROUTING_MSI, KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY, KvmIrqRouting,
+    kvm_irq_routing_entry, kvm_pit_config, kvm_userspace_memory_region,
 };
-use kvm_ioctls::{IoEventAddress, Kvm, VcpuFd, VmFd};
+use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::cpuid::IdleCpuid;
@@ -17,6 +19,86 @@ use crate::memory::GuestMemory;
 pub const MSR_LSTAR: u32 = 0xc000_0082;
 /// `IA32_STAR`: SYSCALL/SYSRET selectors.
 pub const MSR_STAR: u32 = 0xc000_0081;
+
+/// GSIs the in-kernel IOAPIC has (its pins); MSI routes take GSIs from here up.
+pub const IOAPIC_PINS: u32 = 24;
+/// First memory slot for device memory (a BAR backed by host memory); RAM takes the
+/// slots below.
+pub const DEVICE_SLOT_BASE: u32 = 16;
+
+/// One entry of the GSI routing table, in our words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `gsi` drives pin `pin` of an in-kernel interrupt controller.
+    Irqchip {
+        /// GSI.
+        gsi: u32,
+        /// `KVM_IRQCHIP_PIC_MASTER`, `_SLAVE` or `_IOAPIC`.
+        chip: u32,
+        /// Pin.
+        pin: u32,
+    },
+    /// `gsi` sends this MSI message.
+    Msi {
+        /// GSI.
+        gsi: u32,
+        /// Message address.
+        address: u64,
+        /// Message data.
+        data: u32,
+    },
+}
+
+/// The routing table KVM installs by itself on x86 (GSIs 0-15 on the PICs and the IOAPIC,
+/// 16-23 on the IOAPIC), then `msi`. Setting a table replaces the whole of it, so the
+/// defaults must be in every table we set.
+pub fn routing_table(msi: &[(u32, u64, u32)]) -> Vec<Route> {
+    let mut t = Vec::new();
+    for gsi in 0..IOAPIC_PINS {
+        if gsi < 16 {
+            let chip = if gsi < 8 {
+                KVM_IRQCHIP_PIC_MASTER
+            } else {
+                KVM_IRQCHIP_PIC_SLAVE
+            };
+            t.push(Route::Irqchip {
+                gsi,
+                chip,
+                pin: gsi % 8,
+            });
+        }
+        t.push(Route::Irqchip {
+            gsi,
+            chip: KVM_IRQCHIP_IOAPIC,
+            pin: gsi,
+        });
+    }
+    t.extend(
+        msi.iter()
+            .map(|&(gsi, address, data)| Route::Msi { gsi, address, data }),
+    );
+    t
+}
+
+fn routing_entry(r: &Route) -> kvm_irq_routing_entry {
+    let mut e = kvm_irq_routing_entry::default();
+    match *r {
+        Route::Irqchip { gsi, chip, pin } => {
+            e.gsi = gsi;
+            e.type_ = KVM_IRQ_ROUTING_IRQCHIP;
+            e.u.irqchip.irqchip = chip;
+            e.u.irqchip.pin = pin;
+        }
+        Route::Msi { gsi, address, data } => {
+            e.gsi = gsi;
+            e.type_ = KVM_IRQ_ROUTING_MSI;
+            e.u.msi.address_lo = address as u32;
+            e.u.msi.address_hi = (address >> 32) as u32;
+            e.u.msi.data = data;
+        }
+    }
+    e
+}
 
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
@@ -237,6 +319,62 @@ impl Vm {
             .map_err(kvm_err("KVM_IOEVENTFD"))
     }
 
+    /// A doorbell that fires on any 4-byte write to `addr` (KVM_IOEVENTFD without
+    /// datamatch), for a BAR whose writes carry no meaning but "look".
+    pub fn bind_knock(&self, evt: &EventFd, addr: u64) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(kvm_err("KVM_IOEVENTFD"))
+    }
+
+    /// Takes a [`Vm::bind_knock`] doorbell away (a BAR that moved).
+    pub fn unbind_knock(&self, evt: &EventFd, addr: u64) -> Result<(), VmError> {
+        self.fd
+            .unregister_ioevent(evt, &IoEventAddress::Mmio(addr), NoDatamatch)
+            .map_err(kvm_err("KVM_IOEVENTFD (deassign)"))
+    }
+
+    /// Installs `routes` as the whole GSI routing table (KVM_SET_GSI_ROUTING).
+    pub fn set_routes(&self, routes: &[Route]) -> Result<(), VmError> {
+        let mut table = KvmIrqRouting::new(routes.len()).map_err(|_| VmError::Kvm {
+            what: "KVM_SET_GSI_ROUTING: too many routes",
+            source: kvm_ioctls::Error::new(libc::E2BIG),
+        })?;
+        for (dst, r) in table.as_mut_slice().iter_mut().zip(routes) {
+            *dst = routing_entry(r);
+        }
+        self.fd
+            .set_gsi_routing(&table)
+            .map_err(kvm_err("KVM_SET_GSI_ROUTING"))
+    }
+
+    /// Maps `len` bytes of host memory at `host_addr` into the guest at `guest_addr` as
+    /// memory slot `DEVICE_SLOT_BASE + index`: guest loads and stores there never exit.
+    /// `len` 0 takes the slot away.
+    ///
+    /// # Safety
+    ///
+    /// The host range must stay mapped for as long as the slot exists or the VM does
+    /// (whichever ends first); the caller keeps its owner alive that long.
+    pub unsafe fn map_device_memory(
+        &self,
+        index: u32,
+        guest_addr: u64,
+        host_addr: u64,
+        len: u64,
+    ) -> Result<(), VmError> {
+        let region = kvm_userspace_memory_region {
+            slot: DEVICE_SLOT_BASE + index,
+            flags: 0,
+            guest_phys_addr: guest_addr,
+            memory_size: len,
+            userspace_addr: host_addr,
+        };
+        // SAFETY: the caller promises the host range outlives the slot (above).
+        unsafe { self.fd.set_user_memory_region(region) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION (device memory)"))
+    }
+
     /// KVM's statistics for the VM (KVM_GET_STATS_FD).
     pub fn stats(&self) -> Result<super::stats::Stats, super::stats::StatsError> {
         super::stats::Stats::open(&self.fd)
@@ -305,6 +443,93 @@ fn set_lvt_mode(regs: &mut [std::os::raw::c_char; 1024], off: usize, mode: u32) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A VM, or None (printing why) where /dev/kvm cannot be opened.
+    fn vm_or_skip(test: &str) -> Option<Vm> {
+        match Vm::new() {
+            Ok(vm) => Some(vm),
+            Err(e) => {
+                println!("SKIPPED {test}: {e}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn device_routes_knocks_and_memory_reach_kvm() {
+        let Some(vm) = vm_or_skip("device_routes_knocks_and_memory_reach_kvm") else {
+            return;
+        };
+        // An MSI route on the first GSI past the IOAPIC, an irqfd on it, and back again.
+        vm.set_routes(&routing_table(&[(IOAPIC_PINS, 0xfee0_0000, 0x31)]))
+            .unwrap();
+        let line = vm.irq_line(IOAPIC_PINS).unwrap();
+        line.write(1).unwrap();
+        vm.set_routes(&routing_table(&[])).unwrap();
+        // A knock registered twice is refused by KVM; unbound, it can be bound again.
+        let evt = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        vm.bind_knock(&evt, 0xc000_2000).unwrap();
+        assert!(vm.bind_knock(&evt, 0xc000_2000).is_err());
+        vm.unbind_knock(&evt, 0xc000_2000).unwrap();
+        vm.bind_knock(&evt, 0xc000_3000).unwrap();
+        // A page of device memory in a slot, moved, and taken away.
+        let page = vm_memory::MmapRegion::<()>::new(4096).unwrap();
+        let host = page.as_ptr() as u64;
+        for (at, len) in [
+            (0xc000_4000, 4096),
+            (0xc000_4000, 0),
+            (0xc000_5000, 4096),
+            (0xc000_5000, 0),
+        ] {
+            // SAFETY: `page` outlives the slot: the last step takes it away, before `page`
+            // drops.
+            unsafe { vm.map_device_memory(0, at, host, len) }.unwrap();
+        }
+    }
+
+    #[test]
+    fn the_routing_table_keeps_the_defaults_and_adds_msi() {
+        let t = routing_table(&[(24, 0xfee0_0000, 0x41), (25, 0xfee0_1000, 0x42)]);
+        // 16 GSIs on a PIC and the IOAPIC, 8 more on the IOAPIC, then two MSIs.
+        assert_eq!(t.len(), 16 * 2 + 8 + 2);
+        assert!(t.contains(&Route::Irqchip {
+            gsi: 9,
+            chip: KVM_IRQCHIP_PIC_SLAVE,
+            pin: 1
+        }));
+        assert!(t.contains(&Route::Irqchip {
+            gsi: 9,
+            chip: KVM_IRQCHIP_IOAPIC,
+            pin: 9
+        }));
+        assert!(t.contains(&Route::Irqchip {
+            gsi: 23,
+            chip: KVM_IRQCHIP_IOAPIC,
+            pin: 23
+        }));
+        assert!(!t.iter().any(
+            |r| matches!(r, Route::Irqchip { gsi: 16.., chip, .. } if *chip != KVM_IRQCHIP_IOAPIC)
+        ));
+        let e = routing_entry(&t[t.len() - 1]);
+        assert_eq!((e.gsi, e.type_), (25, KVM_IRQ_ROUTING_MSI));
+        // SAFETY: reading the union member routing_entry wrote.
+        let msi = unsafe { e.u.msi };
+        assert_eq!(
+            (msi.address_lo, msi.address_hi, msi.data),
+            (0xfee0_1000, 0, 0x42)
+        );
+        let e = routing_entry(&Route::Irqchip {
+            gsi: 3,
+            chip: KVM_IRQCHIP_PIC_MASTER,
+            pin: 3,
+        });
+        // SAFETY: as above.
+        let chip = unsafe { e.u.irqchip };
+        assert_eq!(
+            (e.type_, chip.irqchip, chip.pin),
+            (KVM_IRQ_ROUTING_IRQCHIP, 0, 3)
+        );
+    }
 
     #[test]
     fn lvt_mode_bits() {
