@@ -197,12 +197,7 @@ impl ApiState {
     fn kvm(&self, v: &ApiVcpu) -> std::collections::BTreeMap<String, u64> {
         v.stats
             .as_ref()
-            .map(|s| {
-                s.read()
-                    .into_iter()
-                    .filter(|(k, _)| k.starts_with("halt_") || k == "exits")
-                    .collect()
-            })
+            .map(|s| s.idle_counters())
             .unwrap_or_default()
     }
 

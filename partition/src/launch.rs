@@ -1271,12 +1271,7 @@ fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
             kvm: h
                 .stats
                 .as_ref()
-                .map(|s| {
-                    s.read()
-                        .into_iter()
-                        .filter(|(k, _)| k.starts_with("halt_") || k == "exits")
-                        .collect()
-                })
+                .map(|s| s.idle_counters())
                 .unwrap_or_default(),
         })
         .collect()

@@ -112,6 +112,14 @@ impl Stats {
         })
     }
 
+    /// The statistics an idle policy shows in: the `halt_*` counters and `exits`.
+    pub fn idle_counters(&self) -> BTreeMap<String, u64> {
+        self.read()
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("halt_") || k == "exits")
+            .collect()
+    }
+
     /// Current values (the first element of each statistic).
     pub fn read(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();

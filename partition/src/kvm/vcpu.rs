@@ -79,6 +79,12 @@ impl Kicker {
     /// Asks the vCPU to stop and kicks it out of the guest.
     pub fn kick(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.nudge();
+    }
+
+    /// Pulls the vCPU out of the guest without asking it to stop (it looks at its stop
+    /// and pause state, then carries on or ends).
+    pub fn nudge(&self) {
         let p = self
             .immediate_exit
             .lock()
@@ -92,24 +98,6 @@ impl Kicker {
         if let Some(t) = *self.thread.lock().unwrap_or_else(|e| e.into_inner()) {
             // SAFETY: pthread_kill on a thread that registered itself and unregisters
             // (under the same lock) before exiting; the handler is a no-op.
-            unsafe { libc::pthread_kill(t, kick_signal()) };
-        }
-        drop(p);
-    }
-
-    /// Pulls the vCPU out of the guest without asking it to stop (it looks at its pause
-    /// state, then carries on).
-    pub fn nudge(&self) {
-        let p = self
-            .immediate_exit
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if *p != 0 {
-            // SAFETY: as in `kick`.
-            unsafe { std::ptr::write_volatile(*p as *mut u8, 1) };
-        }
-        if let Some(t) = *self.thread.lock().unwrap_or_else(|e| e.into_inner()) {
-            // SAFETY: as in `kick`.
             unsafe { libc::pthread_kill(t, kick_signal()) };
         }
         drop(p);

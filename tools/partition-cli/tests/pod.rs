@@ -39,12 +39,17 @@ fn mount_of(fstype: &str, option: Option<&str>) -> Option<PathBuf> {
     })
 }
 
-/// One pod at a time: two exclusive cpusets on one core cannot coexist.
-static ONE_POD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// One test at a time, held for the whole test: two exclusive cpusets on one core cannot
+/// coexist, and a test that compares the host's hugepages before and after must not see
+/// another's pod.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The pod: its cgroups, its volume, and what to put back.
 struct Pod {
-    _one: std::sync::MutexGuard<'static, ()>,
     name: String,
     cpuset: PathBuf,
     hugetlb: PathBuf,
@@ -59,7 +64,6 @@ impl Pod {
     /// A pod holding `core` (exclusively if `exclusive`) with a hugetlb limit of
     /// `limit_mib`; None (and why, printed) where this host cannot make one.
     fn new(tag: &str, core: usize, exclusive: bool, limit_mib: u64) -> Option<Self> {
-        let one = ONE_POD.lock().unwrap_or_else(|e| e.into_inner());
         let test = format!("pod::{tag}");
         if !kvm_available(&test) {
             return None;
@@ -96,7 +100,6 @@ impl Pod {
         let name = format!("partition-pod-{tag}-{}", std::process::id());
         let dir = Scratch::new(&format!("pod-{tag}"));
         let mut pod = Self {
-            _one: one,
             name: name.clone(),
             cpuset: cpuset_root.join(&name),
             hugetlb: hugetlb_root.join(&name),
@@ -151,6 +154,16 @@ impl Pod {
             "tasks"
         };
         partition_command_in(&[self.cpuset.join("tasks"), self.hugetlb.join(procs)], args)
+    }
+
+    /// Starts `partition launch --cores from-cgroup --memory MEMORY --memory-from VOLUME
+    /// --probe EXTRA...` inside the pod.
+    fn launch(&self, memory: &str, extra: &[&str]) -> Child {
+        let volume = self.volume.to_str().unwrap();
+        let mut args = vec!["launch", "--cores", "from-cgroup"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--memory", memory, "--memory-from", volume, "--probe"]);
+        self.spawn(&args)
     }
 }
 
@@ -213,30 +226,25 @@ fn api(
 
 #[test]
 fn a_pod_runs_a_partition_on_its_cores_and_memory_driven_through_the_api() {
+    let _serial = serial();
     let before = host_state();
     let Some(pod) = Pod::new("run", 1, true, 64) else {
         return;
     };
     let console = pod.dir.path("console");
     let sock = pod.dir.path("api.sock");
-    let volume = pod.volume.to_str().unwrap().to_string();
-    let child = pod.spawn(&[
-        "launch",
-        "--cores",
-        "from-cgroup",
-        "--memory",
+    let child = pod.launch(
         "32M",
-        "--memory-from",
-        &volume,
-        "--probe",
-        "--cmdline",
-        "probe.hold=1 probe.memtest=1",
-        "--console",
-        console.to_str().unwrap(),
-        "--api-socket",
-        sock.to_str().unwrap(),
-        "--json",
-    ]);
+        &[
+            "--cmdline",
+            "probe.hold=1 probe.memtest=1",
+            "--console",
+            console.to_str().unwrap(),
+            "--api-socket",
+            sock.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let child = wait_holding(child, &console, "pod launch", LIMIT);
     let pid = child.id();
     // The launcher runs in the pod's cgroup; the volume holds no file (unlinked at once).
@@ -314,24 +322,11 @@ fn a_pod_runs_a_partition_on_its_cores_and_memory_driven_through_the_api() {
 
 #[test]
 fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest_starts() {
+    let _serial = serial();
     let Some(pod) = Pod::new("limit", 1, true, 32) else {
         return;
     };
-    let volume = pod.volume.to_str().unwrap().to_string();
-    let out = wait_output(
-        pod.spawn(&[
-            "launch",
-            "--cores",
-            "from-cgroup",
-            "--memory",
-            "64M",
-            "--memory-from",
-            &volume,
-            "--probe",
-        ]),
-        LIMIT,
-        "over the limit",
-    );
+    let out = wait_output(pod.launch("64M", &[]), LIMIT, "over the limit");
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(
         out.stderr
@@ -346,20 +341,7 @@ fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest
     );
     assert_eq!(std::fs::read_dir(&pod.volume).unwrap().count(), 0);
     // Memory not in the volume's page size.
-    let out = wait_output(
-        pod.spawn(&[
-            "launch",
-            "--cores",
-            "from-cgroup",
-            "--memory",
-            "9M",
-            "--memory-from",
-            &volume,
-            "--probe",
-        ]),
-        LIMIT,
-        "odd size",
-    );
+    let out = wait_output(pod.launch("9M", &[]), LIMIT, "odd size");
     assert_eq!(out.code(), 2, "{}", out.stderr);
     // A directory that is not hugetlbfs.
     let out = wait_output(
@@ -389,21 +371,7 @@ fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest
     let Some(pod) = Pod::new("shared", 1, false, 32) else {
         return;
     };
-    let volume = pod.volume.to_str().unwrap().to_string();
-    let out = wait_output(
-        pod.spawn(&[
-            "launch",
-            "--cores",
-            "from-cgroup",
-            "--memory",
-            "16M",
-            "--memory-from",
-            &volume,
-            "--probe",
-        ]),
-        LIMIT,
-        "shared cores",
-    );
+    let out = wait_output(pod.launch("16M", &[]), LIMIT, "shared cores");
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(out.stderr.contains("are not exclusive"), "{}", out.stderr);
     let state = pod.dir.file(
@@ -411,19 +379,10 @@ fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest
         br#"{"policyName":"static","defaultCpuSet":"0","entries":{"pod":{"vmm":"1"}},"checksum":1}"#,
     );
     let out = wait_output(
-        pod.spawn(&[
-            "launch",
-            "--cores",
-            "from-cgroup",
-            "--kubelet-cpu-state",
-            state.to_str().unwrap(),
-            "--memory",
+        pod.launch(
             "16M",
-            "--memory-from",
-            &volume,
-            "--probe",
-            "--json",
-        ]),
+            &["--kubelet-cpu-state", state.to_str().unwrap(), "--json"],
+        ),
         LIMIT,
         "kubelet-assigned cores",
     );
