@@ -29,10 +29,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
-use crate::stats::{Summary, faster, summary};
-use crate::{Env, Launch, Microvm, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::doc::{Head, Ordering};
+
+use crate::stats::{Summary, summary};
+use crate::{Env, Launch, Microvm, pretty, timed_run, timed_run_with};
 
 const IMAGE_BYTES: u64 = 64 << 20;
 const SAMPLES: usize = 1000;
@@ -394,15 +396,16 @@ impl Series {
     fn summary(&self, k: &str) -> Option<Summary> {
         self.values.get(k).and_then(|v| summary(v))
     }
-    fn metric(&self, k: &str, unit: &str) -> Value {
-        match self.summary(k) {
-            Some(s) => json!({
-                "median": s.median, "spread": [s.min, s.max], "runs": s.n, "unit": unit,
-                "p99_median": self.p99.get(k).and_then(|v| summary(v)).map(|p| p.median),
-                "per_run": self.values.get(k),
-            }),
-            None => Value::Null,
-        }
+    fn metric(&self, k: &str, unit: &str) -> Option<Metric> {
+        let s = self.summary(k)?;
+        Some(Metric {
+            median: s.median,
+            spread: [s.min, s.max],
+            runs: s.n,
+            unit: unit.into(),
+            p99_median: self.p99.get(k).and_then(|v| summary(v)).map(|p| p.median),
+            per_run: self.values.get(k).cloned().unwrap_or_default(),
+        })
     }
     fn runs(&self, k: &str) -> usize {
         self.values.get(k).map_or(0, Vec::len)
@@ -458,35 +461,210 @@ fn record_guest(s: &mut Series, r: std::io::Result<crate::Run>, ok_code: i32, ex
     }
 }
 
+/// The `blk` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlkSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: BlkParams,
+    /// How.
+    pub method: String,
+    /// The disk image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageDoc>,
+    /// The bare host's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Vec<HostRow>>,
+    /// What failed on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_failures: Option<Vec<String>>,
+    /// Our VMM's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours: Option<Vec<GuestRow>>,
+    /// QEMU's rows, or why there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu: Option<Peers>,
+    /// The orderings the section checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orderings: Option<Vec<Ordering>>,
+    /// Our best row against QEMU's best, per completion style.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours_vs_qemu_best: Option<Vec<VsQemu>>,
+}
+
+/// What `blk` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlkParams {
+    /// Rounds.
+    pub runs: usize,
+    /// Disk image size.
+    pub image_bytes: u64,
+    /// Requests per run.
+    pub samples_per_run: usize,
+    /// The guest's discarded warm-up requests.
+    pub discarded_warmup_samples_guest: usize,
+    /// Think time between requests.
+    pub gap_between_requests_us: u64,
+    /// Our queue worker's polling window.
+    pub worker_poll_us: u64,
+    /// QEMU's iothread poll-max-ns.
+    pub qemu_poll_max_ns: u64,
+    /// The vCPU's core.
+    pub vcpu_core: usize,
+    /// The host's core.
+    pub host_core: usize,
+    /// The guest.
+    pub guest: String,
+}
+
+/// The image the rows read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageDoc {
+    /// Its file system (`stat -f`).
+    pub path_fs: Option<String>,
+    /// The checksum the probe must read.
+    pub probe_checksum: String,
+}
+
+/// A metric over runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Metric {
+    /// Median of the per-run medians.
+    pub median: f64,
+    /// (min, max) of them.
+    pub spread: [f64; 2],
+    /// Runs.
+    pub runs: usize,
+    /// Unit.
+    pub unit: String,
+    /// Median of the per-run p99s.
+    pub p99_median: Option<f64>,
+    /// The per-run medians.
+    pub per_run: Vec<f64>,
+}
+
+/// A bare-host row.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostRow {
+    /// Name.
+    pub name: String,
+    /// Warm or cold, in words.
+    pub cache: String,
+    /// 4 KiB read at depth 1.
+    pub lat4k: Option<Metric>,
+}
+
+/// A guest row (ours or QEMU's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuestRow {
+    /// Name.
+    pub name: String,
+    /// Warm or cold, in words.
+    pub cache: String,
+    /// 4 KiB read, the guest polling the used ring.
+    pub lat4k_guest_polls: Option<Metric>,
+    /// 4 KiB read, the guest waiting for the interrupt.
+    pub lat4k_guest_waits_for_irq: Option<Metric>,
+    /// GET_ID fence, polled.
+    pub fence_guest_polls: Option<Metric>,
+    /// GET_ID fence, by interrupt.
+    pub fence_guest_waits_for_irq: Option<Metric>,
+    /// 4 KiB reads at depth 32.
+    pub qd32_iops: Option<Metric>,
+    /// 64 MiB sequential read.
+    pub seq_read_64m: Option<Metric>,
+    /// What the VMM said its doorbells are.
+    pub readback: Vec<String>,
+    /// The command, as typed.
+    pub command: String,
+    /// What failed.
+    pub failures: Vec<String>,
+}
+
+/// QEMU's rows, or why there are none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Peers {
+    /// Its rows.
+    Rows(Vec<GuestRow>),
+    /// Why not.
+    Note(String),
+}
+
+/// Our best against QEMU's best.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VsQemu {
+    /// The completion style compared.
+    pub completion: String,
+    /// Cache state.
+    pub cache: String,
+    /// Our best row.
+    pub ours_best: String,
+    /// Its median, ns.
+    pub ours_median_ns: f64,
+    /// Its (min, max).
+    pub ours_spread_ns: [f64; 2],
+    /// QEMU's best row.
+    pub qemu_best: String,
+    /// Its median, ns.
+    pub qemu_median_ns: f64,
+    /// Its (min, max).
+    pub qemu_spread_ns: [f64; 2],
+    /// Ours over QEMU's.
+    pub ours_over_qemu: f64,
+    /// Ours at or below QEMU's.
+    pub ours_no_worse: bool,
+}
+
 /// Runs the section.
-pub fn run(env: &Env) -> Value {
-    let mut section = json!({
-        "completed": false,
-        "started_at": now_utc(),
-        "provenance": provenance(env),
-        "params": {
-            "runs": env.runs, "image_bytes": IMAGE_BYTES, "samples_per_run": SAMPLES,
-            "discarded_warmup_samples_guest": SAMPLES / 10, "gap_between_requests_us": GAP_US,
-            "worker_poll_us": POLL_US, "qemu_poll_max_ns": POLL_US * 1000,
-            "vcpu_core": env.core, "host_core": env.host_core,
-            "guest": "probe guest, 1 vCPU, 64 MiB; virtio-blk 1 queue of 128, EVENT_IDX negotiated, no INDIRECT_DESC",
+pub fn run(env: &Env) -> BlkSection {
+    let mut section = BlkSection {
+        head: Head::start(env),
+        params: BlkParams {
+            runs: env.runs,
+            image_bytes: IMAGE_BYTES,
+            samples_per_run: SAMPLES,
+            discarded_warmup_samples_guest: SAMPLES / 10,
+            gap_between_requests_us: GAP_US,
+            worker_poll_us: POLL_US,
+            qemu_poll_max_ns: POLL_US * 1000,
+            vcpu_core: env.core,
+            host_core: env.host_core,
+            guest: "probe guest, 1 vCPU, 64 MiB; virtio-blk 1 queue of 128, EVENT_IDX negotiated, no INDIRECT_DESC".into(),
         },
-        "method": "see benchmarks/src/blk.rs and docs/block.md: rows alternate, rotated per round; \
-                   each row is the median of per-run medians (min-max spread over runs)",
-    });
+        method: "see benchmarks/src/blk.rs and docs/block.md: rows alternate, rotated per round; \
+                 each row is the median of per-run medians (min-max spread over runs)"
+            .into(),
+        image: None,
+        host: None,
+        host_failures: None,
+        ours: None,
+        qemu: None,
+        orderings: None,
+        ours_vs_qemu_best: None,
+    };
     let image = env.work.join("blk.img");
     let expect = match make_image(&image, IMAGE_BYTES) {
         Ok(h) => h,
         Err(e) => {
-            section["reason"] = json!(format!("making {}: {e}", image.display()));
+            section
+                .head
+                .fail(format!("making {}: {e}", image.display()));
             return section;
         }
     };
-    section["image"] =
-        json!({ "path_fs": fs_type(&image), "probe_checksum": format!("{expect:#018x}") });
+    section.image = Some(ImageDoc {
+        path_fs: fs_type(&image),
+        probe_checksum: format!("{expect:#018x}"),
+    });
     let probe = match crate::probe_image(env) {
         Ok(p) => p,
-        Err(e) => return crate::failed(section, format!("writing the probe image: {e}")),
+        Err(e) => {
+            section.head.fail(format!("writing the probe image: {e}"));
+            return section;
+        }
     };
     // Warm the page cache for the warm rows.
     let mut warm = Vec::new();
@@ -546,48 +724,45 @@ pub fn run(env: &Env) -> Value {
     }
     let _ = std::fs::remove_file(&qmp);
 
-    let host_row = |k: &str, cold: bool| {
-        json!({
-            "name": format!("host {k}"), "cache": if cold { COLD } else { WARM },
-            "lat4k": host.metric(k, "ns"),
-        })
+    let host_row = |k: &str, cold: bool| HostRow {
+        name: format!("host {k}"),
+        cache: if cold { COLD } else { WARM }.into(),
+        lat4k: host.metric(k, "ns"),
     };
-    section["host"] = json!([
+    section.host = Some(vec![
         host_row("pread warm", false),
         host_row("io_uring warm", false),
         host_row("pread direct", true),
         host_row("io_uring direct", true),
     ]);
-    section["host_failures"] = json!(host.failures);
-    let guest_row = |name: &str, cache: &str, s: &Series| {
-        json!({
-            "name": name,
-            "cache": if cache == "cold" { COLD } else { WARM },
-            "lat4k_guest_polls": s.metric("lat4k/poll", "ns"),
-            "lat4k_guest_waits_for_irq": s.metric("lat4k/irq", "ns"),
-            "fence_guest_polls": s.metric("fence/poll", "ns"),
-            "fence_guest_waits_for_irq": s.metric("fence/irq", "ns"),
-            "qd32_iops": s.metric("qd32_iops", "IOPS"),
-            "seq_read_64m": s.metric("read_mb_s", "MB/s"),
-            "readback": s.readback,
-            "command": s.command,
-            "failures": s.failures,
-        })
+    section.host_failures = Some(host.failures.clone());
+    let guest_row = |name: &str, cache: &str, s: &Series| GuestRow {
+        name: name.into(),
+        cache: if cache == "cold" { COLD } else { WARM }.into(),
+        lat4k_guest_polls: s.metric("lat4k/poll", "ns"),
+        lat4k_guest_waits_for_irq: s.metric("lat4k/irq", "ns"),
+        fence_guest_polls: s.metric("fence/poll", "ns"),
+        fence_guest_waits_for_irq: s.metric("fence/irq", "ns"),
+        qd32_iops: s.metric("qd32_iops", "IOPS"),
+        seq_read_64m: s.metric("read_mb_s", "MB/s"),
+        readback: s.readback.clone(),
+        command: s.command.clone(),
+        failures: s.failures.clone(),
     };
-    section["ours"] = json!(
+    section.ours = Some(
         OURS.iter()
             .map(|c| guest_row(c.0, c.3, &ours[c.0]))
-            .collect::<Vec<_>>()
+            .collect(),
     );
-    section["qemu"] = if env.qemu.is_some() {
-        json!(
+    section.qemu = Some(if env.qemu.is_some() {
+        Peers::Rows(
             QEMU.iter()
                 .map(|c| guest_row(c.0, c.1, &qemu[c.0]))
-                .collect::<Vec<_>>()
+                .collect(),
         )
     } else {
-        json!("qemu-system-x86_64 not found: no peer rows")
-    };
+        Peers::Note("qemu-system-x86_64 not found: no peer rows".into())
+    });
 
     // The orderings seed 002 found, and the comparison with QEMU.
     let o = |k: &str, m: &str| ours.get(k).and_then(|s| s.summary(m));
@@ -602,19 +777,7 @@ pub fn run(env: &Env) -> Value {
             })
             .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
     };
-    let ordering = |claim: &str, fast: Option<Summary>, slow: Option<Summary>| {
-        let shown = faster(fast, slow);
-        json!({
-            "claim": claim,
-            "fast_median_ns": fast.map(|s| s.median), "slow_median_ns": slow.map(|s| s.median),
-            "shown": shown,
-            "note": match shown {
-                Some(true) => "shown beyond the spread",
-                Some(false) => "not shown on this host",
-                None => "not measured",
-            },
-        })
-    };
+    let ordering = Ordering::check;
     let mut orderings = vec![
         ordering(
             "ioeventfd beats the exit path (4 KiB depth 1, guest polls the used ring)",
@@ -634,14 +797,25 @@ pub fn run(env: &Env) -> Value {
         &["lat4k/irq"][..],
     ] {
         if let (Some((on, os)), Some((qn, qs))) = (best(&ours, m), best(&qemu, m)) {
-            vs_qemu.push(json!({
-                "completion": if m.len() == 2 { "either (the best a guest can get)" } else if m[0].ends_with("poll") { "guest polls the used ring" } else { "guest waits for the interrupt" },
-                "cache": "warm",
-                "ours_best": on, "ours_median_ns": os.median, "ours_spread_ns": [os.min, os.max],
-                "qemu_best": qn, "qemu_median_ns": qs.median, "qemu_spread_ns": [qs.min, qs.max],
-                "ours_over_qemu": os.median / qs.median,
-                "ours_no_worse": os.median <= qs.median,
-            }));
+            let completion = if m.len() == 2 {
+                "either (the best a guest can get)"
+            } else if m[0].ends_with("poll") {
+                "guest polls the used ring"
+            } else {
+                "guest waits for the interrupt"
+            };
+            vs_qemu.push(VsQemu {
+                completion: completion.into(),
+                cache: "warm".into(),
+                ours_best: on,
+                ours_median_ns: os.median,
+                ours_spread_ns: [os.min, os.max],
+                qemu_best: qn,
+                qemu_median_ns: qs.median,
+                qemu_spread_ns: [qs.min, qs.max],
+                ours_over_qemu: os.median / qs.median,
+                ours_no_worse: os.median <= qs.median,
+            });
         }
     }
     orderings.push(ordering(
@@ -650,8 +824,8 @@ pub fn run(env: &Env) -> Value {
         qemu.get("qemu iothread+poll direct")
             .and_then(|s| s.summary("lat4k/poll")),
     ));
-    section["orderings"] = json!(orderings);
-    section["ours_vs_qemu_best"] = json!(vs_qemu);
+    section.orderings = Some(orderings);
+    section.ours_vs_qemu_best = Some(vs_qemu);
 
     let complete = |s: &Series| s.failures.is_empty() && s.runs("lat4k/poll") == env.runs;
     let all = host.failures.is_empty()
@@ -659,8 +833,8 @@ pub fn run(env: &Env) -> Value {
         && ours.values().all(complete)
         && env.qemu.is_some()
         && qemu.values().all(complete);
-    section["completed"] = json!(all);
-    if !all {
+    let _ = std::fs::remove_file(&image);
+    section.head.finish(all, || {
         let mut why: Vec<String> = host.failures.clone();
         for (k, s) in ours.iter().chain(qemu.iter()) {
             if !complete(s) {
@@ -675,21 +849,18 @@ pub fn run(env: &Env) -> Value {
         if env.qemu.is_none() {
             why.push("qemu-system-x86_64 not installed: the peer rows are required".into());
         }
-        section["reason"] = json!(why.join("; "));
-    }
-    let _ = std::fs::remove_file(&image);
-    section["finished_at"] = json!(now_utc());
+        why.join("; ")
+    });
     section
 }
 
-fn fs_type(p: &Path) -> Value {
+fn fs_type(p: &Path) -> Option<String> {
     Command::new("stat")
         .args(["-f", "-c", "%T"])
         .arg(p)
         .output()
         .ok()
-        .map(|o| json!(String::from_utf8_lossy(&o.stdout).trim()))
-        .unwrap_or(Value::Null)
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
 #[cfg(test)]

@@ -17,10 +17,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
+use crate::doc::{Cell, Head};
 use crate::stats::{Summary, faster, summary};
-use crate::{Env, Launch, LaunchJson, now_utc, pretty, provenance, timed_run};
+use crate::{Env, Launch, LaunchJson, pretty, timed_run};
 
 const IMAGE_BYTES: u64 = 16 << 20;
 const SAMPLES: usize = 500;
@@ -149,25 +150,106 @@ fn blk_once(env: &Env, v: &Variant, image: &Path, out: &mut Runs) {
     );
 }
 
+/// `sandbox` or `builds`: the two variants' paths and a verdict per path.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompareSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: CompareParams,
+    /// How.
+    pub method: String,
+    /// The question the comparison answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub question: Option<String>,
+    /// Each variant's cells (first, then second).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<VariantDoc>,
+    /// Per path: is the second slower than the first beyond the spread?
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verdicts: Vec<Verdict>,
+}
+
+/// The comparison's fixed parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompareParams {
+    /// Rounds.
+    pub runs: usize,
+    /// The core the vCPU runs on.
+    pub vcpu_core: usize,
+    /// Disk image size.
+    pub image_bytes: u64,
+    /// Block samples per run.
+    pub blk_samples_per_run: usize,
+    /// Think time between block requests.
+    pub blk_gap_us: u64,
+    /// The queue worker's polling window.
+    pub worker_poll_us: u64,
+    /// The guest.
+    pub guest: String,
+}
+
+/// One variant's results.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VariantDoc {
+    /// Its name.
+    pub name: String,
+    /// Its binary.
+    pub partition: PathBuf,
+    /// Its extra launch arguments.
+    pub args: Vec<String>,
+    /// Per path (results key): its cell, null when not measured.
+    pub paths: BTreeMap<String, Option<Cell>>,
+    /// The first commands it ran, as typed.
+    pub commands: Vec<String>,
+    /// What failed.
+    pub failures: Vec<String>,
+}
+
+/// One path's verdict.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// Results key.
+    pub path: String,
+    /// First variant's median, ns.
+    pub first_median_ns: Option<f64>,
+    /// Second variant's median, ns.
+    pub second_median_ns: Option<f64>,
+    /// Their ratio.
+    pub second_over_first: Option<f64>,
+    /// Slower beyond the spread (None: not measured).
+    pub second_slower_beyond_spread: Option<bool>,
+}
+
 /// Measures `a` and `b` alternately for `env.runs` rounds; the section's body (the caller
 /// adds what the comparison is about).
-pub fn run(env: &Env, a: &Variant, b: &Variant) -> Value {
-    let mut section = json!({
-        "completed": false,
-        "started_at": now_utc(),
-        "provenance": provenance(env),
-        "params": {
-            "runs": env.runs, "vcpu_core": env.core, "image_bytes": IMAGE_BYTES,
-            "blk_samples_per_run": SAMPLES, "blk_gap_us": GAP_US, "worker_poll_us": 200,
-            "guest": "probe guest, 1 vCPU, 64 MiB anonymous memory, one virtio-blk disk",
+pub fn run(env: &Env, a: &Variant, b: &Variant) -> CompareSection {
+    let mut section = CompareSection {
+        head: Head::start(env),
+        params: CompareParams {
+            runs: env.runs,
+            vcpu_core: env.core,
+            image_bytes: IMAGE_BYTES,
+            blk_samples_per_run: SAMPLES,
+            blk_gap_us: GAP_US,
+            worker_poll_us: 200,
+            guest: "probe guest, 1 vCPU, 64 MiB anonymous memory, one virtio-blk disk".into(),
         },
-        "method": "see benchmarks/src/compare.rs: per round each variant runs the probe's paths \
-                   (no staircase) and its blk lat,fence tests; the variants' order swaps every \
-                   round; cells are medians of per-run medians with min-max spread",
-    });
+        method: "see benchmarks/src/compare.rs: per round each variant runs the probe's paths \
+                 (no staircase) and its blk lat,fence tests; the variants' order swaps every \
+                 round; cells are medians of per-run medians with min-max spread"
+            .into(),
+        question: None,
+        variants: Vec::new(),
+        verdicts: Vec::new(),
+    };
     let image = env.work.join("compare.img");
     if let Err(e) = crate::blk::make_image(&image, IMAGE_BYTES) {
-        return crate::failed(section, format!("making {}: {e}", image.display()));
+        section
+            .head
+            .fail(format!("making {}: {e}", image.display()));
+        return section;
     }
     let variants = [a, b];
     let mut runs: Vec<Runs> = vec![Runs::default(), Runs::default()];
@@ -179,74 +261,65 @@ pub fn run(env: &Env, a: &Variant, b: &Variant) -> Value {
         }
     }
     let _ = std::fs::remove_file(&image);
-    let cell = |r: &Runs, key: &str| match r.summary(key) {
-        Some(s) => json!({ "median_ns": s.median, "spread_ns": [s.min, s.max], "runs": s.n }),
-        None => Value::Null,
+    section.variants = variants
+        .iter()
+        .zip(&runs)
+        .map(|(v, r)| VariantDoc {
+            name: v.name.clone(),
+            partition: v.partition.clone(),
+            args: v.args.clone(),
+            paths: PATHS
+                .iter()
+                .map(|(k, src)| (k.to_string(), r.summary(src).as_ref().map(Cell::of)))
+                .collect(),
+            commands: r.commands.clone(),
+            failures: r.failures.clone(),
+        })
+        .collect();
+    section.verdicts = PATHS
+        .iter()
+        .map(|(k, src)| {
+            let (sa, sb) = (runs[0].summary(src), runs[1].summary(src));
+            Verdict {
+                path: k.to_string(),
+                first_median_ns: sa.map(|s| s.median),
+                second_median_ns: sb.map(|s| s.median),
+                second_over_first: sa.zip(sb).map(|(a, b)| b.median / a.median),
+                second_slower_beyond_spread: faster(sa, sb),
+            }
+        })
+        .collect();
+    let missing = |r: &Runs| -> Vec<String> {
+        PATHS
+            .iter()
+            .filter(|(_, src)| r.values.get(*src).map_or(0, Vec::len) != env.runs)
+            .map(|(k, _)| k.to_string())
+            .collect()
     };
-    section["variants"] = json!(
+    let complete = runs
+        .iter()
+        .all(|r| r.failures.is_empty() && missing(r).is_empty());
+    section.head.finish(complete, || {
         variants
             .iter()
             .zip(&runs)
-            .map(|(v, r)| json!({
-                "name": v.name,
-                "partition": v.partition,
-                "args": v.args,
-                "paths": PATHS.iter().map(|(k, src)| (k.to_string(), cell(r, src))).collect::<serde_json::Map<_, _>>(),
-                "commands": r.commands,
-                "failures": r.failures,
-            }))
-            .collect::<Vec<_>>()
-    );
-    section["verdicts"] = json!(
-        PATHS
-            .iter()
-            .map(|(k, src)| {
-                let (sa, sb) = (runs[0].summary(src), runs[1].summary(src));
-                let slower = faster(sa, sb);
-                json!({
-                    "path": k,
-                    "first_median_ns": sa.map(|s| s.median),
-                    "second_median_ns": sb.map(|s| s.median),
-                    "second_over_first": sa.zip(sb).map(|(a, b)| b.median / a.median),
-                    "second_slower_beyond_spread": slower,
-                })
+            .filter(|(_, r)| !missing(r).is_empty() || !r.failures.is_empty())
+            .map(|(v, r)| {
+                format!(
+                    "{}: incomplete {:?}; {:?}",
+                    v.name,
+                    missing(r),
+                    r.failures.iter().take(3).collect::<Vec<_>>()
+                )
             })
             .collect::<Vec<_>>()
-    );
-    let complete = runs.iter().all(|r| {
-        r.failures.is_empty()
-            && PATHS
-                .iter()
-                .all(|(_, src)| r.values.get(*src).map_or(0, Vec::len) == env.runs)
+            .join("; ")
     });
-    section["completed"] = json!(complete);
-    if !complete {
-        let why: Vec<String> = variants
-            .iter()
-            .zip(&runs)
-            .flat_map(|(v, r)| {
-                let missing = PATHS
-                    .iter()
-                    .filter(|(_, src)| r.values.get(*src).map_or(0, Vec::len) != env.runs)
-                    .map(|(k, _)| k.to_string())
-                    .collect::<Vec<_>>();
-                (!missing.is_empty() || !r.failures.is_empty()).then(|| {
-                    format!(
-                        "{}: incomplete {missing:?}; {:?}",
-                        v.name,
-                        r.failures.iter().take(3).collect::<Vec<_>>()
-                    )
-                })
-            })
-            .collect();
-        section["reason"] = json!(why.join("; "));
-    }
-    section["finished_at"] = json!(now_utc());
     section
 }
 
 /// `builds`: the baseline build first, this build second.
-pub fn builds(env: &Env) -> Option<Value> {
+pub fn builds(env: &Env) -> Option<CompareSection> {
     let base = env.baseline.clone()?;
     let baseline = Variant {
         name: format!("baseline ({})", base.label),
@@ -259,9 +332,10 @@ pub fn builds(env: &Env) -> Option<Value> {
         args: Vec::new(),
     };
     let mut s = run(env, &baseline, &current);
-    s["question"] = json!(
+    s.question = Some(
         "is this build slower than the baseline on the doorbell and polled block paths? \
          (first = baseline, second = this build)"
+            .into(),
     );
     Some(s)
 }
@@ -269,7 +343,7 @@ pub fn builds(env: &Env) -> Option<Value> {
 /// `sandbox`: this build with `--no-sandbox` first, confined (the default) second: what the
 /// seccomp filters, the unprivileged user and the pre-started queue threads cost on the
 /// doorbell, MMIO-exit and block paths and on launch to first byte.
-pub fn sandbox(env: &Env) -> Value {
+pub fn sandbox(env: &Env) -> CompareSection {
     let off = Variant {
         name: "--no-sandbox".into(),
         partition: env.partition.clone(),
@@ -281,9 +355,10 @@ pub fn sandbox(env: &Env) -> Value {
         args: Vec::new(),
     };
     let mut s = run(env, &off, &on);
-    s["question"] = json!(
+    s.question = Some(
         "what does confinement cost? (first = --no-sandbox, second = sandboxed: the \
          partition user, no capabilities, a seccomp filter per thread)"
+            .into(),
     );
     s
 }

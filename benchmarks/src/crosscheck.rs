@@ -20,11 +20,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::doc::Head;
 use crate::hotpaths;
 use crate::stats::summary;
-use crate::{Env, failed, now_utc, provenance, timed_run};
+use crate::{Env, timed_run};
 
 /// The agreement the issue asks for.
 pub const TOLERANCE: f64 = 0.20;
@@ -319,6 +321,65 @@ fn lmbench_once(
     Ok(out)
 }
 
+/// The `crosscheck` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CrosscheckSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: CrosscheckParams,
+    /// How.
+    pub method: String,
+    /// One per pair of figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<CrossRow>>,
+}
+
+/// What `crosscheck` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CrosscheckParams {
+    /// Rounds.
+    pub runs: usize,
+    /// The core both sides run on.
+    pub core: usize,
+    /// How far apart a pair may be and still agree (a fraction).
+    pub tolerance: f64,
+    /// Where lmbench's binaries are.
+    pub lmbench: Option<PathBuf>,
+}
+
+/// Our figure against an independent tool's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CrossRow {
+    /// What is compared.
+    pub row: String,
+    /// Our figure's name.
+    pub ours: String,
+    /// Theirs.
+    pub theirs: String,
+    /// Unit.
+    pub unit: String,
+    /// Our median over rounds.
+    pub ours_median: Option<f64>,
+    /// Its (min, max).
+    pub ours_spread: Option<[f64; 2]>,
+    /// Their median.
+    pub theirs_median: Option<f64>,
+    /// Its (min, max).
+    pub theirs_spread: Option<[f64; 2]>,
+    /// Ours over theirs.
+    pub ours_over_theirs: Option<f64>,
+    /// Within the tolerance.
+    pub within_20_percent: Option<bool>,
+    /// Runs of ours and of theirs.
+    pub runs: [usize; 2],
+    /// What differs between the two figures.
+    pub note: Option<String>,
+    /// What failed.
+    pub failures: Vec<String>,
+}
+
 fn row(
     name: &str,
     ours_label: &str,
@@ -326,44 +387,59 @@ fn row(
     unit: &str,
     p: &Pair,
     note: Option<&str>,
-) -> Value {
+) -> CrossRow {
     let o = summary(&p.ours);
     let t = summary(&p.theirs);
     let ratio = match (o, t) {
         (Some(o), Some(t)) if t.median > 0.0 => Some(o.median / t.median),
         _ => None,
     };
-    json!({
-        "row": name, "ours": ours_label, "theirs": theirs_label, "unit": unit,
-        "ours_median": o.map(|s| s.median), "ours_spread": o.map(|s| [s.min, s.max]),
-        "theirs_median": t.map(|s| s.median), "theirs_spread": t.map(|s| [s.min, s.max]),
-        "ours_over_theirs": ratio,
-        "within_20_percent": ratio.map(|r| (r - 1.0).abs() <= TOLERANCE),
-        "runs": [p.ours.len(), p.theirs.len()],
-        "note": note, "failures": p.failures,
-    })
+    CrossRow {
+        row: name.into(),
+        ours: ours_label.into(),
+        theirs: theirs_label.into(),
+        unit: unit.into(),
+        ours_median: o.map(|s| s.median),
+        ours_spread: o.map(|s| [s.min, s.max]),
+        theirs_median: t.map(|s| s.median),
+        theirs_spread: t.map(|s| [s.min, s.max]),
+        ours_over_theirs: ratio,
+        within_20_percent: ratio.map(|r| (r - 1.0).abs() <= TOLERANCE),
+        runs: [p.ours.len(), p.theirs.len()],
+        note: note.map(String::from),
+        failures: p.failures.clone(),
+    }
 }
 
 /// Runs the section.
-pub fn run(env: &Env) -> Value {
-    let mut section = json!({
-        "completed": false,
-        "started_at": now_utc(),
-        "provenance": provenance(env),
-        "params": { "runs": env.runs, "core": env.core, "tolerance": TOLERANCE,
-                    "lmbench": env.lmbench },
-        "method": "each pair measured once per round, back to back, which goes first alternating by round; both pinned to the same core; medians over rounds with min-max spread",
-    });
+pub fn run(env: &Env) -> CrosscheckSection {
+    let mut section = CrosscheckSection {
+        head: Head::start(env),
+        params: CrosscheckParams {
+            runs: env.runs,
+            core: env.core,
+            tolerance: TOLERANCE,
+            lmbench: env.lmbench.clone(),
+        },
+        method: "each pair measured once per round, back to back, which goes first alternating by round; both pinned to the same core; medians over rounds with min-max spread".into(),
+        rows: None,
+    };
     let bin = match hotpaths::binary(env) {
         Ok(b) => b,
-        Err(e) => return failed(section, format!("writing the hotpaths binary: {e}")),
+        Err(e) => {
+            section
+                .head
+                .fail(format!("writing the hotpaths binary: {e}"));
+            return section;
+        }
     };
     let file = env.work.join("crosscheck-stat-me");
     let image = env.work.join("crosscheck.img");
     if let Err(e) = std::fs::write(&file, b"hotpaths\n")
         .and_then(|_| crate::blk::make_image(&image, 64 << 20).map(|_| ()))
     {
-        return failed(section, format!("scratch files: {e}"));
+        section.head.fail(format!("scratch files: {e}"));
+        return section;
     }
     let core = env.core;
     let cpu = core.to_string();
@@ -563,7 +639,6 @@ pub fn run(env: &Env) -> Value {
             Some("fio's latency includes its own per-I/O accounting (clock reads, io_u handling)"),
         ));
     }
-    section["rows"] = json!(rows);
     let mut missing = Vec::new();
     if lm.is_none() {
         missing.push(format!(
@@ -580,23 +655,19 @@ pub fn run(env: &Env) -> Value {
             missing.push(format!("{t} not installed"));
         }
     }
-    let all_runs = rows.iter().all(|r| {
-        r["runs"][0].as_u64() == Some(env.runs as u64)
-            && r["runs"][1].as_u64() == Some(env.runs as u64)
-    });
+    let all_runs = rows.iter().all(|r| r.runs == [env.runs, env.runs]);
     let complete = missing.is_empty() && all_runs;
-    section["completed"] = json!(complete);
-    if !complete {
+    section.head.finish(complete, || {
         let failed: Vec<String> = rows
             .iter()
-            .filter(|r| !r["failures"].as_array().is_some_and(|a| a.is_empty()))
-            .map(|r| format!("{}: {}", r["row"], r["failures"]))
+            .filter(|r| !r.failures.is_empty())
+            .map(|r| format!("{:?}: {:?}", r.row, r.failures))
             .collect();
-        section["reason"] = json!(format!("{}; {}", missing.join("; "), failed.join("; ")));
-    }
+        format!("{}; {}", missing.join("; "), failed.join("; "))
+    });
+    section.rows = Some(rows);
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&image);
-    section["finished_at"] = json!(now_utc());
     section
 }
 

@@ -13,10 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::doc::Head;
 use crate::stats::summary;
-use crate::{Env, HugepageCount, Launch, now_utc, provenance, timed_run};
+use crate::{Env, HugepageCount, Launch, timed_run};
 
 /// What the guest rows mean on the nested kvm_pvm host (recorded with them).
 pub const NESTED_LIMITATION: &str = "guest kernel entries are emulated on this host: /dev/kvm is the \
@@ -166,20 +168,22 @@ impl Series {
         }
     }
     /// Rows: name, unit, median, spread, runs, per-run values.
-    pub fn rows(&self) -> Value {
-        json!(
-            self.order
-                .iter()
-                .filter_map(|n| {
-                    let (unit, v) = &self.values[n];
-                    let s = summary(v)?;
-                    Some(json!({
-                        "name": n, "unit": unit, "median": s.median,
-                        "spread": [s.min, s.max], "runs": s.n, "per_run": v,
-                    }))
+    pub fn rows(&self) -> Vec<HotRow> {
+        self.order
+            .iter()
+            .filter_map(|n| {
+                let (unit, v) = &self.values[n];
+                let s = summary(v)?;
+                Some(HotRow {
+                    name: n.clone(),
+                    unit: unit.clone(),
+                    median: s.median,
+                    spread: [s.min, s.max],
+                    runs: s.n,
+                    per_run: v.clone(),
                 })
-                .collect::<Vec<_>>()
-        )
+            })
+            .collect()
     }
     /// Runs recorded for `name`.
     pub fn runs(&self, name: &str) -> usize {
@@ -239,33 +243,164 @@ fn guest_failure(r: &crate::Run) -> String {
     )
 }
 
-/// Runs `host` and/or `guest`, alternating: (section name, section) for each wanted.
-pub fn run(env: &Env, want_host: bool, want_guest: bool) -> Vec<(&'static str, Value)> {
-    let started = now_utc();
-    let prov = provenance(env);
+/// One benchmark's row: its median over runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HotRow {
+    /// hotpaths' name for it.
+    pub name: String,
+    /// Unit.
+    pub unit: String,
+    /// Median over runs.
+    pub median: f64,
+    /// (min, max) over runs.
+    pub spread: [f64; 2],
+    /// Runs.
+    pub runs: usize,
+    /// The per-run values.
+    pub per_run: Vec<f64>,
+}
+
+/// The `host` section: the suite on the bare host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: HostParams,
+    /// How.
+    pub method: String,
+    /// One per benchmark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<HotRow>>,
+    /// What failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<Vec<String>>,
+}
+
+/// What `host` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostParams {
+    /// Rounds.
+    pub runs: usize,
+    /// The two CPUs.
+    pub cpus: Vec<usize>,
+    /// How processes are pinned.
+    pub pinning: String,
+    /// hotpaths' arguments.
+    pub hotpaths_args: Vec<String>,
+}
+
+/// The `guest` section: the suite in a Linux partition, per idle policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuestSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: GuestParams,
+    /// One per policy this host offers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<PolicyRows>>,
+    /// The guest image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<GuestImage>,
+    /// The numbers are real but the host qualifies them (see `limitation`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_limitation: bool,
+    /// What the host limitation is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limitation: Option<String>,
+}
+
+/// What `guest` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuestParams {
+    /// Rounds per policy actually run.
+    pub runs: usize,
+    /// Rounds asked for.
+    pub runs_asked: usize,
+    /// The vCPUs' cores.
+    pub vcpus_on_cores: Vec<usize>,
+    /// Guest memory.
+    pub memory: String,
+    /// hotpaths' arguments in the guest.
+    pub hotpaths_args: String,
+    /// Per launch.
+    pub time_limit_s: u64,
+}
+
+/// One policy's rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRows {
+    /// The idle policy.
+    pub policy: String,
+    /// One per benchmark.
+    pub rows: Vec<HotRow>,
+    /// What failed.
+    pub failures: Vec<String>,
+    /// What the guest said about itself (`guest: ` lines).
+    pub guest_lines: Option<Vec<String>>,
+}
+
+/// The guest image the section booted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GuestImage {
+    /// Kernel.
+    pub kernel: PathBuf,
+    /// Initramfs.
+    pub initramfs: PathBuf,
+    /// What it was built from (`inputs` beside the kernel).
+    pub inputs: Option<String>,
+}
+
+/// Runs `host` and/or `guest`, alternating: the sections wanted.
+pub fn run(
+    env: &Env,
+    want_host: bool,
+    want_guest: bool,
+) -> (Option<HostSection>, Option<GuestSection>) {
+    let head = Head::start(env);
     let cpus = format!("{},{}", env.core, env.host_core);
     let host_args = ["--runs", "1", "--cpus", &cpus];
     let mut host = Series::default();
-    let mut host_section = json!({
-        "completed": false, "started_at": started, "provenance": prov.clone(),
-        "params": { "runs": env.runs, "cpus": [env.core, env.host_core],
-                    "pinning": "the process on the first CPU; second processes of *_1core on it too, of *_2cores on the second",
-                    "hotpaths_args": host_args },
-        "method": "hotpaths (lmbench's loops and timing: each value is the median of 11 timed repetitions of at least 5 ms after a discarded warm-up, less the empty loop), once per round; rows are the median over rounds with the min-max spread; rounds alternate with the guest runs",
-    });
-    let mut guest_section = json!({
-        "completed": false, "started_at": started, "provenance": prov,
-        "params": { "runs": guest_rounds(crate::nested_pvm(), env.runs), "runs_asked": env.runs,
-                    "vcpus_on_cores": [env.core, env.host_core], "memory": "1 GiB, 2 MiB hugepages",
-                    "hotpaths_args": guest_hotpaths_args(crate::nested_pvm()),
-                    "time_limit_s": guest_time_limit(crate::nested_pvm()).as_secs() },
-    });
+    let mut host_section = HostSection {
+        head: head.clone(),
+        params: HostParams {
+            runs: env.runs,
+            cpus: vec![env.core, env.host_core],
+            pinning: "the process on the first CPU; second processes of *_1core on it too, of *_2cores on the second".into(),
+            hotpaths_args: host_args.iter().map(|a| a.to_string()).collect(),
+        },
+        method: "hotpaths (lmbench's loops and timing: each value is the median of 11 timed repetitions of at least 5 ms after a discarded warm-up, less the empty loop), once per round; rows are the median over rounds with the min-max spread; rounds alternate with the guest runs".into(),
+        rows: None,
+        failures: None,
+    };
+    let mut guest_section = GuestSection {
+        head,
+        params: GuestParams {
+            runs: guest_rounds(crate::nested_pvm(), env.runs),
+            runs_asked: env.runs,
+            vcpus_on_cores: vec![env.core, env.host_core],
+            memory: "1 GiB, 2 MiB hugepages".into(),
+            hotpaths_args: guest_hotpaths_args(crate::nested_pvm()).into(),
+            time_limit_s: guest_time_limit(crate::nested_pvm()).as_secs(),
+        },
+        policies: None,
+        image: None,
+        host_limitation: false,
+        limitation: None,
+    };
     let bin = match binary(env) {
         Ok(b) => b,
         Err(e) => {
-            host_section["reason"] = json!(format!("writing the hotpaths binary: {e}"));
-            guest_section["reason"] = host_section["reason"].clone();
-            return vec![("host", host_section), ("guest", guest_section)];
+            let why = format!("writing the hotpaths binary: {e}");
+            host_section.head.fail(why.clone());
+            guest_section.head.fail(why);
+            return (
+                want_host.then_some(host_section),
+                want_guest.then_some(guest_section),
+            );
         }
     };
 
@@ -385,26 +520,25 @@ pub fn run(env: &Env, want_host: bool, want_guest: bool) -> Vec<(&'static str, V
     }
     drop(hugepages);
 
-    let mut out = Vec::new();
-    if want_host {
+    let host_out = want_host.then(|| {
         let complete = host.failures.is_empty()
             && !host.order.is_empty()
             && host.order.iter().all(|n| host.runs(n) == env.runs);
-        host_section["rows"] = host.rows();
-        host_section["failures"] = json!(host.failures);
-        host_section["completed"] = json!(complete);
-        if !complete {
-            host_section["reason"] = json!(format!("host runs failed: {:?}", host.failures));
-        }
-        host_section["finished_at"] = json!(now_utc());
-        out.push(("host", host_section));
-    }
-    if want_guest {
-        let rows: Vec<Value> = guests
+        host_section.rows = Some(host.rows());
+        host_section.failures = Some(host.failures.clone());
+        host_section.head.finish(complete, || {
+            format!("host runs failed: {:?}", host.failures)
+        });
+        host_section
+    });
+    let guest_out = want_guest.then(|| {
+        let rows = guests
             .iter()
-            .map(|(p, s)| {
-                json!({ "policy": p, "rows": s.rows(), "failures": s.failures,
-                        "guest_lines": guest_notes.get(p) })
+            .map(|(p, s)| PolicyRows {
+                policy: p.clone(),
+                rows: s.rows(),
+                failures: s.failures.clone(),
+                guest_lines: guest_notes.get(p).cloned(),
             })
             .collect();
         if let Some(c) = &crashed {
@@ -418,34 +552,32 @@ pub fn run(env: &Env, want_host: bool, want_guest: bool) -> Vec<(&'static str, V
                 s.failures.is_empty()
                     && s.runs("null_syscall") == guest_rounds(crate::nested_pvm(), env.runs)
             });
-        guest_section["policies"] = json!(rows);
-        guest_section["completed"] = json!(complete);
+        guest_section.policies = Some(rows);
         if let Some(img) = &image {
-            guest_section["image"] = json!({
-                "kernel": img.0, "initramfs": img.1,
-                "inputs": std::fs::read_to_string(img.0.with_file_name("inputs")).ok(),
+            guest_section.image = Some(GuestImage {
+                kernel: img.0.clone(),
+                initramfs: img.1.clone(),
+                inputs: std::fs::read_to_string(img.0.with_file_name("inputs")).ok(),
             });
         }
-        if !complete {
-            let why = guest_blocked.unwrap_or_else(|| {
+        if crate::nested_pvm() {
+            // The numbers are real, but they measure the nested host's emulator.
+            guest_section.host_limitation = true;
+            guest_section.limitation = Some(NESTED_LIMITATION.into());
+        }
+        guest_section.head.finish(complete, || {
+            guest_blocked.clone().unwrap_or_else(|| {
                 guests
                     .iter()
                     .filter(|(_, s)| !s.failures.is_empty())
                     .map(|(p, s)| format!("--idle {p}: {}", s.failures.join("; ")))
                     .collect::<Vec<_>>()
                     .join(" / ")
-            });
-            guest_section["reason"] = json!(why);
-        }
-        if crate::nested_pvm() {
-            // The numbers are real, but they measure the nested host's emulator.
-            guest_section["host_limitation"] = json!(true);
-            guest_section["limitation"] = json!(NESTED_LIMITATION);
-        }
-        guest_section["finished_at"] = json!(now_utc());
-        out.push(("guest", guest_section));
-    }
-    out
+            })
+        });
+        guest_section
+    });
+    (host_out, guest_out)
 }
 
 #[cfg(test)]
@@ -478,6 +610,6 @@ mod tests {
         s.add(&r);
         s.add(&r);
         assert_eq!(s.runs("null_syscall"), 2);
-        assert_eq!(s.rows()[0]["median"], 0.19);
+        assert_eq!(s.rows()[0].median, 0.19);
     }
 }

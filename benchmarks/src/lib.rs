@@ -7,6 +7,7 @@
 pub mod blk;
 pub mod compare;
 pub mod crosscheck;
+pub mod doc;
 pub mod hotpaths;
 pub mod memsetup;
 pub mod probe;
@@ -413,13 +414,6 @@ pub fn timed_run_with(
         stdout,
         stderr: err_t.join().unwrap_or_default(),
     })
-}
-
-/// A section that stopped early: `why` as its reason, and its finish time.
-pub fn failed(mut section: Value, why: String) -> Value {
-    section["reason"] = serde_json::json!(why);
-    section["finished_at"] = serde_json::json!(now_utc());
-    section
 }
 
 /// A command line as a person would type it (for the results' `command` fields).

@@ -30,10 +30,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
-use crate::stats::summary;
-use crate::{Env, HugepageCount, Launch, Microvm, failed, ms, now_utc, provenance, timed_run};
+use crate::doc::Head;
+use crate::stats::{Summary, summary};
+use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 
 /// The memory sources compared.
 pub const SOURCES: [&str; 5] = ["pool", "anon-prefault", "hugetlb", "qemu", "qemu-hugetlbfs"];
@@ -109,24 +110,131 @@ fn ok(source: &str, status: std::process::ExitStatus) -> bool {
 }
 
 /// Runs the section.
-pub fn run(env: &Env, sizes: &[u64]) -> Value {
-    let started_at = now_utc();
-    let prov = provenance(env);
-    let mut section = json!({
-        "completed": false,
-        "started_at": started_at,
-        "provenance": prov,
-        "method": "time from spawn to the first byte of the guest's serial output; memory part \
-                   from the VMM's --json report (mmap + prefault); at the first byte, the VMM \
-                   process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \
-                   and HugetlbPages; one discarded warm-up round, then rounds alternating the \
-                   sources in a rotated order; probe guest with probe.memtest=0",
-        "params": { "sizes_bytes": sizes, "runs": env.runs, "sources": SOURCES,
-                    "reserved_core": env.core, "host_core": env.host_core },
-    });
+/// The `memsetup` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemSetupSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// How.
+    pub method: String,
+    /// What was run.
+    pub params: MemSetupParams,
+    /// The pool the `pool` rows come from, and how long reserving it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_preallocation: Option<PoolPreallocation>,
+    /// Why there are no QEMU rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_note: Option<String>,
+    /// Why there is no QEMU hugetlbfs row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_hugetlbfs_note: Option<String>,
+    /// One per (source, size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<MemSetupRow>>,
+    /// The section's claims, checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checks: Option<MemSetupChecks>,
+    /// What failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failures: Option<Vec<String>>,
+}
+
+/// What `memsetup` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemSetupParams {
+    /// Guest sizes.
+    pub sizes_bytes: Vec<u64>,
+    /// Rounds (after the warm-up).
+    pub runs: usize,
+    /// Memory sources.
+    pub sources: Vec<String>,
+    /// The pool partition's core.
+    pub reserved_core: usize,
+    /// Where launchers run.
+    pub host_core: usize,
+}
+
+/// The benchmark's pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolPreallocation {
+    /// Its size.
+    pub bytes: u64,
+    /// `partition reserve`'s preallocation time, when it said.
+    pub seconds: Option<f64>,
+}
+
+/// One (source, size).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemSetupRow {
+    /// Memory source.
+    pub source: String,
+    /// Guest size.
+    pub size_bytes: u64,
+    /// Spawn to first serial byte, ms.
+    pub first_byte_ms: Option<Summary>,
+    /// The VMM's memory setup, ms (ours only).
+    pub memory_ms: Option<Summary>,
+    /// VMM CPU time at the first byte, ms.
+    pub vmm_cpu_ms_at_first_byte: Option<Summary>,
+    /// VMM resident set at the first byte, KiB.
+    pub vmm_rss_kib_at_first_byte: Option<Summary>,
+    /// VMM hugetlb pages mapped at the first byte, KiB.
+    pub vmm_hugetlb_kib_at_first_byte: Option<Summary>,
+    /// The guest's memory, KiB.
+    pub guest_memory_kib: u64,
+    /// Per run: first byte, ms.
+    pub runs_first_byte_ms: Vec<f64>,
+    /// Per run: memory setup, ms.
+    pub runs_memory_ms: Vec<f64>,
+    /// Per run: VMM CPU, ms.
+    pub runs_vmm_cpu_ms: Vec<f64>,
+    /// Per run: VMM RSS, KiB.
+    pub runs_vmm_rss_kib: Vec<f64>,
+}
+
+/// What the section claims, checked against its medians.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemSetupChecks {
+    /// Pool first byte at the largest size over the smallest.
+    pub pool_first_byte_largest_over_smallest: Option<f64>,
+    /// That ratio at most 1.5.
+    pub pool_first_byte_within_1_5x: Option<bool>,
+    /// Fresh prefaulted memory's setup over the pool's, at the largest size.
+    pub anon_prefault_memory_over_pool_memory_at_largest: Option<f64>,
+    /// That ratio at least 100.
+    pub pool_memory_at_least_100x_smaller: Option<bool>,
+}
+
+pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
+    let mut section = MemSetupSection {
+        head: Head::start(env),
+        method: "time from spawn to the first byte of the guest's serial output; memory part \
+                 from the VMM's --json report (mmap + prefault); at the first byte, the VMM \
+                 process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \
+                 and HugetlbPages; one discarded warm-up round, then rounds alternating the \
+                 sources in a rotated order; probe guest with probe.memtest=0"
+            .into(),
+        params: MemSetupParams {
+            sizes_bytes: sizes.to_vec(),
+            runs: env.runs,
+            sources: SOURCES.iter().map(|s| s.to_string()).collect(),
+            reserved_core: env.core,
+            host_core: env.host_core,
+        },
+        pool_preallocation: None,
+        qemu_note: None,
+        qemu_hugetlbfs_note: None,
+        rows: None,
+        checks: None,
+        failures: None,
+    };
     let probe = match crate::probe_image(env) {
         Ok(p) => p,
-        Err(e) => return failed(section, format!("writing the probe image: {e}")),
+        Err(e) => {
+            section.head.fail(format!("writing the probe image: {e}"));
+            return section;
+        }
     };
     let max = sizes.iter().copied().max().unwrap_or(0);
     let state = env.work.join("state");
@@ -145,21 +253,22 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
         .unwrap_or_default();
     if !r.as_ref().is_ok_and(|o| o.status.success()) {
-        return failed(
-            section,
-            format!(
-                "reserving a {} MiB pool failed: {}",
-                max >> 20,
-                reserve_stderr.trim()
-            ),
-        );
+        section.head.fail(format!(
+            "reserving a {} MiB pool failed: {}",
+            max >> 20,
+            reserve_stderr.trim()
+        ));
+        return section;
     }
     let prealloc_s = reserve_stderr
         .split("preallocated in ")
         .nth(1)
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse::<f64>().ok());
-    section["pool_preallocation"] = json!({ "bytes": max, "seconds": prealloc_s });
+    section.pool_preallocation = Some(PoolPreallocation {
+        bytes: max,
+        seconds: prealloc_s,
+    });
 
     let mut sources: Vec<&str> = SOURCES
         .iter()
@@ -167,7 +276,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         .filter(|s| !s.starts_with("qemu") || env.qemu.is_some())
         .collect();
     if env.qemu.is_none() {
-        section["qemu_note"] = json!("qemu-system-x86_64 not found: no peer rows");
+        section.qemu_note = Some("qemu-system-x86_64 not found: no peer rows".into());
     }
     // QEMU's hugepage backend needs a hugetlbfs mount of its own (in the scratch directory,
     // which the bench supervisor unmounts if this run dies).
@@ -177,7 +286,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         match mount_hugetlbfs(&hugetlbfs) {
             Ok(()) => true,
             Err(e) => {
-                section["qemu_hugetlbfs_note"] = json!(format!(
+                section.qemu_hugetlbfs_note = Some(format!(
                     "mounting hugetlbfs at {}: {e}",
                     hugetlbfs.display()
                 ));
@@ -262,23 +371,23 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
         .arg("unreserve")
         .output();
 
-    let mut rows = Vec::new();
-    for ((source, size), v) in &samples {
-        rows.push(json!({
-            "source": source,
-            "size_bytes": size,
-            "first_byte_ms": summary(&v.first_byte),
-            "memory_ms": summary(&v.memory),
-            "vmm_cpu_ms_at_first_byte": summary(&v.cpu),
-            "vmm_rss_kib_at_first_byte": summary(&v.rss),
-            "vmm_hugetlb_kib_at_first_byte": summary(&v.hugetlb),
-            "guest_memory_kib": size >> 10,
-            "runs_first_byte_ms": v.first_byte,
-            "runs_memory_ms": v.memory,
-            "runs_vmm_cpu_ms": v.cpu,
-            "runs_vmm_rss_kib": v.rss,
-        }));
-    }
+    let rows = samples
+        .iter()
+        .map(|((source, size), v)| MemSetupRow {
+            source: source.clone(),
+            size_bytes: *size,
+            first_byte_ms: summary(&v.first_byte),
+            memory_ms: summary(&v.memory),
+            vmm_cpu_ms_at_first_byte: summary(&v.cpu),
+            vmm_rss_kib_at_first_byte: summary(&v.rss),
+            vmm_hugetlb_kib_at_first_byte: summary(&v.hugetlb),
+            guest_memory_kib: size >> 10,
+            runs_first_byte_ms: v.first_byte.clone(),
+            runs_memory_ms: v.memory.clone(),
+            runs_vmm_cpu_ms: v.cpu.clone(),
+            runs_vmm_rss_kib: v.rss.clone(),
+        })
+        .collect();
     let med = |source: &str, size: u64, which: usize| {
         samples.get(&(source.to_string(), size)).and_then(|v| {
             summary(if which == 0 { &v.first_byte } else { &v.memory }).map(|s| s.median)
@@ -291,30 +400,23 @@ pub fn run(env: &Env, sizes: &[u64]) -> Value {
     let mem_ratio = med("anon-prefault", max, 1)
         .zip(med("pool", max, 1))
         .map(|(a, b)| a / b);
-    section["rows"] = json!(rows);
-    section["checks"] = json!({
-        "pool_first_byte_largest_over_smallest": first_ratio,
-        "pool_first_byte_within_1_5x": first_ratio.map(|r| r <= 1.5),
-        "anon_prefault_memory_over_pool_memory_at_largest": mem_ratio,
-        "pool_memory_at_least_100x_smaller": mem_ratio.map(|r| r >= 100.0),
+    section.rows = Some(rows);
+    section.checks = Some(MemSetupChecks {
+        pool_first_byte_largest_over_smallest: first_ratio,
+        pool_first_byte_within_1_5x: first_ratio.map(|r| r <= 1.5),
+        anon_prefault_memory_over_pool_memory_at_largest: mem_ratio,
+        pool_memory_at_least_100x_smaller: mem_ratio.map(|r| r >= 100.0),
     });
-    section["failures"] = json!(failures);
     let expected = sources.len() * sizes.len();
-    section["completed"] = json!(
-        samples.len() == expected && samples.values().all(|v| v.first_byte.len() == env.runs)
-    );
-    if section["completed"] == json!(false) {
-        section["reason"] = json!(format!(
-            "{} of {} configurations measured fully; failures: {:?}",
-            samples
-                .values()
-                .filter(|v| v.first_byte.len() == env.runs)
-                .count(),
-            expected,
-            failures
-        ));
-    }
-    section["finished_at"] = json!(now_utc());
+    let full = samples
+        .values()
+        .filter(|v| v.first_byte.len() == env.runs)
+        .count();
+    let complete = samples.len() == expected && full == samples.len();
+    section.head.finish(complete, || {
+        format!("{full} of {expected} configurations measured fully; failures: {failures:?}")
+    });
+    section.failures = Some(failures);
     section
 }
 

@@ -17,11 +17,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+
+use crate::doc::{Cell, Head};
 
 use crate::hotpaths::{self, Series};
 use crate::stats::summary;
-use crate::{Env, Launch, Microvm, failed, now_utc, pretty, provenance, timed_run, timed_run_with};
+use crate::{Env, Launch, Microvm, pretty, timed_run, timed_run_with};
 
 const GUEST_MB: u64 = 640;
 /// Staircase points: 512 B to 256 MiB, doubling.
@@ -87,19 +89,11 @@ impl Runs {
             self.mem.entry(*k).or_default().push(*v);
         }
     }
-    fn tests_json(&self) -> Value {
-        json!(
-            self.tests
-                .iter()
-                .filter_map(|(k, v)| {
-                    let s = summary(v)?;
-                    Some((
-                        k.clone(),
-                        json!({ "median_ns": s.median, "spread_ns": [s.min, s.max], "runs": s.n }),
-                    ))
-                })
-                .collect::<serde_json::Map<_, _>>()
-        )
+    fn cells(&self) -> BTreeMap<String, Cell> {
+        self.tests
+            .iter()
+            .filter_map(|(k, v)| Some((k.clone(), Cell::of(&summary(v)?))))
+            .collect()
     }
     fn median(&self, k: &str) -> Option<f64> {
         self.tests.get(k).and_then(|v| summary(v)).map(|s| s.median)
@@ -163,33 +157,141 @@ fn qemu_cmd(env: &Env, probe: &Path, disk: &Path, qmp: &Path) -> Command {
     c
 }
 
+/// The `probe` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: ProbeParams,
+    /// How.
+    pub method: String,
+    /// Our VMM with ioeventfd doorbells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours: Option<PathsRun>,
+    /// Our VMM with `--no-ioeventfd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ours_no_ioeventfd: Option<PathsRun>,
+    /// QEMU microvm, or why there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu: Option<Peer>,
+    /// What `pio_exit_ns` is on a host that refuses ring-3 port I/O.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pio_note: Option<String>,
+    /// The memory-latency staircase, guest against host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_lat: Option<Vec<Stair>>,
+    /// What failed on the host side.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_failures: Option<Vec<String>>,
+    /// What failed of QEMU's runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_note: Option<String>,
+}
+
+/// What `probe` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeParams {
+    /// Rounds.
+    pub runs: usize,
+    /// The guest's core.
+    pub core: usize,
+    /// Guest memory, MiB.
+    pub guest_memory_mb: u64,
+    /// What backs it.
+    pub guest_memory: String,
+    /// What backs the host's chase.
+    pub host_chase_memory: String,
+    /// Calls timed per repetition.
+    pub calls_per_repetition: u32,
+    /// Repetitions per path.
+    pub repetitions: u32,
+}
+
+/// One VMM's paths.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PathsRun {
+    /// Per path.
+    pub paths_ns: BTreeMap<String, Cell>,
+    /// A port-I/O exit, ns (see `pio_note`).
+    pub pio_exit_ns: Option<f64>,
+    /// The command, as typed.
+    pub command: String,
+    /// What failed.
+    pub failures: Vec<String>,
+}
+
+/// A peer's runs, or why it did not run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Peer {
+    /// It ran.
+    Ran(PathsRun),
+    /// Why not.
+    Note(String),
+}
+
+/// One step of the staircase.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stair {
+    /// Working set.
+    pub bytes: u64,
+    /// Guest, ns per load.
+    pub guest_ns: Option<f64>,
+    /// Its (min, max).
+    pub guest_spread: Option<[f64; 2]>,
+    /// Host, ns per load.
+    pub host_ns: Option<f64>,
+    /// Its (min, max).
+    pub host_spread: Option<[f64; 2]>,
+    /// Guest over host.
+    pub guest_over_host: Option<f64>,
+    /// QEMU's guest, ns per load.
+    pub qemu_ns: Option<f64>,
+}
+
 /// Runs the section.
-pub fn run(env: &Env) -> Value {
-    let mut section = json!({
-        "completed": false,
-        "started_at": now_utc(),
-        "provenance": provenance(env),
-        "params": { "runs": env.runs, "core": env.core, "guest_memory_mb": GUEST_MB,
-                    "guest_memory": "2 MiB hugetlb pages", "host_chase_memory": "transparent huge pages (madvise)",
-                    "calls_per_repetition": 2000,
-                    "repetitions": 11 },
-        "method": "probe.bench=paths: per path, 11 timed repetitions of 2000 calls after a discarded one, median; the memory chase is hotpaths' chase.rs in ring 3 (the host runs hotpaths --only mem_lat on the same core); rows are medians over rounds with min-max spread; rounds alternate the host, ours (ioeventfd), ours --no-ioeventfd and QEMU microvm",
-    });
+pub fn run(env: &Env) -> ProbeSection {
+    let mut section = ProbeSection {
+        head: Head::start(env),
+        params: ProbeParams {
+            runs: env.runs,
+            core: env.core,
+            guest_memory_mb: GUEST_MB,
+            guest_memory: "2 MiB hugetlb pages".into(),
+            host_chase_memory: "transparent huge pages (madvise)".into(),
+            calls_per_repetition: 2000,
+            repetitions: 11,
+        },
+        method: "probe.bench=paths: per path, 11 timed repetitions of 2000 calls after a discarded one, median; the memory chase is hotpaths' chase.rs in ring 3 (the host runs hotpaths --only mem_lat on the same core); rows are medians over rounds with min-max spread; rounds alternate the host, ours (ioeventfd), ours --no-ioeventfd and QEMU microvm".into(),
+        ours: None,
+        ours_no_ioeventfd: None,
+        qemu: None,
+        pio_note: None,
+        mem_lat: None,
+        host_failures: None,
+        qemu_note: None,
+    };
+    let fail = |mut s: ProbeSection, why: String| {
+        s.head.fail(why);
+        s
+    };
     let bin = match hotpaths::binary(env) {
         Ok(b) => b,
-        Err(e) => return failed(section, format!("writing the hotpaths binary: {e}")),
+        Err(e) => return fail(section, format!("writing the hotpaths binary: {e}")),
     };
     let probe = match crate::probe_image(env) {
         Ok(p) => p,
-        Err(e) => return failed(section, format!("writing the probe image: {e}")),
+        Err(e) => return fail(section, format!("writing the probe image: {e}")),
     };
     let disk = env.work.join("paths-disk.img");
     if let Err(e) = std::fs::File::create(&disk).and_then(|f| f.set_len(1 << 20)) {
-        return failed(section, format!("{}: {e}", disk.display()));
+        return fail(section, format!("{}: {e}", disk.display()));
     }
     let state = env.work.join("probe-state");
     let Some(hugepages) = crate::HugepageCount::grow(GUEST_MB / 2) else {
-        return failed(
+        return fail(
             section,
             format!(
                 "the kernel could not find {} free 2 MiB hugepages",
@@ -255,37 +357,48 @@ pub fn run(env: &Env) -> Value {
             Some(r.median("pio_in_service")? - r.median("service")?).map(|d| d.max(0.0))
         })
     };
-    section["ours"] = json!({ "paths_ns": ours.tests_json(), "pio_exit_ns": pio(&ours),
-                               "command": ours.command, "failures": ours.failures });
-    section["ours_no_ioeventfd"] = json!({ "paths_ns": exit.tests_json(), "pio_exit_ns": pio(&exit),
-                                           "command": exit.command, "failures": exit.failures });
-    section["qemu"] = if env.qemu.is_some() {
-        json!({ "paths_ns": qemu.tests_json(), "pio_exit_ns": pio(&qemu),
-                "command": qemu.command, "failures": qemu.failures })
-    } else {
-        json!("qemu-system-x86_64 not found: no peer rows")
+    let ran = |r: &Runs| PathsRun {
+        paths_ns: r.cells(),
+        pio_exit_ns: pio(r),
+        command: r.command.clone(),
+        failures: r.failures.clone(),
     };
-    section["pio_note"] = json!(
-        "pio_in is `in` executed in ring 3 (IOPL 3). Where the hypervisor refuses ring-3 port I/O (#GP; the nested kvm_pvm host does), the probe times pio_in_service (the same `in` through its ring-0 service) and pio_exit_ns is pio_in_service - service."
+    section.ours = Some(ran(&ours));
+    section.ours_no_ioeventfd = Some(ran(&exit));
+    section.qemu = Some(if env.qemu.is_some() {
+        Peer::Ran(ran(&qemu))
+    } else {
+        Peer::Note("qemu-system-x86_64 not found: no peer rows".into())
+    });
+    section.pio_note = Some(
+        "pio_in is `in` executed in ring 3 (IOPL 3). Where the hypervisor refuses ring-3 port I/O (#GP; the nested kvm_pvm host does), the probe times pio_in_service (the same `in` through its ring-0 service) and pio_exit_ns is pio_in_service - service.".into(),
     );
-    let mut stairs = Vec::new();
-    for (size, v) in &ours.mem {
-        let g = summary(v);
-        let h = host
-            .values
-            .get(&format!("mem_lat_{size}"))
-            .and_then(|(_, v)| summary(v));
-        let q = qemu.mem.get(size).and_then(|v| summary(v));
-        stairs.push(json!({
-            "bytes": size,
-            "guest_ns": g.map(|s| s.median), "guest_spread": g.map(|s| [s.min, s.max]),
-            "host_ns": h.map(|s| s.median), "host_spread": h.map(|s| [s.min, s.max]),
-            "guest_over_host": match (g, h) { (Some(g), Some(h)) if h.median > 0.0 => json!(g.median / h.median), _ => Value::Null },
-            "qemu_ns": q.map(|s| s.median),
-        }));
-    }
-    section["mem_lat"] = json!(stairs);
-    section["host_failures"] = json!(host.failures);
+    let stairs = ours
+        .mem
+        .iter()
+        .map(|(size, v)| {
+            let g = summary(v);
+            let h = host
+                .values
+                .get(&format!("mem_lat_{size}"))
+                .and_then(|(_, v)| summary(v));
+            let q = qemu.mem.get(size).and_then(|v| summary(v));
+            Stair {
+                bytes: *size,
+                guest_ns: g.map(|s| s.median),
+                guest_spread: g.map(|s| [s.min, s.max]),
+                host_ns: h.map(|s| s.median),
+                host_spread: h.map(|s| [s.min, s.max]),
+                guest_over_host: match (g, h) {
+                    (Some(g), Some(h)) if h.median > 0.0 => Some(g.median / h.median),
+                    _ => None,
+                },
+                qemu_ns: q.map(|s| s.median),
+            }
+        })
+        .collect();
+    section.mem_lat = Some(stairs);
+    section.host_failures = Some(host.failures.clone());
     let full = |r: &Runs| {
         r.failures.is_empty() && r.tests.get("cpuid").is_some_and(|v| v.len() == env.runs)
     };
@@ -294,21 +407,19 @@ pub fn run(env: &Env) -> Value {
         && host.failures.is_empty()
         && host.runs("mem_lat_512") == env.runs
         && ours.mem.len() == STAIRS;
-    section["completed"] = json!(complete);
-    if !complete {
-        section["reason"] = json!(format!(
+    if !qemu.failures.is_empty() {
+        section.qemu_note = Some(format!("QEMU runs failed: {:?}", qemu.failures));
+    }
+    let _ = std::fs::remove_file(&disk);
+    section.head.finish(complete, || {
+        format!(
             "ours: {:?}; --no-ioeventfd: {:?}; host: {:?}; staircase points {}",
             ours.failures,
             exit.failures,
             host.failures,
             ours.mem.len()
-        ));
-    }
-    if !qemu.failures.is_empty() {
-        section["qemu_note"] = json!(format!("QEMU runs failed: {:?}", qemu.failures));
-    }
-    let _ = std::fs::remove_file(&disk);
-    section["finished_at"] = json!(now_utc());
+        )
+    });
     section
 }
 

@@ -2,9 +2,8 @@
 //! full run takes them. A section returns the results-file sections it measured (the hot
 //! paths return `host` and `guest` together: they alternate).
 
-use serde_json::Value;
-
 use crate::Env;
+use crate::doc::SectionDoc;
 
 /// What a run asks of the sections beyond the environment.
 #[derive(Clone, Debug, Default)]
@@ -24,7 +23,7 @@ pub trait Section: Sync {
         env: &Env,
         opts: &Options,
         wanted: &dyn Fn(&str) -> bool,
-    ) -> Vec<(&'static str, Value)>;
+    ) -> Vec<(&'static str, SectionDoc)>;
 }
 
 struct HotPaths;
@@ -54,8 +53,16 @@ impl Section for HotPaths {
         env: &Env,
         _: &Options,
         wanted: &dyn Fn(&str) -> bool,
-    ) -> Vec<(&'static str, Value)> {
-        crate::hotpaths::run(env, wanted("host"), wanted("guest"))
+    ) -> Vec<(&'static str, SectionDoc)> {
+        let (host, guest) = crate::hotpaths::run(env, wanted("host"), wanted("guest"));
+        let mut out = Vec::new();
+        if let Some(h) = host {
+            out.push(("host", SectionDoc::Host(Box::new(h))));
+        }
+        if let Some(g) = guest {
+            out.push(("guest", SectionDoc::Guest(Box::new(g))));
+        }
+        out
     }
 }
 
@@ -66,8 +73,13 @@ impl Section for Probe {
             "the VMM's own paths from the probe guest (CPUID, port and MMIO exits, ioeventfd doorbell) and its memory-latency staircase against the same chase on the host; ours with and without ioeventfd, and QEMU microvm",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
-        vec![("probe", crate::probe::run(env))]
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![("probe", SectionDoc::Probe(Box::new(crate::probe::run(env))))]
     }
 }
 
@@ -78,8 +90,16 @@ impl Section for Crosscheck {
             "our bare-host figures against lmbench, stress-ng, cyclictest and fio run in the same session",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
-        vec![("crosscheck", crate::crosscheck::run(env))]
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![(
+            "crosscheck",
+            SectionDoc::Crosscheck(Box::new(crate::crosscheck::run(env))),
+        )]
     }
 }
 
@@ -90,8 +110,13 @@ impl Section for Wake {
             "the price of a fast wakeup per idle policy: timer lateness, IPI and shared-memory ping-pong in a 2-vCPU probe guest vs futex/spin/clock_nanosleep on the bare host; idle busy share and energy; QEMU microvm default and cpu-pm=on",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
-        vec![("wake", crate::wake::run(env))]
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![("wake", SectionDoc::Wake(Box::new(crate::wake::run(env))))]
     }
 }
 
@@ -102,8 +127,13 @@ impl Section for Blk {
             "4 KiB reads at depth 1 (and depth 32, GET_ID fences, a 64 MiB sequential read): host pread/io_uring warm and O_DIRECT vs the probe guest over exit notify, ioeventfd, ioeventfd+polling, O_DIRECT vs QEMU microvm virtio-blk (io_uring, iothread+polling)",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
-        vec![("blk", crate::blk::run(env))]
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![("blk", SectionDoc::Blk(Box::new(crate::blk::run(env))))]
     }
 }
 
@@ -119,13 +149,16 @@ impl Section for MemSetup {
         env: &Env,
         opts: &Options,
         _: &dyn Fn(&str) -> bool,
-    ) -> Vec<(&'static str, Value)> {
+    ) -> Vec<(&'static str, SectionDoc)> {
         let sizes = if opts.sizes.is_empty() {
             crate::memsetup::default_sizes()
         } else {
             opts.sizes.clone()
         };
-        vec![("memsetup", crate::memsetup::run(env, &sizes))]
+        vec![(
+            "memsetup",
+            SectionDoc::MemSetup(Box::new(crate::memsetup::run(env, &sizes))),
+        )]
     }
 }
 
@@ -136,9 +169,14 @@ impl Section for Builds {
             "this build against a baseline build (--baseline BIN; scripts/bench.sh --baseline REV builds one): the probe's ioeventfd doorbell and MMIO exit, polled 4 KiB block reads and fences, launch to first byte, A B A B; runs only when a baseline is given",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
         crate::compare::builds(env)
-            .map(|s| vec![("builds", s)])
+            .map(|s| vec![("builds", SectionDoc::Compare(Box::new(s)))])
             .unwrap_or_default()
     }
 }
@@ -150,8 +188,16 @@ impl Section for Sandboxing {
             "what confinement costs: the same probe paths (ioeventfd doorbell, MMIO exit, polled 4 KiB reads and fences, launch to first byte) with --no-sandbox and sandboxed, A B A B",
         )]
     }
-    fn run(&self, env: &Env, _: &Options, _: &dyn Fn(&str) -> bool) -> Vec<(&'static str, Value)> {
-        vec![("sandbox", crate::compare::sandbox(env))]
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![(
+            "sandbox",
+            SectionDoc::Compare(Box::new(crate::compare::sandbox(env))),
+        )]
     }
 }
 

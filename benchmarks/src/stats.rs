@@ -1,9 +1,9 @@
 //! Medians and spreads.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Summary of a sample.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Number of values.
     pub n: usize,

@@ -21,10 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::stats::{Summary, faster, summary};
-use crate::{Env, Launch, Microvm, now_utc, provenance};
+use crate::doc::{Head, Ordering as Claim};
+use crate::stats::{Summary, summary};
+use crate::{Env, Launch, Microvm};
 
 /// Policies measured, in the order of the seed's table.
 pub const POLICIES: [&str; 5] = ["mwait", "poll", "haltpoll", "hlt", "shared"];
@@ -285,17 +287,16 @@ impl Series {
         self.medians.entry(key.into()).or_default().push(median);
         self.p99s.entry(key.into()).or_default().push(p99);
     }
-    fn metric(&self, key: &str) -> Value {
-        let m = self.medians.get(key).map(|v| summary(v)).unwrap_or(None);
-        let p = self.p99s.get(key).map(|v| summary(v)).unwrap_or(None);
-        match m {
-            Some(m) => json!({
-                "median_ns": m.median, "spread_ns": [m.min, m.max], "runs": m.n,
-                "p99_ns": p.map(|p| p.median),
-                "per_run_median_ns": self.medians.get(key),
-            }),
-            None => Value::Null,
-        }
+    fn metric(&self, key: &str) -> Option<WakeMetric> {
+        let m = self.medians.get(key).and_then(|v| summary(v))?;
+        let p = self.p99s.get(key).and_then(|v| summary(v));
+        Some(WakeMetric {
+            median_ns: m.median,
+            spread_ns: [m.min, m.max],
+            runs: m.n,
+            p99_ns: p.map(|p| p.median),
+            per_run_median_ns: self.medians.get(key).cloned().unwrap_or_default(),
+        })
     }
     fn summary(&self, key: &str) -> Option<Summary> {
         self.medians.get(key).and_then(|v| summary(v))
@@ -348,37 +349,167 @@ fn idle_cmdline() -> String {
     format!("probe.memtest=0 probe.bench=idle probe.idle_seconds={IDLE_SECONDS}")
 }
 
-fn ratio(a: Option<Summary>, b: Option<Summary>) -> Value {
+fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
     match (a, b) {
-        (Some(a), Some(b)) if b.median > 0.0 => json!(a.median / b.median),
-        _ => Value::Null,
+        (Some(a), Some(b)) if b.median > 0.0 => Some(a.median / b.median),
+        _ => None,
     }
 }
 
+/// The `wake` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WakeSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: WakeParams,
+    /// How.
+    pub method: String,
+    /// What this host's KVM offers (`partition caps --json`, as it prints it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_caps: Option<Value>,
+    /// The bare host's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<WakeHost>,
+    /// One per idle policy, measured or refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<PolicyRow>>,
+    /// QEMU's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<WakeRow>>,
+    /// The orderings the seeds predict, checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub orderings: Option<Vec<Claim>>,
+}
+
+/// What `wake` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WakeParams {
+    /// Rounds.
+    pub runs: usize,
+    /// Samples per run.
+    pub samples_per_run: usize,
+    /// Warm-up samples discarded.
+    pub discarded_warmup_samples: usize,
+    /// The guest's two cores.
+    pub guest_cores: Vec<usize>,
+    /// The timer test's period.
+    pub timer_interval_us: u64,
+    /// The idle window.
+    pub idle_window_s: u64,
+    /// The guest.
+    pub guest: String,
+}
+
+/// A wake metric over runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WakeMetric {
+    /// Median of the per-run medians.
+    pub median_ns: f64,
+    /// Their (min, max).
+    pub spread_ns: [f64; 2],
+    /// Runs.
+    pub runs: usize,
+    /// Median of the per-run p99s.
+    pub p99_ns: Option<f64>,
+    /// The per-run medians.
+    pub per_run_median_ns: Vec<f64>,
+}
+
+/// The bare host's wake rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WakeHost {
+    /// What the host is.
+    pub label: String,
+    /// Futex ping-pong between the two cores.
+    pub futex_pingpong: Option<WakeMetric>,
+    /// Spin ping-pong.
+    pub spin_pingpong: Option<WakeMetric>,
+    /// `clock_nanosleep` lateness.
+    pub timer_lateness: Option<WakeMetric>,
+    /// The cores' busy share with no guest.
+    pub idle_busy_share_no_guest: Option<Summary>,
+}
+
+/// A guest's (or peer's) wake rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WakeRow {
+    /// Policy or peer.
+    pub name: String,
+    /// How the guest idled.
+    pub idle_mode_in_guest: Option<String>,
+    /// Timer lateness.
+    pub timer_lateness: Option<WakeMetric>,
+    /// IPI round trip.
+    pub ipi_round_trip: Option<WakeMetric>,
+    /// Shared-memory round trip.
+    pub shm_round_trip: Option<WakeMetric>,
+    /// IPI over the host's futex ping-pong.
+    pub ipi_over_host_futex: Option<f64>,
+    /// IPI over the host's spin ping-pong.
+    pub ipi_over_host_spin: Option<f64>,
+    /// Shared memory over the host's spin ping-pong.
+    pub shm_over_host_spin: Option<f64>,
+    /// The cores' busy share while the guest idles.
+    pub idle_busy_share: Option<Summary>,
+    /// Energy over the idle window (RAPL).
+    pub idle_energy_j: Option<Summary>,
+    /// Why there is no energy figure.
+    pub energy_note: Option<String>,
+    /// The launch's idle read-back (`launch --json`'s `idle`, as it prints it).
+    pub readback: Option<Value>,
+    /// What failed.
+    pub failures: Vec<String>,
+}
+
+/// A policy: measured, or refused on this host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PolicyRow {
+    /// Measured.
+    Measured(Box<WakeRow>),
+    /// Refused, with what `partition launch` said.
+    Refused {
+        /// The policy.
+        name: String,
+        /// The refusal.
+        refused: Option<String>,
+    },
+}
+
 /// Runs the section.
-pub fn run(env: &Env) -> Value {
-    let mut section = json!({
-        "completed": false,
-        "started_at": now_utc(),
-        "provenance": provenance(env),
-        "params": {
-            "runs": env.runs, "samples_per_run": SAMPLES, "discarded_warmup_samples": WARMUP,
-            "guest_cores": [env.host_core, env.core], "timer_interval_us": 1000,
-            "idle_window_s": IDLE_SECONDS, "guest": "probe guest, 2 vCPUs, 64 MiB, anonymous memory",
+pub fn run(env: &Env) -> WakeSection {
+    let mut section = WakeSection {
+        head: Head::start(env),
+        params: WakeParams {
+            runs: env.runs,
+            samples_per_run: SAMPLES,
+            discarded_warmup_samples: WARMUP,
+            guest_cores: vec![env.host_core, env.core],
+            timer_interval_us: 1000,
+            idle_window_s: IDLE_SECONDS,
+            guest: "probe guest, 2 vCPUs, 64 MiB, anonymous memory".into(),
         },
-        "method": "per round: the host side (futex ping-pong, spin ping-pong, clock_nanosleep \
-                   lateness, all pinned to the guest's two cores), then for each idle policy \
-                   the probe guest's wake tests and its idle window, then QEMU; order rotated \
-                   each round. Each run reports medians after discarding warm-up samples; rows \
-                   give the median of the per-run medians with their min-max spread.",
-    });
+        method: "per round: the host side (futex ping-pong, spin ping-pong, clock_nanosleep \
+                 lateness, all pinned to the guest's two cores), then for each idle policy \
+                 the probe guest's wake tests and its idle window, then QEMU; order rotated \
+                 each round. Each run reports medians after discarding warm-up samples; rows \
+                 give the median of the per-run medians with their min-max spread."
+            .into(),
+        host_caps: None,
+        host: None,
+        policies: None,
+        peers: None,
+        orderings: None,
+    };
     let caps: Value = Command::new(&env.partition)
         .args(["caps", "--json"])
         .output()
         .ok()
         .and_then(|o| serde_json::from_slice(&o.stdout).ok())
         .unwrap_or(Value::Null);
-    section["host_caps"] = caps.clone();
+    section.host_caps = Some(caps.clone());
     let offered = |p: &str| {
         caps["policies"]
             .as_array()
@@ -393,7 +524,10 @@ pub fn run(env: &Env) -> Value {
     };
     let probe = match crate::probe_image(env) {
         Ok(p) => p,
-        Err(e) => return crate::failed(section, format!("writing the probe image: {e}")),
+        Err(e) => {
+            section.head.fail(format!("writing the probe image: {e}"));
+            return section;
+        }
     };
 
     let cores = [env.host_core, env.core];
@@ -483,58 +617,47 @@ pub fn run(env: &Env) -> Value {
 
     let futex = host.summary("futex_pingpong");
     let spin = host.summary("spin_pingpong");
-    section["host"] = json!({
-        "label": "L1 baseline (the development host is itself a KVM guest)",
-        "futex_pingpong": host.metric("futex_pingpong"),
-        "spin_pingpong": host.metric("spin_pingpong"),
-        "timer_lateness": host.metric("timer_lateness"),
-        "idle_busy_share_no_guest": summary(&baseline_busy),
+    section.host = Some(WakeHost {
+        label: "L1 baseline (the development host is itself a KVM guest)".into(),
+        futex_pingpong: host.metric("futex_pingpong"),
+        spin_pingpong: host.metric("spin_pingpong"),
+        timer_lateness: host.metric("timer_lateness"),
+        idle_busy_share_no_guest: summary(&baseline_busy),
     });
-    let row = |name: &str, s: &Series| {
-        json!({
-            "name": name,
-            "idle_mode_in_guest": s.modes.get("ipi").or(s.modes.get("timer")),
-            "timer_lateness": s.metric("timer"),
-            "ipi_round_trip": s.metric("ipi"),
-            "shm_round_trip": s.metric("shm"),
-            "ipi_over_host_futex": ratio(s.summary("ipi"), futex),
-            "ipi_over_host_spin": ratio(s.summary("ipi"), spin),
-            "shm_over_host_spin": ratio(s.summary("shm"), spin),
-            "idle_busy_share": summary(&s.busy),
-            "idle_energy_j": summary(&s.energy),
-            "energy_note": if rapl_joules().is_none() { json!("no RAPL on this host: null") } else { Value::Null },
-            "readback": s.readback,
-            "failures": s.failures,
-        })
+    let no_rapl = rapl_joules().is_none();
+    let row = |name: &str, s: &Series| WakeRow {
+        name: name.into(),
+        idle_mode_in_guest: s.modes.get("ipi").or(s.modes.get("timer")).cloned(),
+        timer_lateness: s.metric("timer"),
+        ipi_round_trip: s.metric("ipi"),
+        shm_round_trip: s.metric("shm"),
+        ipi_over_host_futex: ratio(s.summary("ipi"), futex),
+        ipi_over_host_spin: ratio(s.summary("ipi"), spin),
+        shm_over_host_spin: ratio(s.summary("shm"), spin),
+        idle_busy_share: summary(&s.busy),
+        idle_energy_j: summary(&s.energy),
+        energy_note: no_rapl.then(|| "no RAPL on this host: null".into()),
+        readback: s.readback.clone(),
+        failures: s.failures.clone(),
     };
-    let mut rows = Vec::new();
-    for p in POLICIES {
-        if let Some(s) = guests.get(p) {
-            rows.push(row(p, s));
-        } else {
-            rows.push(json!({ "name": p, "refused": refused.get(p) }));
-        }
-    }
-    section["policies"] = json!(rows);
-    section["peers"] = json!(
-        peer_series
+    section.policies = Some(
+        POLICIES
             .iter()
-            .map(|(k, s)| row(k, s))
-            .collect::<Vec<_>>()
+            .map(|p| match guests.get(*p) {
+                Some(s) => PolicyRow::Measured(Box::new(row(p, s))),
+                None => PolicyRow::Refused {
+                    name: p.to_string(),
+                    refused: refused.get(*p).cloned(),
+                },
+            })
+            .collect(),
     );
+    section.peers = Some(peer_series.iter().map(|(k, s)| row(k, s)).collect());
 
     // The orderings the seeds predict, and whether this host shows them.
     let g = |p: &str, k: &str| guests.get(p).and_then(|s| s.summary(k));
-    let ordering = |claim: &str, fast: Option<Summary>, slow: Option<Summary>, hidden: &str| {
-        let shown = faster(fast, slow);
-        json!({
-            "claim": claim,
-            "fast_median_ns": fast.map(|s| s.median), "slow_median_ns": slow.map(|s| s.median),
-            "shown": shown,
-            "note": match shown { Some(true) => "shown beyond the spread", Some(false) => hidden, None => "not measured" },
-        })
-    };
-    section["orderings"] = json!([
+    let ordering = Claim::check_or;
+    section.orderings = Some(vec![
         ordering(
             "spinning wakes faster than halting: a polling vCPU woken by a memory write (poll, shm) vs an IPI to a halted vCPU (hlt)",
             g("poll", "shm"),
@@ -566,17 +689,15 @@ pub fn run(env: &Env) -> Value {
         .medians
         .get("futex_pingpong")
         .is_some_and(|v| v.len() == env.runs);
-    section["completed"] = json!(all_ok);
-    if !all_ok {
-        section["reason"] = json!(format!(
+    section.head.finish(all_ok, || {
+        format!(
             "guest failures: {:?}",
             guests
                 .iter()
                 .map(|(k, s)| (k, &s.failures))
                 .collect::<Vec<_>>()
-        ));
-    }
-    section["finished_at"] = json!(now_utc());
+        )
+    });
     section
 }
 

@@ -188,13 +188,12 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             a.runs
         );
         for (name, section) in section.run(&env, &opts, &wanted) {
-            let completed = section["completed"].as_bool().unwrap_or(false);
-            let reason = section["reason"].as_str().unwrap_or("").to_string();
+            let completed = section.head().completed;
+            let reason = section.head().reason.clone().unwrap_or_default();
             // A host limitation with a statement of it (`limitation`) qualifies numbers that
             // were measured; without one it says the section cannot run here at all.
-            let limited =
-                !completed && section["host_limitation"] == true && section["limitation"].is_null();
-            match results::store_section(&results, name, section) {
+            let limited = section.impossible_here();
+            match results::store_section(&results, name, section.to_value()) {
                 Ok(Stored::Written) => eprintln!(
                     "partition: bench {name}: {} written to {}",
                     if completed {

@@ -1,0 +1,232 @@
+//! The results file's sections as types. Every section starts with a [`Head`] (whether it
+//! completed, when, on what, and why not); each section's own document is a struct in its
+//! module, and [`SectionDoc`] is what a [`Section`](crate::sections::Section) returns.
+//!
+//! The file format is what these types serialize to, unchanged from the `json!` documents
+//! they replaced: `tests::the_committed_results_round_trip` reads
+//! `benchmarks/results/vm.json` through them and must get the same JSON back.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Env, now_utc, provenance};
+
+/// What every section has.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Head {
+    /// Every configuration measured as asked.
+    pub completed: bool,
+    /// UTC, when the section began.
+    pub started_at: String,
+    /// UTC, when it ended (absent while it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// The host, the build and the settings it ran on (`scripts/provenance.py`'s
+    /// document, every field nullable, kept as that script writes it).
+    pub provenance: Value,
+    /// Why it did not complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Head {
+    /// A section starting now on `env`.
+    pub fn start(env: &Env) -> Self {
+        Self {
+            completed: false,
+            started_at: now_utc(),
+            finished_at: None,
+            provenance: provenance(env),
+            reason: None,
+        }
+    }
+
+    /// Ends it: `completed`, and the reason when it did not.
+    pub fn finish(&mut self, completed: bool, reason: impl FnOnce() -> String) {
+        self.completed = completed;
+        if !completed {
+            self.reason = Some(reason());
+        }
+        self.finished_at = Some(now_utc());
+    }
+
+    /// Ends it early for `why`.
+    pub fn fail(&mut self, why: String) {
+        self.finish(false, || why);
+    }
+}
+
+/// A `{median_ns, spread_ns: [min, max], runs}` cell.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// Median, ns.
+    pub median_ns: f64,
+    /// (min, max), ns.
+    pub spread_ns: [f64; 2],
+    /// Values behind it.
+    pub runs: usize,
+}
+
+impl Cell {
+    /// From a summary of ns values.
+    pub fn of(s: &crate::stats::Summary) -> Self {
+        Self {
+            median_ns: s.median,
+            spread_ns: [s.min, s.max],
+            runs: s.n,
+        }
+    }
+}
+
+/// A claim the section checks: is `fast` faster than `slow` beyond the spread?
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ordering {
+    /// The claim, in words.
+    pub claim: String,
+    /// The fast side's median, ns.
+    pub fast_median_ns: Option<f64>,
+    /// The slow side's median, ns.
+    pub slow_median_ns: Option<f64>,
+    /// Shown beyond the spread (None: not measured).
+    pub shown: Option<bool>,
+    /// The verdict in words.
+    pub note: String,
+}
+
+impl Ordering {
+    /// Checks `claim` on the two summaries.
+    pub fn check(
+        claim: &str,
+        fast: Option<crate::stats::Summary>,
+        slow: Option<crate::stats::Summary>,
+    ) -> Self {
+        Self::check_or(claim, fast, slow, "not shown on this host")
+    }
+
+    /// As [`Ordering::check`], with `unshown` as the note when it is not shown.
+    pub fn check_or(
+        claim: &str,
+        fast: Option<crate::stats::Summary>,
+        slow: Option<crate::stats::Summary>,
+        unshown: &str,
+    ) -> Self {
+        let shown = crate::stats::faster(fast, slow);
+        Self {
+            claim: claim.to_string(),
+            fast_median_ns: fast.map(|s| s.median),
+            slow_median_ns: slow.map(|s| s.median),
+            shown,
+            note: match shown {
+                Some(true) => "shown beyond the spread",
+                Some(false) => unshown,
+                None => "not measured",
+            }
+            .into(),
+        }
+    }
+}
+
+/// One results-file section, as its section produced it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum SectionDoc {
+    /// `host`.
+    Host(Box<crate::hotpaths::HostSection>),
+    /// `guest`.
+    Guest(Box<crate::hotpaths::GuestSection>),
+    /// `probe`.
+    Probe(Box<crate::probe::ProbeSection>),
+    /// `crosscheck`.
+    Crosscheck(Box<crate::crosscheck::CrosscheckSection>),
+    /// `wake`.
+    Wake(Box<crate::wake::WakeSection>),
+    /// `blk`.
+    Blk(Box<crate::blk::BlkSection>),
+    /// `memsetup`.
+    MemSetup(Box<crate::memsetup::MemSetupSection>),
+    /// `sandbox` and `builds`.
+    Compare(Box<crate::compare::CompareSection>),
+}
+
+impl SectionDoc {
+    /// Its head.
+    pub fn head(&self) -> &Head {
+        match self {
+            Self::Host(s) => &s.head,
+            Self::Guest(s) => &s.head,
+            Self::Probe(s) => &s.head,
+            Self::Crosscheck(s) => &s.head,
+            Self::Wake(s) => &s.head,
+            Self::Blk(s) => &s.head,
+            Self::MemSetup(s) => &s.head,
+            Self::Compare(s) => &s.head,
+        }
+    }
+
+    /// Whether the section says this host cannot run it at all (a limitation with no
+    /// statement of measured numbers).
+    pub fn impossible_here(&self) -> bool {
+        match self {
+            Self::Guest(g) => !g.head.completed && g.host_limitation && g.limitation.is_none(),
+            _ => false,
+        }
+    }
+
+    /// As the results file stores it.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// Reads the results-file section `name` into its type (for the round-trip test and for
+    /// readers that want types).
+    pub fn parse(name: &str, v: Value) -> Result<Self, serde_json::Error> {
+        Ok(match name {
+            "host" => Self::Host(serde_json::from_value(v)?),
+            "guest" => Self::Guest(serde_json::from_value(v)?),
+            "probe" => Self::Probe(serde_json::from_value(v)?),
+            "crosscheck" => Self::Crosscheck(serde_json::from_value(v)?),
+            "wake" => Self::Wake(serde_json::from_value(v)?),
+            "blk" => Self::Blk(serde_json::from_value(v)?),
+            "memsetup" => Self::MemSetup(serde_json::from_value(v)?),
+            _ => Self::Compare(serde_json::from_value(v)?),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_committed_results_round_trip() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/vm.json");
+        let text = std::fs::read_to_string(&path).expect("benchmarks/results/vm.json");
+        let file: Value = serde_json::from_str(&text).unwrap();
+        let sections = file["sections"].as_object().expect("sections");
+        assert!(sections.len() >= 8, "{:?}", sections.keys());
+        for (name, v) in sections {
+            let doc = SectionDoc::parse(name, v.clone())
+                .unwrap_or_else(|e| panic!("{name}: does not parse: {e}"));
+            let back = doc.to_value();
+            if &back != v {
+                let (a, b) = (v.as_object().unwrap(), back.as_object().unwrap());
+                let diff: Vec<_> = a
+                    .keys()
+                    .chain(b.keys())
+                    .filter(|k| a.get(*k) != b.get(*k))
+                    .collect();
+                panic!("{name}: differs at {diff:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_finishes_with_a_reason_only_when_incomplete() {
+        let mut h = Head::default();
+        h.finish(true, || unreachable!());
+        assert!(h.completed && h.reason.is_none() && h.finished_at.is_some());
+        let mut h = Head::default();
+        h.fail("no QEMU".into());
+        assert_eq!((h.completed, h.reason.as_deref()), (false, Some("no QEMU")));
+    }
+}
