@@ -131,21 +131,49 @@ mod setup {
             .map_err(|source| BootError::GuestMemory { what, addr, source })
     }
 
-    /// Checks a command line: printable, no NUL, and short enough for the kernel.
+    fn cmdline_error(e: linux_loader::cmdline::Error, len: usize, max: usize) -> BootError {
+        use linux_loader::cmdline::Error as E;
+        BootError::Cmdline(match e {
+            E::TooLarge => format!("{len} bytes long; the kernel accepts at most {max}"),
+            E::InvalidAscii => {
+                "contains a control character or one that is not printable ASCII".into()
+            }
+            other => other.to_string(),
+        })
+    }
+
+    /// Checks a command line with linux-loader's `Cmdline`: printable ASCII only, and
+    /// short enough for the kernel (`max` bytes without the terminating NUL).
     pub fn check_cmdline(cmdline: &str, max: usize) -> Result<(), BootError> {
-        if cmdline.len() > max {
-            return Err(BootError::Cmdline(format!(
-                "{} bytes long; the kernel accepts at most {max}",
-                cmdline.len()
-            )));
+        let mut c = linux_loader::cmdline::Cmdline::new(max.saturating_add(1))
+            .map_err(|e| cmdline_error(e, cmdline.len(), max))?;
+        c.insert_str(cmdline)
+            .map_err(|e| cmdline_error(e, cmdline.len(), max))
+    }
+
+    /// The kernel command line a VMM gives: `first` (the words it puts before the user's,
+    /// so the user's can override them, and the user's own line), then `ours` (words the
+    /// VMM adds for its devices and policies), built with linux-loader's `Cmdline`. What
+    /// `first` has after ` -- ` is for init and stays last, so the VMM's words are never
+    /// passed to init by mistake. At most `max` bytes (without the NUL).
+    pub fn compose_cmdline(first: &str, ours: &[&str], max: usize) -> Result<String, BootError> {
+        let (kernel, init) = match first.split_once(" -- ") {
+            Some((k, i)) => (k, Some(i)),
+            None => (first, None),
+        };
+        let total = first.len() + ours.iter().map(|w| w.len() + 1).sum::<usize>();
+        let err = |e| cmdline_error(e, total, max);
+        let mut c = linux_loader::cmdline::Cmdline::new(max.saturating_add(1)).map_err(err)?;
+        for part in std::iter::once(kernel).chain(ours.iter().copied()) {
+            if !part.trim().is_empty() {
+                c.insert_str(part).map_err(err)?;
+            }
         }
-        if let Some(c) = cmdline.chars().find(|c| c.is_control()) {
-            return Err(BootError::Cmdline(format!(
-                "contains control character {:?}",
-                c
-            )));
+        if let Some(i) = init.filter(|i| !i.trim().is_empty()) {
+            c.insert_init_args(i).map_err(err)?;
         }
-        Ok(())
+        let line = c.as_cstring().map_err(err)?;
+        Ok(line.to_string_lossy().into_owned())
     }
 
     /// Where the initrd goes: page-aligned, as high as allowed, above the kernel.
@@ -507,6 +535,37 @@ mod setup {
             assert_eq!((ver, code32, tol), (0x020f, 0x100_0000, 0xff));
             let cl = bp.hdr.cmd_line_ptr;
             assert_eq!(cl as u64, layout::CMDLINE_ADDR);
+        }
+
+        #[test]
+        fn the_command_line_is_composed_and_checked_by_linux_loader() {
+            let c = compose_cmdline(
+                "clearcpuid=1 console=ttyS0",
+                &["idle=poll", "", "virtio_mmio.device=4K@0xd0000000:5"],
+                2047,
+            )
+            .unwrap();
+            assert_eq!(
+                c,
+                "clearcpuid=1 console=ttyS0 idle=poll virtio_mmio.device=4K@0xd0000000:5"
+            );
+            // What the user meant for init stays after ` -- `, after the VMM's words.
+            let c = compose_cmdline("console=ttyS0 -- single", &["idle=poll"], 2047).unwrap();
+            assert_eq!(c, "console=ttyS0 idle=poll -- single");
+            // Too long counts every part; not printable ASCII is refused.
+            let e = compose_cmdline(&"a".repeat(40), &["b".repeat(10).as_str()], 50).unwrap_err();
+            assert!(e.to_string().contains("at most 50"), "{e}");
+            assert!(compose_cmdline(&"a".repeat(40), &["b".repeat(9).as_str()], 50).is_ok());
+            for bad in ["a\tb", "caf\u{e9}", "a\0b"] {
+                let e = compose_cmdline(bad, &[], 2047).unwrap_err();
+                assert!(
+                    e.to_string().contains("not printable ASCII"),
+                    "{bad:?}: {e}"
+                );
+                assert!(check_cmdline(bad, 2047).is_err());
+            }
+            assert!(check_cmdline(&"x".repeat(2047), 2047).is_ok());
+            assert!(check_cmdline(&"x".repeat(2048), 2047).is_err());
         }
 
         #[test]

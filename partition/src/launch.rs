@@ -468,18 +468,11 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     let cpu_model = crate::cpumodel::resolve(cfg.cpu_model, crate::cpumodel::host_is_kvm_pvm());
     // The CPU model's words go first, so the user's own can override them (see
     // `cpumodel::command_line` for `clearcpuid=`).
-    let parts = [
-        crate::cpumodel::command_line(&cpu_model, &cfg.cmdline),
-        idle.cmdline.to_string(),
-        crate::disks::cmdline(disks.len()),
-    ];
-    let cmdline = parts
-        .iter()
-        .map(|p| p.trim())
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    boot::check_cmdline(&cmdline, kernel.cmdline_max())?;
+    let cmdline = boot::compose_cmdline(
+        &crate::cpumodel::command_line(&cpu_model, &cfg.cmdline),
+        &[idle.cmdline, &crate::disks::cmdline(disks.len())],
+        kernel.cmdline_max(),
+    )?;
     let initrd = match &cfg.initrd {
         Some(p) => {
             let rd = read_limited("--initrd", p, MAX_INITRD.min(layout.size()))?;

@@ -91,6 +91,11 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             "control character",
         ),
         (
+            "a command line that is not ASCII",
+            vec!["--probe".into(), "--cmdline".into(), "caf\u{e9}".into()],
+            "not printable ASCII",
+        ),
+        (
             "missing initrd",
             vec![
                 "--probe".into(),
