@@ -47,6 +47,12 @@ impl<'a> From<VcpuExit<'a>> for Exit<'a> {
 
 /// Lets another thread pull a vCPU out of KVM_RUN: sets `immediate_exit` (so a vCPU about
 /// to enter the guest returns at once) and signals the thread (so one inside returns).
+///
+/// Not vmm-sys-util's `Killable` nor kvm-ioctls' `set_kvm_immediate_exit`: those need the
+/// thread's `JoinHandle` and the `VcpuFd`, which the launcher and the vCPU thread own,
+/// while kicks come from teardown, the API thread and signal handling. The vCPU thread
+/// registers its own `pthread_t` and `kvm_run` address here and clears both under the same
+/// locks before it exits, so a kick never reaches a thread or a mapping that is gone.
 pub struct Kicker {
     /// Address of this vCPU's `kvm_run.immediate_exit`, 0 once the vCPU is gone.
     immediate_exit: Mutex<usize>,
