@@ -529,12 +529,7 @@ fn write_zeroes(disk: &Disk, segs: &[Segment]) -> bool {
     true
 }
 
-/// Pins the calling thread to `core`.
+/// Pins the calling thread to `core` (core_affinity: `sched_setaffinity` on this thread).
 pub fn pin(core: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sets one bit of a valid set.
-    unsafe { libc::CPU_SET(core, &mut set) };
-    // SAFETY: applies a valid set to the calling thread.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
+    core_affinity::set_for_current(core_affinity::CoreId { id: core })
 }
