@@ -19,7 +19,6 @@ use boot::regs::BootProtocol;
 use boot::{BootConfig, BootError, BootInfo};
 use devices::Bus;
 use devices::i8042::{I8042, I8042_BASE, I8042_LEN};
-use devices::pci::{NoHost, PCI_CONFIG_BASE, PCI_CONFIG_LEN, PciRoot};
 use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
 };
@@ -127,6 +126,8 @@ pub struct LaunchConfig {
     pub kubelet_cpu_state: Option<PathBuf>,
     /// Serve the local API ([`crate::api`]) on this Unix socket.
     pub api_socket: Option<PathBuf>,
+    /// PCI functions (`--device`, [`crate::pci`]).
+    pub devices: Vec<crate::pci::DeviceSpec>,
 }
 
 /// `--cores` naming no list: the cores of the cgroup this process runs in (a pod's).
@@ -231,6 +232,9 @@ pub enum LaunchError {
     /// A disk cannot be used.
     #[error("{0}")]
     Disk(#[from] crate::disks::DiskError),
+    /// A PCI device cannot be had.
+    #[error("{0}")]
+    Pci(#[from] crate::pci::PciError),
     /// The idle policy cannot be had here.
     #[error("{0}")]
     Idle(#[from] crate::idle::IdleError),
@@ -302,6 +306,7 @@ impl LaunchError {
             ),
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             Self::Sandbox(e) => e.is_usage(),
+            Self::Pci(e) => e.is_usage(),
             Self::Pod(e) => e.is_usage(),
             Self::Api(e) => e.is_usage(),
             Self::Ledger(e) => e.is_usage(),
@@ -571,6 +576,8 @@ pub struct LaunchReport {
     pub cpu_model_shown_anyway: Vec<&'static str>,
     /// Per-disk queue counters.
     pub disks: Vec<DiskReport>,
+    /// The submission engine (`--device engine`): how each BAR was served, what it did.
+    pub engine: Option<crate::pci::EngineReport>,
     /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
     pub sandbox: Option<Identity>,
 }
@@ -754,6 +761,7 @@ impl Observer for KeeperObserver<'_> {
 struct Filters {
     vcpu: Arc<seccompiler::BpfProgram>,
     worker: Arc<seccompiler::BpfProgram>,
+    engine: Arc<seccompiler::BpfProgram>,
     api: Arc<seccompiler::BpfProgram>,
     main: seccompiler::BpfProgram,
 }
@@ -843,16 +851,21 @@ fn start_api(
 /// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
 /// the sandbox's user. Called once everything that needs root exists and before any
 /// thread is started; `None` with `--no-sandbox`.
-fn confine(sandbox: &Sandbox) -> Result<Option<Filters>, LaunchError> {
+fn confine(sandbox: &Sandbox, pci: bool) -> Result<Option<Filters>, LaunchError> {
     let Sandbox::On(who) = sandbox else {
         return Ok(None);
     };
+    // With PCI functions, a guest's configuration writes (MSI-X routes, a moved doorbell
+    // BAR) make the vCPU thread that takes them update KVM's routing, ioeventfds and
+    // memory slots.
+    let mut vcpu_ioctls = crate::kvm::vcpu_thread_ioctls();
+    if pci {
+        vcpu_ioctls.extend(crate::kvm::vm_device_ioctls());
+    }
     let f = Filters {
-        vcpu: Arc::new(crate::sandbox::filter(
-            Role::Vcpu,
-            &crate::kvm::vcpu_thread_ioctls(),
-        )?),
+        vcpu: Arc::new(crate::sandbox::filter(Role::Vcpu, &vcpu_ioctls)?),
         worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
+        engine: Arc::new(crate::sandbox::filter(Role::Engine, &[])?),
         api: Arc::new(crate::sandbox::filter(Role::Api, &[])?),
         main: crate::sandbox::filter(Role::Main, &[])?,
     };
@@ -879,6 +892,27 @@ fn start_devices(devices: &Devices, filters: Option<&Filters>) -> Result<(), Lau
                 source: std::io::Error::other(e),
             })?;
     }
+    if let Some(e) = &devices.engine {
+        let filter = filters.map(|f| f.engine.clone());
+        let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &filter {
+            Some(f) => crate::sandbox::apply(Role::Engine, f).map_err(|e| e.to_string()),
+            None => Ok(()),
+        });
+        let wake = match &e.page {
+            Some(p) => devices::pci::submit::Wake::Poll(p.clone()),
+            None => devices::pci::submit::Wake::Block,
+        };
+        let t =
+            devices::pci::submit::EngineThread::spawn(e.shared.clone(), e.kick.clone(), wake, hook)
+                .map_err(|source| LaunchError::Os {
+                    what: "starting the submission engine's thread",
+                    source,
+                })?;
+        *devices
+            .engine_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(t);
+    }
     Ok(())
 }
 
@@ -896,7 +930,7 @@ pub fn run(
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
     let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
     let t_mem = Instant::now();
-    let vm = build_vm(&checked, &memory)?;
+    let vm = Arc::new(build_vm(&checked, &memory)?);
     let t_vm = Instant::now();
     let boot = write_boot(&checked, &memory)?;
     let t_boot = Instant::now();
@@ -923,7 +957,7 @@ pub fn run(
     };
     // Everything that needs root exists: give it up, then start the threads, each under
     // its own filter.
-    let filters = confine(&checked.sandbox)?;
+    let filters = confine(&checked.sandbox, devices.engine.is_some())?;
     let control = Control::new()?;
     for c in &mut vcpus.contexts {
         c.filter = filters.as_ref().map(|f| f.vcpu.clone());
@@ -990,6 +1024,7 @@ pub fn run(
         },
         pool: None,
         disks,
+        engine: devices.engine.as_ref().map(|e| e.report()),
         sandbox: match &checked.sandbox {
             Sandbox::On(who) => Some(who.clone()),
             Sandbox::Off => None,
@@ -1023,7 +1058,7 @@ fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, Launc
             virtio_mmio: &crate::disks::windows(checked.disks.len()),
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
-            pci: None,
+            pci: crate::pci::host_bridge(&checked.cfg.devices),
         },
     )?)
 }
@@ -1035,6 +1070,9 @@ struct Devices {
     serial: Arc<Mutex<SerialPort>>,
     first_byte: Arc<std::sync::OnceLock<Instant>>,
     disks: Vec<crate::disks::AttachedDisk>,
+    /// The submission engine (`--device engine`), and its thread once started.
+    engine: Option<crate::pci::AttachedEngine>,
+    engine_thread: Mutex<Option<devices::pci::submit::EngineThread>>,
 }
 
 impl Devices {
@@ -1053,6 +1091,15 @@ impl Devices {
                 }
             })
             .collect();
+        // The engine writes fences into guest memory too.
+        if let Some(t) = self
+            .engine_thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            t.stop();
+        }
         self.serial
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -1065,7 +1112,7 @@ impl Devices {
 /// the MMIO bus.
 fn attach_devices(
     checked: &mut Checked,
-    vm: &Vm,
+    vm: &Arc<Vm>,
     memory: &Arc<GuestMemory>,
 ) -> Result<Devices, LaunchError> {
     let serial_irq = vm.irq_line(COM1_IRQ)?;
@@ -1100,19 +1147,9 @@ fn attach_devices(
         DEBUG_EXIT_LEN,
         Arc::new(Mutex::new(DebugExit)),
     )?;
-    // No PCI functions yet: the root answers like a machine without PCI.
-    let pci = Arc::new(Mutex::new(PciRoot::new(
-        boot::layout::MMIO_HOLE_START,
-        boot::layout::VIRTIO_MMIO_BASE,
-        Box::new(NoHost),
-    )));
-    pio.insert(
-        "pci-config",
-        PCI_CONFIG_BASE,
-        PCI_CONFIG_LEN,
-        PciRoot::port_device(&pci),
-    )?;
     let mut mmio = Bus::new("mmio");
+    // The PCI root: with no --device, empty on CF8/CFC only (a guest finds no PCI).
+    let engine = crate::pci::attach(vm, memory, &mut pio, &mut mmio, &checked.cfg.devices)?;
     // Queue workers go to a core the partition does not use, when there is one.
     let worker_core = crate::cores::available()
         .into_iter()
@@ -1131,6 +1168,8 @@ fn attach_devices(
         serial,
         first_byte,
         disks,
+        engine,
+        engine_thread: Mutex::new(None),
     })
 }
 
@@ -1411,6 +1450,7 @@ mod tests {
             sandbox: SandboxRequest::Off,
             kubelet_cpu_state: None,
             api_socket: None,
+            devices: Vec::new(),
         }
     }
 

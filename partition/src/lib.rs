@@ -25,6 +25,7 @@ pub mod ledger;
 pub mod memory;
 pub mod outcome;
 pub mod partitions;
+pub mod pci;
 pub mod plan;
 pub mod pod;
 pub mod readback;

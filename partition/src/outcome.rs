@@ -327,6 +327,10 @@ pub struct ReportDoc {
     pub vcpus: Vec<VcpuDoc>,
     /// Per-disk queue counters.
     pub disks: Vec<crate::launch::DiskReport>,
+    /// The submission engine: each BAR and how it was served (trap, ioeventfd, memory),
+    /// commands executed, its error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::pci::EngineReport>,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
     /// Who the VMM ran as after setup (`null` with `--no-sandbox`: root, unfiltered).
@@ -367,6 +371,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         },
         vcpus: r.vcpus.iter().map(VcpuDoc::from).collect(),
         disks: r.disks.clone(),
+        engine: r.engine.clone(),
         pool: r.pool.as_ref().map(|p| PoolDoc {
             name: p.name.clone(),
             offset: p.offset,

@@ -313,6 +313,9 @@ pub enum Role {
     Keeper,
     /// The local API's thread: accepting and answering connections on its socket.
     Api,
+    /// The submission engine's thread (`--device engine`): waiting on its eventfd or
+    /// polling its doorbell page, writing fences, raising its MSI-X vector.
+    Engine,
 }
 
 impl Role {
@@ -324,6 +327,7 @@ impl Role {
             Self::Main => "main",
             Self::Keeper => "keeper",
             Self::Api => "api",
+            Self::Engine => "engine",
         }
     }
 }
@@ -392,6 +396,7 @@ fn extra(role: Role) -> &'static [i64] {
             libc::SYS_pread64,
             libc::SYS_tgkill,
         ],
+        Role::Engine => &[libc::SYS_poll, libc::SYS_ppoll],
         Role::Keeper => &[
             libc::SYS_poll,
             libc::SYS_openat,
@@ -643,6 +648,7 @@ mod tests {
             Role::Main,
             Role::Keeper,
             Role::Api,
+            Role::Engine,
         ] {
             let p = filter(role, &[]).unwrap();
             assert!(!p.is_empty(), "{role:?}");

@@ -60,6 +60,55 @@ pub trait PciFunction: Send {
     ) -> (Vec<RouteChange>, Option<VmEvent>);
 }
 
+/// The host bridge at 00.0 (class 06/00, no BARs): what a guest's PCI probing expects to
+/// find first (Linux's mechanism-#1 sanity check looks for a host bridge or VGA device).
+pub struct HostBridge(ConfigSpace);
+
+/// Vendor and device id of our host bridge (QEMU's test vendor, as the engine's).
+pub const HOST_BRIDGE_ID: (u16, u16) = (0x1234, 0x5e00);
+
+impl HostBridge {
+    /// The bridge.
+    pub fn new() -> Self {
+        Self(ConfigSpace::new(
+            HOST_BRIDGE_ID.0,
+            HOST_BRIDGE_ID.1,
+            0x06_0000,
+            0,
+            0,
+        ))
+    }
+}
+
+impl Default for HostBridge {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PciFunction for HostBridge {
+    fn config(&self) -> &ConfigSpace {
+        &self.0
+    }
+    fn write_config(&mut self, offset: u64, data: &[u8]) -> ConfigEffects {
+        ConfigEffects {
+            bars: self.0.write(offset, data),
+            msix: Vec::new(),
+        }
+    }
+    fn read_bar(&mut self, _bar: usize, _offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+    }
+    fn write_bar(
+        &mut self,
+        _bar: usize,
+        _offset: u64,
+        _data: &[u8],
+    ) -> (Vec<RouteChange>, Option<VmEvent>) {
+        (Vec::new(), None)
+    }
+}
+
 /// What the VMM does when the guest reprograms a function (the KVM side of PCI).
 pub trait PciHost: Send {
     /// Slot `slot`'s BAR moved (or started or stopped decoding).

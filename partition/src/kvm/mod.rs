@@ -8,7 +8,27 @@ pub mod stats;
 pub mod vcpu;
 pub mod vm;
 
-pub use vm::{Vm, VmError, idle_caps};
+pub use vm::{IOAPIC_PINS, Route, Vm, VmError, idle_caps, routing_table};
+
+/// The VM ioctls a vCPU thread issues when the guest reprograms a PCI function: the GSI
+/// routing table (MSI-X), ioeventfds and memory slots (a moved doorbell BAR).
+pub fn vm_device_ioctls() -> Vec<u64> {
+    use kvm_bindings::{kvm_ioeventfd, kvm_irq_routing, kvm_userspace_memory_region};
+    const KVMIO: u32 = 0xae;
+    vmm_sys_util::ioctl_iow_nr!(
+        KVM_SET_USER_MEMORY_REGION,
+        KVMIO,
+        0x46,
+        kvm_userspace_memory_region
+    );
+    vmm_sys_util::ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
+    vmm_sys_util::ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
+    vec![
+        KVM_SET_USER_MEMORY_REGION(),
+        KVM_SET_GSI_ROUTING(),
+        KVM_IOEVENTFD(),
+    ]
+}
 
 /// The KVM ioctl request numbers a vCPU thread issues once it runs: `KVM_RUN`, and the
 /// register, event, MSR, XSAVE, translation and debug calls the instruction assists, the

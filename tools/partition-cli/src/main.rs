@@ -266,6 +266,11 @@ struct LaunchArgs {
     /// comparison).
     #[arg(long)]
     no_ioeventfd: bool,
+    /// A PCI function: `engine[,doorbell=trap|ioeventfd|mapped]`, the GPU-style
+    /// submission engine (docs/pci.md; default doorbell `mapped`, a page of the guest's
+    /// address space the engine's thread polls). `vfio=BDF` is refused: not built yet.
+    #[arg(long, value_name = "SPEC")]
+    device: Vec<String>,
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
     #[arg(long)]
     timings: bool,
@@ -357,6 +362,20 @@ fn launch(a: LaunchArgs) -> ExitCode {
             }
         }
     }
+    let mut pci_devices = Vec::new();
+    for d in &a.device {
+        match partition::pci::parse(d) {
+            Ok(_) if !pci_devices.is_empty() => {
+                eprintln!("partition: error: --device {d:?}: one engine per partition");
+                return ExitCode::from(EXIT_USAGE);
+            }
+            Ok(s) => pci_devices.push(s),
+            Err(e) => {
+                eprintln!("partition: error: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    }
     let kernel = match a.kernel {
         Some(p) => KernelSource::Path(p),
         None => KernelSource::Builtin {
@@ -395,6 +414,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         cpu_model: a.cpu_model,
         kubelet_cpu_state: a.kubelet_cpu_state,
         api_socket: a.api_socket,
+        devices: pci_devices,
         sandbox: if a.no_sandbox {
             partition::SandboxRequest::Off
         } else {
@@ -421,6 +441,24 @@ fn launch(a: LaunchArgs) -> ExitCode {
     let code = outcome.exit_code();
     for d in &report.disks {
         eprintln!("partition: {d}");
+    }
+    if let Some(e) = &report.engine {
+        let bars: Vec<String> = e
+            .bars
+            .iter()
+            .map(|b| format!("BAR{} {:#x} {}", b.index, b.addr, b.served_by))
+            .collect();
+        eprintln!(
+            "partition: engine at 00:{:02x}.0: doorbell {}; {}; {} commands executed{}",
+            e.slot,
+            e.doorbell.name(),
+            bars.join(", "),
+            e.executed,
+            e.error
+                .as_ref()
+                .map(|x| format!("; stopped: {x}"))
+                .unwrap_or_default()
+        );
     }
     for line in &report.idle_readback.lines() {
         eprintln!("partition: read back: {line}");

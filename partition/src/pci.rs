@@ -1,0 +1,477 @@
+//! A partition's PCI functions (`--device`): the host bridge at 00.0 and the submission
+//! engine at 01.0 (`docs/pci.md`), and the KVM side of them ([`KvmPciHost`]): MSI-X
+//! routes in front of one irqfd per vector, and the doorbell BAR's memory slot or
+//! ioeventfd, which follow the BAR when the guest moves it.
+//!
+//! `--device vfio=BDF` is recognised and refused with a reason: VFIO passthrough is not
+//! built yet (and this kind of host has no IOMMU or VFIO to try it on).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START};
+use devices::Bus;
+use devices::pci::config::BarChange;
+use devices::pci::msix::RouteChange;
+use devices::pci::submit::{
+    BAR_DOORBELL, BAR_MSIX, BAR_REGS, BAR_SIZE, DoorbellMode, DoorbellPage, Shared, SubmitFunction,
+    VECTORS,
+};
+use devices::pci::{HostBridge, PciHost, PciRoot};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::kvm::{IOAPIC_PINS, Vm, VmError, routing_table};
+use crate::memory::GuestMemory;
+
+/// Slot of the submission engine (the host bridge is at 0).
+pub const ENGINE_SLOT: u8 = 1;
+/// Where the engine's three BARs go (registers, MSI-X, doorbell): the bottom of the window.
+pub const ENGINE_BARS: [u64; 3] = [
+    PCI_WINDOW_START,
+    PCI_WINDOW_START + BAR_SIZE,
+    PCI_WINDOW_START + 2 * BAR_SIZE,
+];
+
+/// Errors parsing or attaching PCI devices.
+#[derive(Debug, thiserror::Error)]
+pub enum PciError {
+    /// `--device` does not parse.
+    #[error("--device {spec:?}: {why}")]
+    Spec {
+        /// The argument.
+        spec: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// VFIO passthrough was asked for.
+    #[error(
+        "--device {spec:?}: VFIO passthrough is not built in this version (docs/pci.md), and \
+         this host has {what}"
+    )]
+    Vfio {
+        /// The argument.
+        spec: String,
+        /// What the host lacks or has.
+        what: String,
+    },
+    /// The engine could not be built.
+    #[error("{0}")]
+    Engine(#[from] devices::pci::submit::SubmitError),
+    /// The root refused a function.
+    #[error("{0}")]
+    Root(#[from] devices::pci::PciError),
+    /// The bus refused a range.
+    #[error("{0}")]
+    Bus(#[from] devices::BusError),
+    /// KVM refused something.
+    #[error("{0}")]
+    Vm(#[from] VmError),
+    /// An eventfd or the doorbell page could not be made.
+    #[error("{what}: {source}")]
+    Os {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+impl PciError {
+    /// A mistake in what the user asked (exit 2), not a failure of the host.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::Spec { .. } | Self::Vfio { .. })
+    }
+}
+
+/// A `--device` argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The submission engine with this doorbell.
+    Engine {
+        /// How its doorbell page reaches it.
+        doorbell: DoorbellMode,
+    },
+}
+
+/// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`); `vfio=BDF` is
+/// refused with the reason.
+pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
+    let err = |why: String| PciError::Spec {
+        spec: spec.into(),
+        why,
+    };
+    let mut items = spec.split(',');
+    match items.next().unwrap_or("") {
+        "engine" => {
+            let mut doorbell = DoorbellMode::Mapped;
+            for item in items {
+                match item.split_once('=') {
+                    Some(("doorbell", "trap")) => doorbell = DoorbellMode::Trap,
+                    Some(("doorbell", "ioeventfd")) => doorbell = DoorbellMode::Ioeventfd,
+                    Some(("doorbell", "mapped")) => doorbell = DoorbellMode::Mapped,
+                    Some(("doorbell", v)) => {
+                        return Err(err(format!("doorbell={v}: use trap, ioeventfd or mapped")));
+                    }
+                    _ => return Err(err(format!("{item:?}: only doorbell=MODE is known"))),
+                }
+            }
+            Ok(DeviceSpec::Engine { doorbell })
+        }
+        v if v.starts_with("vfio=") => Err(PciError::Vfio {
+            spec: spec.into(),
+            what: vfio_on_this_host(),
+        }),
+        other => Err(err(format!(
+            "{other:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped]"
+        ))),
+    }
+}
+
+/// What this host offers for VFIO, in words.
+fn vfio_on_this_host() -> String {
+    let vfio = std::path::Path::new("/dev/vfio/vfio").exists();
+    let groups = std::fs::read_dir("/sys/kernel/iommu_groups")
+        .map(|d| d.count())
+        .unwrap_or(0);
+    match (vfio, groups) {
+        (false, 0) => "no /dev/vfio/vfio and no IOMMU groups".into(),
+        (false, n) => format!("{n} IOMMU groups but no /dev/vfio/vfio"),
+        (true, 0) => "/dev/vfio/vfio but no IOMMU groups".into(),
+        (true, n) => format!("/dev/vfio/vfio and {n} IOMMU groups"),
+    }
+}
+
+/// How a BAR is served, for the report.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BarReport {
+    /// BAR index.
+    pub index: usize,
+    /// Guest address (where the VMM placed it; the guest may move it).
+    pub addr: u64,
+    /// Size.
+    pub size: u64,
+    /// `trap` (exits to the VMM), `ioeventfd` (answered in the kernel) or `memory`
+    /// (a memory slot: no exit).
+    pub served_by: &'static str,
+}
+
+/// The engine as the launch report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct EngineReport {
+    /// Slot on bus 0.
+    pub slot: u8,
+    /// Doorbell mode.
+    pub doorbell: DoorbellMode,
+    /// Its BARs.
+    pub bars: Vec<BarReport>,
+    /// MSI-X vectors.
+    pub msix_vectors: usize,
+    /// Commands executed.
+    pub executed: u64,
+    /// The error that stopped it, if any.
+    pub error: Option<String>,
+}
+
+/// The engine's parts the launch keeps: what its thread needs and what the report shows.
+pub struct AttachedEngine {
+    /// Shared with the function and the thread.
+    pub shared: Arc<Shared>,
+    /// The thread's kick (trap mode's doorbell, enable, reset; ioeventfd's doorbell).
+    pub kick: Arc<EventFd>,
+    /// Its doorbell mode.
+    pub mode: DoorbellMode,
+    /// The mapped doorbell page (mapped mode).
+    pub page: Option<DoorbellPage>,
+}
+
+impl AttachedEngine {
+    /// The report.
+    pub fn report(&self) -> EngineReport {
+        let doorbell = match self.mode {
+            DoorbellMode::Trap => "trap",
+            DoorbellMode::Ioeventfd => "ioeventfd",
+            DoorbellMode::Mapped => "memory",
+        };
+        let bars = [
+            (BAR_REGS, "trap"),
+            (BAR_MSIX, "trap"),
+            (BAR_DOORBELL, doorbell),
+        ]
+        .into_iter()
+        .zip(ENGINE_BARS)
+        .map(|((index, served_by), addr)| BarReport {
+            index,
+            addr,
+            size: BAR_SIZE,
+            served_by,
+        })
+        .collect();
+        let e = self.shared.engine();
+        EngineReport {
+            slot: ENGINE_SLOT,
+            doorbell: self.mode,
+            bars,
+            msix_vectors: VECTORS,
+            executed: e.executed(),
+            error: e.error().map(|x| x.to_string()),
+        }
+    }
+}
+
+/// The doorbell BAR's binding to KVM, which moves with the BAR.
+enum Doorbell {
+    Trap,
+    Knock(Arc<EventFd>),
+    Page(DoorbellPage),
+}
+
+/// The KVM side of the root's functions.
+pub struct KvmPciHost {
+    vm: Arc<Vm>,
+    /// GSI -> (address, data) of every installed MSI route.
+    routes: BTreeMap<u32, (u64, u32)>,
+    /// (slot, vector) -> (GSI, its irqfd).
+    vectors: BTreeMap<(u8, u16), (u32, Arc<EventFd>)>,
+    doorbell: Doorbell,
+}
+
+impl KvmPciHost {
+    fn install_routes(&self) {
+        let msi: Vec<(u32, u64, u32)> =
+            self.routes.iter().map(|(g, (a, d))| (*g, *a, *d)).collect();
+        if let Err(e) = self.vm.set_routes(&routing_table(&msi)) {
+            log::warn!("PCI: installing MSI routes: {e}");
+        }
+    }
+}
+
+impl PciHost for KvmPciHost {
+    fn bar_changed(&mut self, slot: u8, change: &BarChange) {
+        if slot != ENGINE_SLOT || change.index != BAR_DOORBELL {
+            return;
+        }
+        let r = match &self.doorbell {
+            Doorbell::Trap => Ok(()),
+            Doorbell::Knock(evt) => change
+                .old
+                .map_or(Ok(()), |a| self.vm.unbind_knock(evt, a))
+                .and_then(|()| change.new.map_or(Ok(()), |a| self.vm.bind_knock(evt, a))),
+            Doorbell::Page(page) => {
+                let (host, len) = page.host_range();
+                let slot = |at: Option<u64>, len| match at {
+                    // SAFETY: the page is owned by this host (and the engine thread), both
+                    // of which live until the VM is torn down.
+                    Some(a) => unsafe { self.vm.map_device_memory(0, a, host, len) },
+                    None => Ok(()),
+                };
+                slot(change.old, 0).and_then(|()| slot(change.new, len))
+            }
+        };
+        if let Err(e) = r {
+            log::warn!(
+                "PCI: following the engine's doorbell BAR to {:?}: {e}",
+                change.new
+            );
+        }
+    }
+
+    fn msix_changed(&mut self, slot: u8, change: &RouteChange) {
+        let Some((gsi, line)) = self.vectors.get(&(slot, change.vector)).cloned() else {
+            return;
+        };
+        match change.route {
+            Some(m) => self.routes.insert(gsi, (m.address, m.data)),
+            None => self.routes.remove(&gsi),
+        };
+        self.install_routes();
+        if change.fire_pending {
+            let _ = line.write(1);
+        }
+    }
+}
+
+/// An MSI-X vector's line: an irqfd the host routes.
+struct Line(Arc<EventFd>);
+
+impl devices::Interrupt for Line {
+    fn trigger(&self) -> std::io::Result<()> {
+        self.0.write(1)
+    }
+}
+
+/// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR window, with the host bridge
+/// and the devices of `specs` (None: an empty root on CF8/CFC only, as without PCI).
+pub fn attach(
+    vm: &Arc<Vm>,
+    memory: &GuestMemory,
+    pio: &mut Bus,
+    mmio: &mut Bus,
+    specs: &[DeviceSpec],
+) -> Result<Option<AttachedEngine>, PciError> {
+    let os = |what| move |source| PciError::Os { what, source };
+    let mut engine = None;
+    let mut host = KvmPciHost {
+        vm: vm.clone(),
+        routes: BTreeMap::new(),
+        vectors: BTreeMap::new(),
+        doorbell: Doorbell::Trap,
+    };
+    let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
+    if let Some(DeviceSpec::Engine { doorbell }) = specs.first() {
+        functions.push((0, Box::new(HostBridge::new())));
+        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("engine kick eventfd"))?);
+        let mut lines: Vec<Box<dyn devices::Interrupt + Sync>> = Vec::new();
+        for v in 0..VECTORS as u16 {
+            let gsi = IOAPIC_PINS + u32::from(ENGINE_SLOT) * VECTORS as u32 + u32::from(v);
+            let evt = Arc::new(vm.irq_line(gsi)?);
+            host.vectors.insert((ENGINE_SLOT, v), (gsi, evt.clone()));
+            lines.push(Box::new(Line(evt)));
+        }
+        let (f, shared) = SubmitFunction::new(
+            ENGINE_BARS,
+            *doorbell,
+            memory.mem().clone(),
+            lines,
+            Box::new(
+                kick.as_ref()
+                    .try_clone()
+                    .map_err(os("engine kick eventfd"))?,
+            ),
+        )?;
+        let door = ENGINE_BARS[2];
+        let page = match doorbell {
+            DoorbellMode::Trap => None,
+            DoorbellMode::Ioeventfd => {
+                vm.bind_knock(&kick, door)?;
+                host.doorbell = Doorbell::Knock(kick.clone());
+                None
+            }
+            DoorbellMode::Mapped => {
+                let page = DoorbellPage::new().map_err(os("the doorbell page"))?;
+                let (h, len) = page.host_range();
+                // SAFETY: the page is kept by the host (inside the root, on the buses) and
+                // by the engine, which live as long as the VM.
+                unsafe { vm.map_device_memory(0, door, h, len)? };
+                host.doorbell = Doorbell::Page(page.clone());
+                Some(page)
+            }
+        };
+        functions.push((usize::from(ENGINE_SLOT), Box::new(f)));
+        engine = Some(AttachedEngine {
+            shared,
+            kick,
+            mode: *doorbell,
+            page,
+        });
+    }
+    let has_functions = !functions.is_empty();
+    let mut root = PciRoot::new(PCI_WINDOW_START, PCI_WINDOW_END, Box::new(host));
+    for (slot, f) in functions {
+        root.add(slot, f)?;
+    }
+    let root = Arc::new(Mutex::new(root));
+    pio.insert(
+        "pci-config",
+        devices::pci::PCI_CONFIG_BASE,
+        devices::pci::PCI_CONFIG_LEN,
+        PciRoot::port_device(&root),
+    )?;
+    if has_functions {
+        mmio.insert(
+            "pci-ecam",
+            PCI_ECAM_BASE,
+            PCI_ECAM_SIZE,
+            PciRoot::ecam_device(&root),
+        )?;
+        mmio.insert(
+            "pci-window",
+            PCI_WINDOW_START,
+            PCI_WINDOW_END - PCI_WINDOW_START,
+            PciRoot::window_device(&root),
+        )?;
+    }
+    Ok(engine)
+}
+
+/// The host bridge the boot tables describe when there are PCI functions.
+pub fn host_bridge(specs: &[DeviceSpec]) -> Option<boot::acpi::PciHostBridge> {
+    (!specs.is_empty()).then_some(boot::acpi::PciHostBridge {
+        ecam_base: PCI_ECAM_BASE,
+        window_start: PCI_WINDOW_START,
+        window_end: PCI_WINDOW_END,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs_parse_and_vfio_is_refused_with_a_reason() {
+        assert_eq!(
+            parse("engine").unwrap(),
+            DeviceSpec::Engine {
+                doorbell: DoorbellMode::Mapped
+            }
+        );
+        for (s, m) in [
+            ("engine,doorbell=trap", DoorbellMode::Trap),
+            ("engine,doorbell=ioeventfd", DoorbellMode::Ioeventfd),
+            ("engine,doorbell=mapped", DoorbellMode::Mapped),
+        ] {
+            assert_eq!(parse(s).unwrap(), DeviceSpec::Engine { doorbell: m });
+        }
+        for bad in [
+            "",
+            "gpu",
+            "engine,doorbell=fast",
+            "engine,queues=2",
+            "engine,doorbell",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(
+                e.is_usage() && matches!(e, PciError::Spec { .. }),
+                "{bad:?}: {e}"
+            );
+        }
+        let e = parse("vfio=0000:41:00.0").unwrap_err();
+        assert!(e.is_usage(), "{e}");
+        assert!(
+            e.to_string().contains("VFIO passthrough is not built"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("this host has"), "{e}");
+    }
+
+    #[test]
+    fn the_engine_report_names_how_each_bar_is_served() {
+        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
+            .unwrap();
+        for (mode, door) in [
+            (DoorbellMode::Trap, "trap"),
+            (DoorbellMode::Ioeventfd, "ioeventfd"),
+            (DoorbellMode::Mapped, "memory"),
+        ] {
+            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+            let (_, shared) = SubmitFunction::new(
+                ENGINE_BARS,
+                mode,
+                mem.clone(),
+                Vec::new(),
+                Box::new(kick.as_ref().try_clone().unwrap()),
+            )
+            .unwrap();
+            let r = AttachedEngine {
+                shared,
+                kick,
+                mode,
+                page: None,
+            }
+            .report();
+            let served: Vec<_> = r.bars.iter().map(|b| b.served_by).collect();
+            assert_eq!(served, ["trap", "trap", door]);
+            assert_eq!(r.bars[2].addr, PCI_WINDOW_START + 2 * BAR_SIZE);
+            assert_eq!((r.executed, r.error.as_deref()), (0, None));
+        }
+    }
+}
