@@ -902,12 +902,18 @@ fn start_devices(devices: &Devices, filters: Option<&Filters>) -> Result<(), Lau
             Some(p) => devices::pci::submit::Wake::Poll(p.clone()),
             None => devices::pci::submit::Wake::Block,
         };
-        let t =
-            devices::pci::submit::EngineThread::spawn(e.shared.clone(), e.kick.clone(), wake, hook)
-                .map_err(|source| LaunchError::Os {
-                    what: "starting the submission engine's thread",
-                    source,
-                })?;
+        // On the queue workers' core: off every vCPU, where a polling engine may spin.
+        let t = devices::pci::submit::EngineThread::spawn(
+            e.shared.clone(),
+            e.kick.clone(),
+            wake,
+            devices.worker_core,
+            hook,
+        )
+        .map_err(|source| LaunchError::Os {
+            what: "starting the submission engine's thread",
+            source,
+        })?;
         *devices
             .engine_thread
             .lock()
@@ -1024,7 +1030,10 @@ pub fn run(
         },
         pool: None,
         disks,
-        engine: devices.engine.as_ref().map(|e| e.report()),
+        engine: devices
+            .engine
+            .as_ref()
+            .map(|e| e.report(devices.worker_core)),
         sandbox: match &checked.sandbox {
             Sandbox::On(who) => Some(who.clone()),
             Sandbox::Off => None,
@@ -1073,6 +1082,8 @@ struct Devices {
     /// The submission engine (`--device engine`), and its thread once started.
     engine: Option<crate::pci::AttachedEngine>,
     engine_thread: Mutex<Option<devices::pci::submit::EngineThread>>,
+    /// The core device threads (queue workers, the engine) run on, when one is free.
+    worker_core: Option<usize>,
 }
 
 impl Devices {
@@ -1170,6 +1181,7 @@ fn attach_devices(
         disks,
         engine,
         engine_thread: Mutex::new(None),
+        worker_core,
     })
 }
 

@@ -7,6 +7,7 @@
 //! built yet (and this kind of host has no IOMMU or VFIO to try it on).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START};
@@ -103,28 +104,62 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
     let mut items = spec.split(',');
     match items.next().unwrap_or("") {
         "engine" => {
-            let mut doorbell = DoorbellMode::Mapped;
+            let mut doorbell = None;
             for item in items {
-                match item.split_once('=') {
-                    Some(("doorbell", "trap")) => doorbell = DoorbellMode::Trap,
-                    Some(("doorbell", "ioeventfd")) => doorbell = DoorbellMode::Ioeventfd,
-                    Some(("doorbell", "mapped")) => doorbell = DoorbellMode::Mapped,
+                let mode = match item.split_once('=') {
+                    Some(("doorbell", "trap")) => DoorbellMode::Trap,
+                    Some(("doorbell", "ioeventfd")) => DoorbellMode::Ioeventfd,
+                    Some(("doorbell", "mapped")) => DoorbellMode::Mapped,
                     Some(("doorbell", v)) => {
                         return Err(err(format!("doorbell={v}: use trap, ioeventfd or mapped")));
                     }
                     _ => return Err(err(format!("{item:?}: only doorbell=MODE is known"))),
+                };
+                if doorbell.replace(mode).is_some() {
+                    return Err(err("doorbell= given twice".into()));
                 }
             }
-            Ok(DeviceSpec::Engine { doorbell })
+            Ok(DeviceSpec::Engine {
+                doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
+            })
         }
-        v if v.starts_with("vfio=") => Err(PciError::Vfio {
-            spec: spec.into(),
-            what: vfio_on_this_host(),
-        }),
+        v if v.starts_with("vfio=") => {
+            let bdf = &spec["vfio=".len()..];
+            if !is_bdf(bdf) {
+                return Err(err(format!(
+                    "vfio={bdf}: not a PCI address (DDDD:BB:DD.F, as in lspci -D)"
+                )));
+            }
+            Err(PciError::Vfio {
+                spec: spec.into(),
+                what: vfio_on_this_host(),
+            })
+        }
         other => Err(err(format!(
             "{other:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped]"
         ))),
     }
+}
+
+/// Whether `s` is a full PCI address: 4 hex digits of domain, 2 of bus, 2 of device (up
+/// to 0x1f), 1 of function (0-7), as `DDDD:BB:DD.F`.
+fn is_bdf(s: &str) -> bool {
+    let hex = |t: &str, n: usize| t.len() == n && t.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut parts = s.split(':');
+    let (Some(dom), Some(bus), Some(rest), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some((dev, func)) = rest.split_once('.') else {
+        return false;
+    };
+    hex(dom, 4)
+        && hex(bus, 2)
+        && hex(dev, 2)
+        && u8::from_str_radix(dev, 16).is_ok_and(|d| d < 32)
+        && func.len() == 1
+        && matches!(func.as_bytes()[0], b'0'..=b'7')
 }
 
 /// What this host offers for VFIO, in words.
@@ -166,8 +201,15 @@ pub struct EngineReport {
     pub bars: Vec<BarReport>,
     /// MSI-X vectors.
     pub msix_vectors: usize,
-    /// Commands executed.
+    /// Commands executed over the launch (across the guest's resets of the engine).
     pub executed: u64,
+    /// Doorbell writes that exited to the VMM (trap mode's doorbell page and the
+    /// `DOORBELL` register; 0 when every doorbell went through ioeventfd or the mapped page).
+    pub trapped_doorbells: u64,
+    /// Completion interrupts sent.
+    pub interrupts_sent: u64,
+    /// Host core the engine thread was pinned to (none free: where the scheduler put it).
+    pub core: Option<usize>,
     /// The error that stopped it, if any.
     pub error: Option<String>,
 }
@@ -185,8 +227,8 @@ pub struct AttachedEngine {
 }
 
 impl AttachedEngine {
-    /// The report.
-    pub fn report(&self) -> EngineReport {
+    /// The report; `core` is where its thread was pinned.
+    pub fn report(&self, core: Option<usize>) -> EngineReport {
         let doorbell = match self.mode {
             DoorbellMode::Trap => "trap",
             DoorbellMode::Ioeventfd => "ioeventfd",
@@ -212,7 +254,10 @@ impl AttachedEngine {
             doorbell: self.mode,
             bars,
             msix_vectors: VECTORS,
-            executed: e.executed(),
+            executed: e.lifetime(),
+            trapped_doorbells: self.shared.trapped_doorbells.load(Ordering::Relaxed),
+            interrupts_sent: self.shared.interrupts_sent.load(Ordering::Relaxed),
+            core,
             error: e.error().map(|x| x.to_string()),
         }
     }
@@ -427,6 +472,13 @@ mod tests {
             "engine,doorbell=fast",
             "engine,queues=2",
             "engine,doorbell",
+            "engine,doorbell=trap,doorbell=mapped",
+            "vfio=",
+            "vfio=41:00.0",
+            "vfio=0000:41:00.8",
+            "vfio=0000:41:20.0",
+            "vfio=0000:4g:00.0",
+            "vfio=0000:41:00.0:1",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(
@@ -467,7 +519,11 @@ mod tests {
                 mode,
                 page: None,
             }
-            .report();
+            .report(Some(3));
+            assert_eq!(
+                (r.core, r.trapped_doorbells, r.interrupts_sent),
+                (Some(3), 0, 0)
+            );
             let served: Vec<_> = r.bars.iter().map(|b| b.served_by).collect();
             assert_eq!(served, ["trap", "trap", door]);
             assert_eq!(r.bars[2].addr, PCI_WINDOW_START + 2 * BAR_SIZE);

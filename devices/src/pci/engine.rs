@@ -186,6 +186,7 @@ pub struct Engine {
     error: Option<EngineError>,
     head: u32,
     executed: u64,
+    lifetime: u64,
 }
 
 /// What a register write asks of the caller.
@@ -218,6 +219,11 @@ impl Engine {
     /// Commands executed since enable.
     pub fn executed(&self) -> u64 {
         self.executed
+    }
+
+    /// Commands executed since the engine was created, across resets (for the report).
+    pub fn lifetime(&self) -> u64 {
+        self.lifetime
     }
 
     /// A 4-byte register read; anything else reads zero.
@@ -265,6 +271,7 @@ impl Engine {
                 *self = Self {
                     ring: self.ring,
                     size: self.size,
+                    lifetime: self.lifetime,
                     ..Self::default()
                 };
                 return Effect::StateChanged;
@@ -358,6 +365,7 @@ impl Engine {
             let _ = mem.write_obj(c.fence_value, GuestAddress(c.fence_addr));
             self.head = self.head.wrapping_add(1);
             self.executed += 1;
+            self.lifetime += 1;
             p.executed += 1;
             if c.flags & FLAG_INTERRUPT != 0 {
                 p.interrupts += 1;
@@ -502,6 +510,9 @@ mod tests {
             })
         );
         assert_eq!(r(&e, reg::HEAD), 1);
+        // A reset starts the count since enable again; the lifetime count keeps it.
+        w(&mut e, &m, reg::CONTROL, 0);
+        assert_eq!((e.executed(), e.lifetime(), e.error()), (0, 1, None));
         // Unaligned, and an address that wraps.
         for addr in [FENCES + 4, u64::MAX - 3] {
             let mut e = enabled(&m, 4);

@@ -16,7 +16,7 @@
 //! driver may poll, and MSI-X vector 0 when a command asks for it.
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,11 @@ pub struct Shared {
     pub vectors: Vec<Box<dyn Interrupt + Sync>>,
     /// Guest memory.
     pub mem: GuestMemoryMmap,
+    /// Doorbell writes that reached the VMM (BAR 4 in trap mode, or the `DOORBELL`
+    /// register): each one a VM exit. Mapped and ioeventfd doorbells never count here.
+    pub trapped_doorbells: AtomicU64,
+    /// Interrupts sent (vector 0 messages that left the device, pending ones when sent).
+    pub interrupts_sent: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,6 +99,7 @@ impl Shared {
         let d = lock(&self.msix).signal(v);
         if let (Delivery::Send(_), Some(line)) = (d, self.vectors.get(v)) {
             let _ = line.trigger();
+            self.interrupts_sent.fetch_add(1, Ordering::Relaxed);
         }
         d
     }
@@ -164,6 +170,8 @@ impl SubmitFunction {
             msix: Mutex::new(msix),
             vectors,
             mem,
+            trapped_doorbells: AtomicU64::new(0),
+            interrupts_sent: AtomicU64::new(0),
         });
         Ok((
             Self {
@@ -230,6 +238,11 @@ impl PciFunction for SubmitFunction {
     ) -> (Vec<RouteChange>, Option<VmEvent>) {
         match bar {
             BAR_REGS => {
+                if offset == super::engine::reg::DOORBELL {
+                    self.shared
+                        .trapped_doorbells
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let effect = {
                     let mut e = self.shared.engine();
                     e.write(&self.shared.mem, offset, data)
@@ -248,6 +261,9 @@ impl PciFunction for SubmitFunction {
             // The doorbell page reached the VMM: trap mode (or a mapped page not mapped
             // yet). Any write is a doorbell.
             BAR_DOORBELL => {
+                self.shared
+                    .trapped_doorbells
+                    .fetch_add(1, Ordering::Relaxed);
                 self.kick();
                 (Vec::new(), None)
             }
@@ -287,6 +303,11 @@ impl DoorbellPage {
     pub fn read(&self) -> u32 {
         self.word().load(Ordering::Acquire)
     }
+
+    /// Sets the doorbell word back to zero.
+    pub fn clear(&self) {
+        self.word().store(0, Ordering::Release);
+    }
 }
 
 /// How the engine thread waits for work.
@@ -311,11 +332,14 @@ impl EngineThread {
     /// it executes whatever is already submitted, and from then on waits as `wake` says and
     /// executes what the driver submitted, raising vector 0 for the commands that ask.
     /// `kick` should be non-blocking (`EFD_NONBLOCK`): the thread waits for it with
-    /// `poll(2)` in [`Wake::Block`] and only peeks at it in [`Wake::Poll`].
+    /// `poll(2)` in [`Wake::Block`] and only peeks at it in [`Wake::Poll`]. With `core`, the
+    /// thread pins itself there before the hook (a polling engine must not share a vCPU's
+    /// core); a refused pin is logged and the thread runs where the scheduler puts it.
     pub fn spawn(
         shared: Arc<Shared>,
         kick: Arc<EventFd>,
         wake: Wake,
+        core: Option<usize>,
         hook: super::super::virtio::ThreadHook,
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -323,6 +347,11 @@ impl EngineThread {
         let thread = std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || {
+                if let Some(c) = core
+                    && !crate::virtio::block::worker::pin(c)
+                {
+                    log::warn!("engine thread: could not pin to core {c}");
+                }
                 if let Err(e) = hook("engine") {
                     log::error!("engine thread: {e}");
                     return 0;
@@ -396,11 +425,21 @@ fn engine_loop(shared: &Shared, kick: &EventFd, wake: &Wake, stop: &AtomicBool) 
                 kick.read().is_ok()
             }
             Wake::Poll(page) => {
-                let rung = page.read();
-                let kicked = kick.read().is_ok();
-                let changed = rung != seen;
-                seen = rung;
-                changed || kicked
+                if kick.read().is_ok() {
+                    // Enable, reset or the register doorbell: clear the page and run.
+                    // A doorbell written before the clear is covered by this run (its
+                    // tail is already in memory); one written after it changes the word.
+                    // Without the clear, a driver that resets and submits again rings
+                    // with the same tail as before and would not be seen.
+                    page.clear();
+                    seen = 0;
+                    true
+                } else {
+                    let rung = page.read();
+                    let changed = rung != seen;
+                    seen = rung;
+                    changed
+                }
             }
         };
         if stop.load(Ordering::Acquire) {
@@ -507,7 +546,7 @@ mod tests {
                 Wake::Block
             };
             let hook: crate::virtio::ThreadHook = Arc::new(|_| Ok(()));
-            let t = EngineThread::spawn(s.clone(), kick.clone(), wake, hook).unwrap();
+            let t = EngineThread::spawn(s.clone(), kick.clone(), wake, None, hook).unwrap();
             let mut tail = 0;
             for i in 1..=6u64 {
                 submit(&s, &mut tail, i, FLAG_INTERRUPT);
@@ -525,6 +564,42 @@ mod tests {
             // One interrupt per round that completed a command.
             assert!((1..=6).contains(&v0.get()), "poll={poll}: {}", v0.get());
         }
+    }
+
+    #[test]
+    fn a_polled_page_sees_the_same_tail_again_after_a_reset() {
+        let (mut f, s, _, _) = function();
+        w32(&mut f, BAR_REGS, reg::RING_LO, 0x1000);
+        w32(&mut f, BAR_REGS, reg::RING_SIZE, 4);
+        w32(&mut f, BAR_REGS, reg::CONTROL, 1);
+        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let page = DoorbellPage::new().unwrap();
+        let hook: crate::virtio::ThreadHook = Arc::new(|_| Ok(()));
+        let t = EngineThread::spawn(
+            s.clone(),
+            kick.clone(),
+            Wake::Poll(page.clone()),
+            None,
+            hook,
+        )
+        .unwrap();
+        let mut tail = 0;
+        submit(&s, &mut tail, 1, 0);
+        page.word().store(tail, Ordering::Release);
+        wait_fence(&s, 1);
+        // The driver resets and enables (both trap: the VMM kicks the thread), starts its
+        // ring over and rings with tail 1 again, after the thread has taken the kicks.
+        w32(&mut f, BAR_REGS, reg::CONTROL, 0);
+        tail = 0;
+        s.mem.write_obj(0u32, GuestAddress(0x1000)).unwrap();
+        w32(&mut f, BAR_REGS, reg::CONTROL, 1);
+        kick.write(1).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        submit(&s, &mut tail, 2, 0);
+        page.word().store(tail, Ordering::Release);
+        wait_fence(&s, 2);
+        t.stop();
+        assert_eq!(s.engine().lifetime(), 2);
     }
 
     #[test]

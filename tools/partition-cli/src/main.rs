@@ -449,11 +449,17 @@ fn launch(a: LaunchArgs) -> ExitCode {
             .map(|b| format!("BAR{} {:#x} {}", b.index, b.addr, b.served_by))
             .collect();
         eprintln!(
-            "partition: engine at 00:{:02x}.0: doorbell {}; {}; {} commands executed{}",
+            "partition: engine at 00:{:02x}.0 on {}: doorbell {}; {}; {} commands executed, \
+             {} doorbells trapped, {} interrupts sent{}",
             e.slot,
+            e.core
+                .map(|c| format!("core {c}"))
+                .unwrap_or_else(|| "no free core".into()),
             e.doorbell.name(),
             bars.join(", "),
             e.executed,
+            e.trapped_doorbells,
+            e.interrupts_sent,
             e.error
                 .as_ref()
                 .map(|x| format!("; stopped: {x}"))

@@ -15,7 +15,8 @@
 //! `probe.idle_seconds` (see wake.rs for their options); `probe.bench=paths` times the
 //! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
 //! the first virtio-blk device (blk.rs); `probe.assist=1` checks the instructions a VMM
-//! must assist where ring 0 is emulated (assist.rs).
+//! must assist where ring 0 is emulated (assist.rs); `probe.engine=...` enumerates PCI and
+//! drives the VMM's submission engine (engine.rs).
 #![no_std]
 #![no_main]
 
@@ -25,6 +26,7 @@ mod clock;
 mod console;
 mod assist;
 mod blk;
+mod engine;
 mod firmware;
 mod libc;
 mod memtest;
@@ -180,6 +182,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     }
     failed |= assist::run(&bi);
     failed |= blk::run(&bi, tsc_khz);
+    failed |= engine::run(&bi, tsc_khz, bsp);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);
     }

@@ -128,7 +128,7 @@ fn count_addr(v: usize) -> *const u64 {
 
 /// Waits, in `mode`, until the u64 at `addr` differs from `old`. Interrupts must be on in
 /// ring 3 for the spin paths (the counters move in interrupt handlers).
-fn wait_word(addr: *const u64, old: u64, mode: Mode) {
+pub fn wait_word(addr: *const u64, old: u64, mode: Mode) {
     let changed = || {
         // SAFETY: addr points at a live u64 (a counter or a mailbox word).
         unsafe { core::ptr::read_volatile(addr) != old }

@@ -1,0 +1,183 @@
+//! The submission engine end to end (issue 13): the probe guest enumerates PCI on our VMM,
+//! finds the engine, its BARs and MSI-X vectors, submits through every doorbell mode with
+//! both completions (polled fence, MSI-X), and feeds it hostile rings; the VMM stays up, the
+//! launch report says how each BAR was served, and a mapped or ioeventfd doorbell never
+//! reaches the VMM. Bad `--device` arguments and VFIO on this host are refused with exit 2.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn launch(doorbell: &str, tests: &str, n: usize) -> Output {
+    let device = format!("engine,doorbell={doorbell}");
+    let cmdline = format!("probe.memtest=0 probe.engine={tests} probe.engine_n={n}");
+    run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "64M",
+            "--probe",
+            "--device",
+            &device,
+            "--cmdline",
+            &cmdline,
+            "--json",
+        ],
+        LIMIT,
+    )
+}
+
+fn lines<'a>(out: &'a str, prefix: &str) -> Vec<&'a str> {
+    out.lines().filter(|l| l.starts_with(prefix)).collect()
+}
+
+#[test]
+fn the_guest_finds_the_engine_and_every_doorbell_mode_completes() {
+    if !kvm_available("the_guest_finds_the_engine_and_every_doorbell_mode_completes") {
+        return;
+    }
+    const N: usize = 200;
+    for (doorbell, bar4) in [
+        ("trap", "trap"),
+        ("ioeventfd", "ioeventfd"),
+        ("mapped", "memory"),
+    ] {
+        let o = launch(doorbell, "list,lat", N);
+        let ctx = format!(
+            "doorbell={doorbell}\n{}\n{}",
+            tail(&o.stdout, 4000),
+            tail(&o.stderr, 2000)
+        );
+        assert_eq!(o.code(), 0, "{ctx}");
+        // Enumeration: the host bridge at 00.0 and the engine at 01.0, through ECAM.
+        assert!(
+            o.stdout
+                .contains("probe: pci 00:00.0 vendor=0x1234 device=0x5e00 class=0x060000"),
+            "{ctx}"
+        );
+        assert!(
+            o.stdout
+                .contains("probe: pci 00:01.0 vendor=0x1234 device=0x5e01 class=0x120000"),
+            "{ctx}"
+        );
+        let bars = lines(&o.stdout, "probe: pci engine bar");
+        assert_eq!(bars.len(), 3, "{ctx}");
+        for b in bars {
+            assert!(b.ends_with("size=0x1000 32-bit"), "{b}");
+        }
+        assert!(
+            o.stdout
+                .contains("probe: pci engine msix vectors=2 table=bar2+0x0 pba=bar2+0x800"),
+            "{ctx}"
+        );
+        // Both completions measured, nothing lost.
+        for completion in ["poll", "irq"] {
+            let want = format!("probe: engine test=submit completion={completion} n={N} ");
+            assert!(o.stdout.contains(&want), "no {want:?}: {ctx}");
+        }
+        let warm = N / 10;
+        let submitted = 2 * (N + warm);
+        assert!(
+            o.stdout.contains(&format!(
+                "probe: engine submitted={submitted} head={submitted} status=0x1"
+            )),
+            "{ctx}"
+        );
+        // The report: BAR 4 served as asked, every command executed, one interrupt per
+        // interrupting command, and the doorbells trapped only in trap mode.
+        let r = report(&o.stdout);
+        let e = &r["engine"];
+        assert_eq!(e["doorbell"], doorbell, "{ctx}");
+        assert_eq!(e["bars"][2]["index"], 4);
+        assert_eq!(e["bars"][2]["served_by"], bar4, "{ctx}");
+        assert_eq!(e["bars"][0]["served_by"], "trap");
+        assert_eq!(e["executed"], submitted as u64, "{ctx}");
+        assert_eq!(e["interrupts_sent"], (N + warm) as u64, "{ctx}");
+        assert!(e["error"].is_null(), "{ctx}");
+        let trapped = e["trapped_doorbells"].as_u64().unwrap();
+        let mmio_writes = r["vcpus"][0]["exits"]["mmio_write"].as_u64().unwrap();
+        if doorbell == "trap" {
+            assert_eq!(trapped, submitted as u64, "{ctx}");
+            assert!(mmio_writes >= submitted as u64, "{ctx}");
+        } else {
+            // No doorbell reached the VMM: the writes that exited were the setup's
+            // (MSI-X table, registers), far fewer than the submissions.
+            assert_eq!(trapped, 0, "{ctx}");
+            assert!(mmio_writes < 100, "{mmio_writes} MMIO write exits: {ctx}");
+        }
+    }
+}
+
+#[test]
+fn hostile_rings_stop_the_engine_not_the_vmm() {
+    if !kvm_available("hostile_rings_stop_the_engine_not_the_vmm") {
+        return;
+    }
+    for doorbell in ["trap", "mapped"] {
+        let o = launch(doorbell, "hostile", 10);
+        let ctx = format!(
+            "doorbell={doorbell}\n{}\n{}",
+            o.stdout,
+            tail(&o.stderr, 2000)
+        );
+        assert_eq!(o.code(), 0, "{ctx}");
+        let checks = lines(&o.stdout, "probe: engine hostile=");
+        // Six refusals checked by the guest, then a reset and a good submission.
+        assert_eq!(checks.len(), 7, "{ctx}");
+        for c in &checks {
+            assert!(
+                c.ends_with("ok=true") || c.ends_with("completed=true"),
+                "{c}\n{ctx}"
+            );
+        }
+        for (name, code) in [
+            ("ring_outside_memory", 1),
+            ("ring_size_48", 2),
+            ("fence_outside_memory", 5),
+            ("unknown_opcode", 4),
+            ("tail_past_ring", 3),
+        ] {
+            assert!(
+                checks.iter().any(|c| c.starts_with(&format!(
+                    "probe: engine hostile={name} status=0x3 error={code} "
+                ))),
+                "{name}: {ctx}"
+            );
+        }
+        // The VMM ran on, and the engine ended running (the guest reset it last).
+        let r = report(&o.stdout);
+        assert_eq!(r["outcome"]["kind"], "power_off", "{ctx}");
+        assert!(r["engine"]["error"].is_null(), "{ctx}");
+    }
+}
+
+#[test]
+fn bad_device_arguments_and_vfio_are_refused() {
+    for (spec, words) in [
+        ("engine,doorbell=carrier-pigeon", "doorbell"),
+        ("gpu", "engine"),
+        ("engine,doorbell=trap,doorbell=mapped", "doorbell"),
+        ("vfio=0000:41:00.0", "VFIO"),
+        ("vfio=not-a-bdf", "vfio"),
+    ] {
+        let o = run(
+            &[
+                "launch", "--cores", "0", "--memory", "64M", "--probe", "--device", spec,
+            ],
+            LIMIT,
+        );
+        assert_eq!(o.code(), 2, "{spec}: {}", o.stderr);
+        assert!(
+            o.stderr.to_lowercase().contains(&words.to_lowercase()),
+            "{spec}: {}",
+            o.stderr
+        );
+        assert!(!o.stdout.contains("probe: hello"), "{spec}: the guest ran");
+    }
+}

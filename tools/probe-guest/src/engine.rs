@@ -1,0 +1,502 @@
+//! PCI enumeration and a driver for the VMM's submission engine (`probe.engine=...`,
+//! comma-separated):
+//!
+//! - `list`: enumerate bus 0 through ECAM (the ACPI MCFG table gives its base, as Linux
+//!   finds it) and print every function, and for the engine its BARs (sized by the BAR
+//!   protocol) and MSI-X vectors;
+//! - `lat`: submit one fence command at a time and time submit-to-fence in ring 3, the
+//!   driver polling the fence (`poll`) and waiting for the MSI-X interrupt in the idle mode
+//!   in force (`irq`): median and p99 over `probe.engine_n` submissions;
+//! - `hostile`: a bad fence address, an unknown opcode, a tail a ring ahead and a flood of
+//!   doorbells with nothing behind them; each must leave the engine stopped with the right
+//!   `ERROR` code (or, for the flood, still running), and a reset must bring it back.
+//!
+//! The engine's protocol is in the VMM's `devices/src/pci/engine.rs`: a ring of 32-byte
+//! commands behind a 64-byte header whose first `u32` is the tail; the doorbell is any
+//! 4-byte write to BAR 4 (we write the tail, so a polled doorbell page always changes).
+
+use core::sync::atomic::{Ordering, fence};
+
+use crate::bootinfo::BootInfo;
+use crate::sys::{self, peek, poke, rdtsc};
+
+const VENDOR: u16 = 0x1234;
+const DEVICE: u16 = 0x5e01;
+const ENGINE_ID: u32 = 0x5345_0001;
+const CAP_MSIX: u8 = 0x11;
+/// The vector the engine's completion arrives on.
+const VECTOR: usize = 0x60;
+const RING: u32 = 64;
+const MAX_N: usize = 4096;
+
+mod reg {
+    pub const ID: u64 = 0x00;
+    pub const STATUS: u64 = 0x04;
+    pub const ERROR: u64 = 0x08;
+    pub const HEAD: u64 = 0x0c;
+    pub const RING_LO: u64 = 0x10;
+    pub const RING_HI: u64 = 0x14;
+    pub const RING_SIZE: u64 = 0x18;
+    pub const CONTROL: u64 = 0x1c;
+}
+const STATUS_ENABLED: u32 = 1;
+const STATUS_ERROR: u32 = 2;
+const OP_FENCE: u32 = 1;
+const FLAG_INTERRUPT: u32 = 1;
+
+#[repr(C, align(4096))]
+struct Ring {
+    tail: u32,
+    _header: [u32; 15],
+    cmds: [[u64; 4]; RING as usize],
+}
+
+#[repr(C, align(64))]
+struct Fence(u64);
+
+static mut RING_MEM: Ring = Ring {
+    tail: 0,
+    _header: [0; 15],
+    cmds: [[0; 4]; RING as usize],
+};
+static mut FENCE: Fence = Fence(0);
+
+/// Bus 0 through ECAM.
+#[derive(Clone, Copy)]
+struct Ecam(u64);
+
+impl Ecam {
+    fn at(self, slot: u64, off: u64) -> u64 {
+        self.0 + (slot << 15) + off
+    }
+    fn read(self, slot: u64, off: u64) -> u32 {
+        // SAFETY: the ECAM window the MCFG table names (identity mapped, uncached).
+        unsafe { peek(self.at(slot, off)) }
+    }
+    fn write(self, slot: u64, off: u64, v: u32) {
+        // SAFETY: as `read`.
+        unsafe { poke(self.at(slot, off), v) }
+    }
+}
+
+/// The ECAM base for bus 0 from the MCFG table.
+fn ecam(bi: &BootInfo) -> Option<Ecam> {
+    let rsdp = crate::firmware::find_rsdp(bi.rsdp)?;
+    let mcfg = crate::firmware::find_table(rsdp, b"MCFG")?;
+    // SAFETY: find_table checked the table's signature, length and checksum.
+    let (len, base, seg, bus) = unsafe {
+        (
+            peek::<u32>(mcfg + 4),
+            peek::<u64>(mcfg + 44),
+            peek::<u16>(mcfg + 52),
+            peek::<u8>(mcfg + 54),
+        )
+    };
+    (len >= 60 && seg == 0 && bus == 0 && base != 0 && base < 1 << 36).then_some(Ecam(base))
+}
+
+/// A found engine.
+struct Dev {
+    slot: u64,
+    regs: u64,
+    doorbell: u64,
+}
+
+impl Dev {
+    fn rd(&self, off: u64) -> u32 {
+        // SAFETY: BAR 0, 4 KiB of registers, placed by the VMM and read back by us.
+        unsafe { peek(self.regs + off) }
+    }
+    fn wr(&self, off: u64, v: u32) {
+        // SAFETY: as `rd`.
+        unsafe { poke(self.regs + off, v) }
+    }
+    fn ring_doorbell(&self, v: u32) {
+        // SAFETY: BAR 4, the doorbell page.
+        unsafe { poke(self.doorbell, v) }
+    }
+}
+
+/// Sizes BAR `i` (memory decoding must be off) and returns (base, size, 64-bit).
+fn size_bar(e: Ecam, slot: u64, i: u64) -> (u64, u64, bool) {
+    let off = 0x10 + 4 * i;
+    let lo = e.read(slot, off);
+    let is64 = lo & 0b110 == 0b100;
+    let hi = if is64 { e.read(slot, off + 4) } else { 0 };
+    e.write(slot, off, u32::MAX);
+    let mut mask = u64::from(e.read(slot, off) & !0xf);
+    if is64 {
+        e.write(slot, off + 4, u32::MAX);
+        mask |= u64::from(e.read(slot, off + 4)) << 32;
+        e.write(slot, off + 4, hi);
+    } else {
+        mask |= 0xffff_ffff_0000_0000;
+    }
+    e.write(slot, off, lo);
+    let base = u64::from(lo & !0xf) | u64::from(hi) << 32;
+    let size = if mask & !0xffff_ffff_0000_0000 == 0 && !is64 {
+        0
+    } else {
+        (!mask).wrapping_add(1)
+    };
+    (base, size, is64)
+}
+
+/// Lists bus 0 and finds the engine, programming its MSI-X vector 0 to `apic`.
+fn probe(bi: &BootInfo, apic: u32) -> Result<Dev, &'static str> {
+    let e = ecam(bi).ok_or("no MCFG table (no PCI host bridge in the ACPI tables)")?;
+    say!("pci ecam={:#x}", e.0);
+    let mut found = None;
+    for slot in 0..32 {
+        let id = e.read(slot, 0);
+        if id & 0xffff == 0xffff {
+            continue;
+        }
+        let class = e.read(slot, 8) >> 8;
+        say!(
+            "pci 00:{:02x}.0 vendor={:#06x} device={:#06x} class={:#08x}",
+            slot,
+            id & 0xffff,
+            id >> 16,
+            class
+        );
+        if id & 0xffff == u32::from(VENDOR) && id >> 16 == u32::from(DEVICE) {
+            found = Some(slot);
+        }
+    }
+    let slot = found.ok_or("no submission engine (1234:5e01) on bus 0")?;
+    // Size the BARs with decoding off, as a firmware or OS does.
+    let cmd = e.read(slot, 4) & 0xffff;
+    e.write(slot, 4, cmd & !0b111);
+    let mut bars = [(0u64, 0u64); 6];
+    let mut i = 0;
+    while i < 6 {
+        let (base, size, is64) = size_bar(e, slot, i);
+        bars[i as usize] = (base, size);
+        if size != 0 {
+            say!(
+                "pci engine bar{} base={:#x} size={:#x} {}",
+                i,
+                base,
+                size,
+                if is64 { "64-bit" } else { "32-bit" }
+            );
+        }
+        i += if is64 { 2 } else { 1 };
+    }
+    // Memory decoding and bus mastering on.
+    e.write(slot, 4, cmd | 0b110);
+    // The MSI-X capability.
+    let mut cap = (e.read(slot, 0x34) & 0xfc) as u64;
+    let mut msix = None;
+    for _ in 0..48 {
+        if cap == 0 {
+            break;
+        }
+        let h = e.read(slot, cap);
+        if h & 0xff == u32::from(CAP_MSIX) {
+            msix = Some(cap);
+            break;
+        }
+        cap = ((h >> 8) & 0xfc) as u64;
+    }
+    let cap = msix.ok_or("the engine has no MSI-X capability")?;
+    let control = e.read(slot, cap) >> 16;
+    let vectors = (control & 0x7ff) + 1;
+    let table = e.read(slot, cap + 4);
+    let pba = e.read(slot, cap + 8);
+    let (tbir, toff) = ((table & 7) as usize, u64::from(table & !7));
+    say!(
+        "pci engine msix vectors={} table=bar{}+{:#x} pba=bar{}+{:#x}",
+        vectors,
+        tbir,
+        toff,
+        pba & 7,
+        pba & !7
+    );
+    if tbir >= 6 || bars[tbir].1 == 0 || bars[0].1 == 0 || bars[4].1 == 0 {
+        return Err("the engine's BARs are not where its protocol says");
+    }
+    let entry = bars[tbir].0 + toff;
+    // Entry 0: fixed delivery to `apic`, our vector, unmasked; then MSI-X on.
+    // SAFETY: the MSI-X table in the BAR the capability names.
+    unsafe {
+        poke::<u32>(entry, 0xfee0_0000 | (apic & 0xff) << 12);
+        poke::<u32>(entry + 4, 0);
+        poke::<u32>(entry + 8, VECTOR as u32);
+        poke::<u32>(entry + 12, 0);
+    }
+    e.write(
+        slot,
+        cap,
+        (e.read(slot, cap) & 0xffff) | (control | 0x8000) << 16,
+    );
+    let dev = Dev {
+        slot,
+        regs: bars[0].0,
+        doorbell: bars[4].0,
+    };
+    let id = dev.rd(reg::ID);
+    if id != ENGINE_ID {
+        say!("pci engine id={:#x}, expected {:#x}", id, ENGINE_ID);
+        return Err("the engine's ID register is wrong");
+    }
+    Ok(dev)
+}
+
+fn ring_addr() -> u64 {
+    &raw const RING_MEM as u64
+}
+fn fence_addr() -> u64 {
+    &raw const FENCE as u64
+}
+fn fence_value() -> u64 {
+    // SAFETY: our static, written by the engine; read volatile.
+    unsafe { core::ptr::read_volatile(&raw const FENCE.0) }
+}
+
+/// Resets the engine, clears our ring, gives it the ring and enables it. Returns STATUS.
+fn start(d: &Dev, ring: u64, size: u32) -> u32 {
+    d.wr(reg::CONTROL, 0);
+    // SAFETY: our ring's tail.
+    unsafe { core::ptr::write_volatile(&raw mut RING_MEM.tail, 0) };
+    fence(Ordering::SeqCst);
+    d.wr(reg::RING_LO, ring as u32);
+    d.wr(reg::RING_HI, (ring >> 32) as u32);
+    d.wr(reg::RING_SIZE, size);
+    d.wr(reg::CONTROL, 1);
+    d.rd(reg::STATUS)
+}
+
+/// Writes command `cmd` at the tail, publishes the tail and rings the doorbell.
+fn submit(d: &Dev, cmd: [u64; 4]) -> u32 {
+    // SAFETY: our ring (only this CPU writes it; the engine reads it after the doorbell).
+    let tail = unsafe {
+        let tail = core::ptr::read_volatile(&raw const RING_MEM.tail);
+        let slot = (&raw mut RING_MEM.cmds as *mut [u64; 4]).add((tail % RING) as usize);
+        core::ptr::write_volatile(slot, cmd);
+        fence(Ordering::Release);
+        let t = tail.wrapping_add(1);
+        core::ptr::write_volatile(&raw mut RING_MEM.tail, t);
+        t
+    };
+    fence(Ordering::SeqCst);
+    d.ring_doorbell(tail);
+    tail
+}
+
+fn command(opcode: u32, flags: u32, fence: u64, value: u64) -> [u64; 4] {
+    [u64::from(opcode) | u64::from(flags) << 32, fence, value, 0]
+}
+
+fn summarise(mode: &str, s: &mut [u64], tsc_khz: u64) {
+    s.sort_unstable();
+    let n = s.len();
+    if n == 0 {
+        return;
+    }
+    let ns = |c: u64| c.saturating_mul(1_000_000) / tsc_khz.max(1);
+    let p99 = s[((n * 99).div_ceil(100)).clamp(1, n) - 1];
+    say!(
+        "engine test=submit completion={} n={} median_ns={} p99_ns={} min_ns={} max_ns={}",
+        mode,
+        n,
+        ns(s[n / 2]),
+        ns(p99),
+        ns(s[0]),
+        ns(s[n - 1])
+    );
+}
+
+/// Waits until the fence reads `v`, up to `limit` TSC cycles. False on time-out.
+fn poll_fence(v: u64, limit: u64) -> bool {
+    let t0 = rdtsc();
+    while fence_value() != v {
+        if rdtsc().wrapping_sub(t0) > limit {
+            return false;
+        }
+        core::hint::spin_loop();
+    }
+    true
+}
+
+fn lat(d: &Dev, n: usize, tsc_khz: u64) -> bool {
+    let mut failed = false;
+    let warm = n / 10;
+    let limit = tsc_khz.saturating_mul(2000); // 2 s per submission at most
+    let mut value = 0u64;
+    let mut buf = [0u64; MAX_N];
+    if start(d, ring_addr(), RING) != STATUS_ENABLED {
+        say!("engine FAILED: not enabled (error {})", d.rd(reg::ERROR));
+        return true;
+    }
+    for irq in [false, true] {
+        let mut timeouts = 0;
+        if irq {
+            sys::set_interrupts(matches!(
+                crate::wake::mode(),
+                crate::wake::Mode::Spin | crate::wake::Mode::HaltPoll(_)
+            ));
+        }
+        for s in buf.iter_mut().take(n + warm) {
+            value += 1;
+            let flags = if irq { FLAG_INTERRUPT } else { 0 };
+            let before = crate::wake::irq_count(VECTOR);
+            let t0 = rdtsc();
+            submit(d, command(OP_FENCE, flags, fence_addr(), value));
+            let ok = if irq {
+                let w0 = rdtsc();
+                while crate::wake::irq_count(VECTOR) == before {
+                    crate::wake::wait_word(
+                        crate::wake::irq_count_addr(VECTOR),
+                        before,
+                        crate::wake::mode(),
+                    );
+                    if rdtsc().wrapping_sub(w0) > limit {
+                        break;
+                    }
+                }
+                crate::wake::irq_count(VECTOR) != before && fence_value() == value
+            } else {
+                poll_fence(value, limit)
+            };
+            *s = rdtsc().wrapping_sub(t0);
+            if !ok {
+                timeouts += 1;
+                if timeouts > 3 {
+                    break;
+                }
+            }
+        }
+        sys::set_interrupts(false);
+        if timeouts > 0 {
+            say!(
+                "engine FAILED: {} submissions not completed ({}; status {:#x} error {} head {})",
+                timeouts,
+                if irq { "irq" } else { "poll" },
+                d.rd(reg::STATUS),
+                d.rd(reg::ERROR),
+                d.rd(reg::HEAD)
+            );
+            failed = true;
+            continue;
+        }
+        summarise(
+            if irq { "irq" } else { "poll" },
+            &mut buf[warm..n + warm],
+            tsc_khz,
+        );
+    }
+    say!(
+        "engine submitted={} head={} status={:#x}",
+        value,
+        d.rd(reg::HEAD),
+        d.rd(reg::STATUS)
+    );
+    failed
+}
+
+/// Waits a little for the engine to reach an error state.
+fn settle(d: &Dev, tsc_khz: u64) -> (u32, u32) {
+    let t0 = rdtsc();
+    loop {
+        let st = d.rd(reg::STATUS);
+        if st & STATUS_ERROR != 0 || rdtsc().wrapping_sub(t0) > tsc_khz.saturating_mul(500) {
+            return (st, d.rd(reg::ERROR));
+        }
+        core::hint::spin_loop();
+    }
+}
+
+fn hostile(d: &Dev, tsc_khz: u64) -> bool {
+    let mut failed = false;
+    let mut check = |name: &str, got: (u32, u32), want_error: u32| {
+        let ok = if want_error == 0 {
+            got == (STATUS_ENABLED, 0)
+        } else {
+            got.0 & STATUS_ERROR != 0 && got.1 == want_error
+        };
+        say!(
+            "engine hostile={} status={:#x} error={} expected_error={} ok={}",
+            name,
+            got.0,
+            got.1,
+            want_error,
+            ok
+        );
+        failed |= !ok;
+    };
+    // A ring outside guest memory, and one that is not a power of two.
+    let st = start(d, 0x7_ffff_f000, RING);
+    check("ring_outside_memory", (st, d.rd(reg::ERROR)), 1);
+    let st = start(d, ring_addr(), 48);
+    check("ring_size_48", (st, d.rd(reg::ERROR)), 2);
+    // A fence outside memory.
+    start(d, ring_addr(), RING);
+    submit(d, command(OP_FENCE, 0, 0x7_ffff_fff8, 1));
+    check("fence_outside_memory", settle(d, tsc_khz), 5);
+    // An unknown opcode.
+    start(d, ring_addr(), RING);
+    submit(d, command(0xdead, 0, fence_addr(), 1));
+    check("unknown_opcode", settle(d, tsc_khz), 4);
+    // A tail more than a ring ahead.
+    start(d, ring_addr(), RING);
+    // SAFETY: our ring's tail.
+    unsafe { core::ptr::write_volatile(&raw mut RING_MEM.tail, RING + 5) };
+    fence(Ordering::SeqCst);
+    d.ring_doorbell(RING + 5);
+    check("tail_past_ring", settle(d, tsc_khz), 3);
+    // A flood of doorbells with nothing new behind them: the engine stays up, idle.
+    start(d, ring_addr(), RING);
+    for i in 0..10_000u32 {
+        d.ring_doorbell(i);
+    }
+    let st = d.rd(reg::STATUS);
+    check("doorbell_flood", (st, d.rd(reg::ERROR)), 0);
+    // Reset and work again.
+    let st = start(d, ring_addr(), RING);
+    let v = fence_value().wrapping_add(0x1000);
+    submit(d, command(OP_FENCE, 0, fence_addr(), v));
+    let ok = st == STATUS_ENABLED && poll_fence(v, tsc_khz.saturating_mul(2000));
+    say!("engine hostile=reset_and_resubmit completed={}", ok);
+    failed |= !ok;
+    failed
+}
+
+/// Runs the tests named in `probe.engine`. Returns true on a failure.
+pub fn run(bi: &BootInfo, tsc_khz: u64, apic: u32) -> bool {
+    let Some(tests) = bi.arg("probe.engine") else {
+        return false;
+    };
+    let d = match probe(bi, apic) {
+        Ok(d) => d,
+        Err(e) => {
+            say!("engine FAILED: {}", e);
+            return true;
+        }
+    };
+    say!(
+        "engine found slot={} regs={:#x} doorbell={:#x}",
+        d.slot,
+        d.regs,
+        d.doorbell
+    );
+    let n: usize = bi
+        .arg("probe.engine_n")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+        .clamp(1, MAX_N * 9 / 10);
+    let mut failed = false;
+    for t in tests.split(',') {
+        match t {
+            "list" => {}
+            "lat" => failed |= lat(&d, n, tsc_khz),
+            "hostile" => failed |= hostile(&d, tsc_khz),
+            other => {
+                say!("engine FAILED: unknown test {}", other);
+                failed = true;
+            }
+        }
+    }
+    failed
+}
