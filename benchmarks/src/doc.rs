@@ -144,6 +144,8 @@ pub enum SectionDoc {
     Blk(Box<crate::blk::BlkSection>),
     /// `memsetup`.
     MemSetup(Box<crate::memsetup::MemSetupSection>),
+    /// `submit`.
+    Submit(Box<crate::submit::SubmitSection>),
     /// `sandbox` and `builds`.
     Compare(Box<crate::compare::CompareSection>),
 }
@@ -159,6 +161,7 @@ impl SectionDoc {
             Self::Wake(s) => &s.head,
             Self::Blk(s) => &s.head,
             Self::MemSetup(s) => &s.head,
+            Self::Submit(s) => &s.head,
             Self::Compare(s) => &s.head,
         }
     }
@@ -188,6 +191,7 @@ impl SectionDoc {
             "wake" => Self::Wake(serde_json::from_value(v)?),
             "blk" => Self::Blk(serde_json::from_value(v)?),
             "memsetup" => Self::MemSetup(serde_json::from_value(v)?),
+            "submit" => Self::Submit(serde_json::from_value(v)?),
             _ => Self::Compare(serde_json::from_value(v)?),
         })
     }

@@ -16,6 +16,7 @@ pub mod report;
 pub mod results;
 pub mod sections;
 pub mod stats;
+pub mod submit;
 pub mod supervisor;
 pub mod wake;
 

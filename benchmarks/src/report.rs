@@ -171,6 +171,7 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
         "probe",
         "wake",
         "blk",
+        "submit",
         "memsetup",
         "crosscheck",
         "sandbox",
@@ -394,6 +395,9 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
             );
         }
     }
+    if let Some(rows) = s["submit"]["guest"].as_array() {
+        submit_rows(&mut o, &s["submit"], rows);
+    }
     if let Some(rows) = s["memsetup"]["rows"].as_array() {
         let _ = writeln!(
             o,
@@ -498,6 +502,139 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
     }
     let _ = writeln!(o, "\n## Chart\n\n![ratios]({svg_name})");
     o
+}
+
+/// The bare-host twin row (index into `submit.host`) a guest row is measured against.
+fn twin_index(doorbell: &str, completion: &str) -> usize {
+    match (doorbell, completion) {
+        ("mapped", "poll") => 0,
+        ("mapped", _) => 1,
+        (_, "poll") => 3,
+        _ => 4,
+    }
+}
+
+fn cell_us(c: &Value) -> String {
+    match (
+        c["median_ns"].as_f64(),
+        c["spread_ns"][0].as_f64(),
+        c["spread_ns"][1].as_f64(),
+    ) {
+        (Some(m), Some(a), Some(b)) => format!("{:.2} ({:.2}-{:.2})", m / 1e3, a / 1e3, b / 1e3),
+        _ => "—".into(),
+    }
+}
+
+/// The `submit` tables: guest rows against their twins, the twins, the goals.
+fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
+    let _ = writeln!(
+        o,
+        "\n## GPU-style submission (`submit`): submit to fence, µs\n\nThe probe guest drives the \
+         PCI submission engine; each row's twin is the engine's own code between two host \
+         threads on the same cores (docs/submission.md).\n\n| doorbell | idle | completion | \
+         median (min-max over runs) | p99 | doorbells that exited | twin | guest/twin |\n\
+         |---|---|---|---|---|---|---|---|"
+    );
+    let host = sub["host"].as_array().cloned().unwrap_or_default();
+    for r in rows {
+        let (d, c) = (
+            r["doorbell"].as_str().unwrap_or("?"),
+            r["completion"].as_str().unwrap_or("?"),
+        );
+        let twin = host.get(twin_index(d, c));
+        let ratio = r["submit_to_fence"]["median_ns"]
+            .as_f64()
+            .zip(twin.and_then(|t| t["submit_to_fence"]["median_ns"].as_f64()))
+            .map_or("—".into(), |(g, h)| format!("{:.2}x", g / h));
+        let _ = writeln!(
+            o,
+            "| {d} | {} | {c} | {} | {} | {} | {} | {ratio} |",
+            r["policy"].as_str().unwrap_or("?"),
+            cell_us(&r["submit_to_fence"]),
+            r["p99"]["median_ns"]
+                .as_f64()
+                .map_or("—".into(), |v| format!("{:.2}", v / 1e3)),
+            r["trapped_doorbells"]
+                .as_u64()
+                .map_or("—".into(), |v| v.to_string()),
+            twin.map_or("—".into(), |t| format!(
+                "engine {}, driver {}",
+                t["engine"].as_str().unwrap_or("?"),
+                t["waiter"].as_str().unwrap_or("?")
+            )),
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\n| bare-host twin: engine | driver | twin of | median (min-max over runs) | p99 |\n|---|---|---|---|---|"
+    );
+    for t in &host {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} |",
+            t["engine"].as_str().unwrap_or("?"),
+            t["waiter"].as_str().unwrap_or("?"),
+            t["twin_of"].as_str().unwrap_or("?"),
+            cell_us(&t["submit_to_fence"]),
+            t["p99"]["median_ns"]
+                .as_f64()
+                .map_or("—".into(), |v| format!("{:.2}", v / 1e3)),
+        );
+    }
+    for g in sub["goals"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            o,
+            "\n- Goal: {} — {} ({})",
+            g["goal"].as_str().unwrap_or("?"),
+            match g["met"].as_bool() {
+                Some(true) => "met",
+                Some(false) => "**not met**",
+                None => "not measured",
+            },
+            g["note"].as_str().unwrap_or("")
+        );
+    }
+    for n in sub["not_measured"].as_array().into_iter().flatten() {
+        let _ = writeln!(o, "- Not measured: {}", n.as_str().unwrap_or("?"));
+    }
+}
+
+/// The submit chart: each guest row's median over its bare-host twin's (1.0 = the bare
+/// host), one bar per doorbell × completion × idle policy.
+pub fn submit_chart(doc: &Value, out: &Path) -> Result<(), String> {
+    let sub = &doc["sections"]["submit"];
+    let host = sub["host"].as_array().cloned().unwrap_or_default();
+    let bars: Vec<(String, Vec<Option<f64>>)> = sub["guest"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let (d, c) = (
+                r["doorbell"].as_str().unwrap_or("?"),
+                r["completion"].as_str().unwrap_or("?"),
+            );
+            let ratio = r["submit_to_fence"]["median_ns"].as_f64().zip(
+                host.get(twin_index(d, c))
+                    .and_then(|t| t["submit_to_fence"]["median_ns"].as_f64()),
+            );
+            (
+                format!("{d} / {c} / {}", r["policy"].as_str().unwrap_or("?")),
+                vec![ratio.map(|(g, h)| g / h)],
+            )
+        })
+        .collect();
+    let root = SVGBackend::new(out, (900, 40 + 22 * bars.len().max(4) as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    hbars(
+        &root,
+        "submit to fence: guest / bare-host twin (red: beyond the 1.1x goal)",
+        &bars,
+        &[BLUE],
+        None,
+        |v| v > crate::submit::MAPPED_GOAL,
+    )?;
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// A category axis label: the name at an integer position, nothing between.
@@ -693,8 +830,13 @@ pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     chart(&doc, &svg)?;
-    std::fs::write(&md, markdown(&doc, &host, &svg_name))
-        .map_err(|e| format!("{}: {e}", md.display()))?;
+    let mut text = markdown(&doc, &host, &svg_name);
+    if doc["sections"]["submit"]["guest"].is_array() {
+        let name = format!("{host}-submit.svg");
+        submit_chart(&doc, &svg.with_file_name(&name))?;
+        text.push_str(&format!("\n![submit to fence, guest over twin]({name})\n"));
+    }
+    std::fs::write(&md, text).map_err(|e| format!("{}: {e}", md.display()))?;
     Ok((md, svg))
 }
 
@@ -759,6 +901,50 @@ mod tests {
             ),
             "{md}"
         );
+    }
+
+    #[test]
+    fn submit_rows_stand_beside_their_twins() {
+        let mut d = doc();
+        let cell = |m: f64| json!({"median_ns": m, "spread_ns": [m - 100.0, m + 100.0], "runs": 3});
+        let twin = |e: &str, w: &str, m: f64| {
+            json!({"engine": e, "waiter": w, "twin_of": "x",
+            "submit_to_fence": cell(m), "p99": cell(m * 2.0)})
+        };
+        d["sections"]["submit"] = json!({"completed": false, "reason": "no QEMU rows",
+            "guest": [
+                {"doorbell": "mapped", "policy": "hlt", "completion": "poll",
+                 "submit_to_fence": cell(550.0), "p99": cell(600.0), "trapped_doorbells": 0},
+                {"doorbell": "trap", "policy": "hlt", "completion": "irq",
+                 "submit_to_fence": cell(80000.0), "p99": cell(90000.0), "trapped_doorbells": 1100}],
+            "host": [twin("polls page", "polls fence", 500.0), twin("polls page", "eventfd", 5000.0),
+                     twin("polls page", "futex", 6000.0), twin("eventfd", "polls fence", 8000.0),
+                     twin("eventfd", "eventfd", 10000.0)],
+            "goals": [{"goal": "mapped within 1.1x", "ratio": 1.1, "met": true, "note": "best policy hlt: 1.10x"}],
+            "not_measured": ["QEMU peers"]});
+        let md = markdown(&d, "box", "x.svg");
+        assert!(
+            md.contains("| mapped | hlt | poll | 0.55 (0.45-0.65) | 0.60 | 0 | engine polls page, driver polls fence | 1.10x |"),
+            "{md}"
+        );
+        assert!(md.contains("| trap | hlt | irq | 80.00 (79.90-80.10) | 90.00 | 1100 | engine eventfd, driver eventfd | 8.00x |"), "{md}");
+        assert!(
+            md.contains("| eventfd | polls fence | x | 8.00 (7.90-8.10) | 16.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("- Goal: mapped within 1.1x — met (best policy hlt: 1.10x)"),
+            "{md}"
+        );
+        assert!(md.contains("- Not measured: QEMU peers"), "{md}");
+        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("report-test-"),
+        )
+        .unwrap();
+        let p = dir.as_path().join("s.svg");
+        submit_chart(&d, &p).unwrap();
+        let svg = std::fs::read_to_string(&p).unwrap();
+        assert!(svg.contains("mapped / poll / hlt") && svg.contains("trap / irq / hlt"));
     }
 
     #[test]

@@ -34,6 +34,7 @@ struct Blk;
 struct MemSetup;
 struct Builds;
 struct Sandboxing;
+struct Submit;
 
 impl Section for HotPaths {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
@@ -201,6 +202,26 @@ impl Section for Sandboxing {
     }
 }
 
+impl Section for Submit {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "submit",
+            "GPU-style submission: submit-to-fence through the PCI submission engine for every doorbell mode (trap, ioeventfd, mapped page) x completion (polled fence, MSI-X) x idle policy, against bare-host twins running the engine's own code on the same two cores",
+        )]
+    }
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![(
+            "submit",
+            SectionDoc::Submit(Box::new(crate::submit::run(env))),
+        )]
+    }
+}
+
 /// Every section, in the order a full run takes them.
 pub static ALL: &[&dyn Section] = &[
     &HotPaths,
@@ -208,6 +229,7 @@ pub static ALL: &[&dyn Section] = &[
     &Crosscheck,
     &Wake,
     &Blk,
+    &Submit,
     &MemSetup,
     &Sandboxing,
     &Builds,
@@ -232,7 +254,7 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 9);
-        assert!(known("guest") && known("memsetup") && !known("gpu"));
+        assert_eq!(seen.len(), 10);
+        assert!(known("guest") && known("memsetup") && known("submit") && !known("gpu"));
     }
 }

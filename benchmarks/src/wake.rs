@@ -44,7 +44,7 @@ pub fn pin(core: usize) {
     unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
 }
 
-fn futex_wait(word: &AtomicU32, val: u32) {
+pub(crate) fn futex_wait(word: &AtomicU32, val: u32) {
     // SAFETY: FUTEX_WAIT on a live u32; returns on wake, EAGAIN or EINTR.
     unsafe {
         libc::syscall(
@@ -57,7 +57,7 @@ fn futex_wait(word: &AtomicU32, val: u32) {
     }
 }
 
-fn futex_wake(word: &AtomicU32) {
+pub(crate) fn futex_wake(word: &AtomicU32) {
     // SAFETY: FUTEX_WAKE on a live u32.
     unsafe {
         libc::syscall(

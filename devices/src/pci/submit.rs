@@ -304,6 +304,12 @@ impl DoorbellPage {
         self.word().load(Ordering::Acquire)
     }
 
+    /// Stores `v` in the doorbell word, as a guest's store through the memory slot does
+    /// (for the bare-host twin of the mapped doorbell, and tests).
+    pub fn ring(&self, v: u32) {
+        self.word().store(v, Ordering::Release);
+    }
+
     /// Sets the doorbell word back to zero.
     pub fn clear(&self) {
         self.word().store(0, Ordering::Release);
