@@ -581,6 +581,44 @@ fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
                 .map_or("—".into(), |v| format!("{:.2}", v / 1e3)),
         );
     }
+    if let Some(peers) = sub["qemu"].as_array().filter(|a| !a.is_empty()) {
+        let _ = writeln!(
+            o,
+            "\n| QEMU peer (microvm, PCIe) | what was timed | peer of | median (min-max over runs) | p99 |\n|---|---|---|---|---|"
+        );
+        for r in peers {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} |",
+                r["device"].as_str().unwrap_or("?"),
+                r["path"].as_str().unwrap_or("?"),
+                r["peer_of"].as_str().unwrap_or("?"),
+                cell_us(&r["latency"]),
+                r["p99"]["median_ns"]
+                    .as_f64()
+                    .map_or("—".into(), |v| format!("{:.2}", v / 1e3)),
+            );
+        }
+    }
+    let writes: Vec<String> = rows
+        .iter()
+        .filter(|r| r["completion"] == "poll")
+        .filter_map(|r| {
+            Some(format!(
+                "{} --idle {}: {}",
+                r["doorbell"].as_str()?,
+                r["policy"].as_str()?,
+                cell_us(&r["doorbell_write"])
+            ))
+        })
+        .collect();
+    if !writes.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nThe doorbell write alone (µs, the guest's store until it retires): {}.",
+            writes.join("; ")
+        );
+    }
     for g in sub["goals"].as_array().into_iter().flatten() {
         let _ = writeln!(
             o,
@@ -921,6 +959,8 @@ mod tests {
                      twin("polls page", "futex", 6000.0), twin("eventfd", "polls fence", 8000.0),
                      twin("eventfd", "eventfd", 10000.0)],
             "goals": [{"goal": "mapped within 1.1x", "ratio": 1.1, "met": true, "note": "best policy hlt: 1.10x"}],
+            "qemu": [{"device": "edu", "path": "write to result", "peer_of": "trap/poll",
+                      "latency": cell(86000.0), "p99": cell(90000.0)}],
             "not_measured": ["QEMU peers"]});
         let md = markdown(&d, "box", "x.svg");
         assert!(
@@ -937,6 +977,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("- Not measured: QEMU peers"), "{md}");
+        assert!(
+            md.contains("| edu | write to result | trap/poll | 86.00 (85.90-86.10) | 90.00 |"),
+            "{md}"
+        );
         let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
             std::env::temp_dir().join("report-test-"),
         )

@@ -242,14 +242,6 @@ fn bad_disk_arguments_exit_2() {
     assert_eq!(host_state().hugepages_total, before.hugepages_total);
 }
 
-fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?
-        .to_string_lossy()
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-}
-
 /// The same probe ELF under QEMU's microvm (the benchmark's peer): it must find its two
 /// CPUs in qboot's MP table (whose entry count is zero), pick the block device out of two
 /// virtio-mmio devices, and read the image exactly.

@@ -181,3 +181,62 @@ fn bad_device_arguments_and_vfio_are_refused() {
         assert!(!o.stdout.contains("probe: hello"), "{spec}: the guest ran");
     }
 }
+
+/// The same probe on QEMU's microvm with PCIe finds QEMU's `edu` and `pci-testdev` (the
+/// submit section's peers) through ECAM, assigns their BARs, and drives both: edu's
+/// factorial polled and by MSI, pci-testdev's trapping doorbell counted by QEMU and its
+/// ioeventfd doorbell counted by nobody.
+#[test]
+fn the_probe_drives_qemus_edu_and_pci_testdev() {
+    if !kvm_available("the_probe_drives_qemus_edu_and_pci_testdev") {
+        return;
+    }
+    let Some(qemu) = find_in_path("qemu-system-x86_64") else {
+        println!(
+            "SKIPPED the_probe_drives_qemus_edu_and_pci_testdev: qemu-system-x86_64 is not installed"
+        );
+        return;
+    };
+    let dir = Scratch::new("engine-qemu");
+    let probe = dir.path("probe.elf");
+    let out = run(
+        &["probe-image", "-o", probe.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let child = std::process::Command::new(qemu)
+        .args(["-M", "microvm,pcie=on", "-enable-kvm"])
+        .args(["-cpu", "host,-arch-capabilities", "-smp", "1", "-m", "64M"])
+        .arg("-kernel")
+        .arg(&probe)
+        .args([
+            "-append",
+            "probe.memtest=0 probe.engine=list,edu,testdev probe.ecam=0xe0000000 probe.engine_n=50",
+        ])
+        .args(["-nodefaults", "-no-user-config", "-nographic"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .args(["-device", "edu", "-device", "pci-testdev"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawning qemu");
+    let out = wait_output(child, LIMIT, "qemu");
+    let ctx = format!("{}\n{}", out.stderr, out.stdout);
+    // isa-debug-exit: (0 << 1) | 1 when the probe reported success.
+    assert_eq!(out.code(), 1, "{ctx}");
+    for want in [
+        "probe: pci 00:01.0 vendor=0x1234 device=0x11e8",
+        "probe: pci 00:02.0 vendor=0x1b36 device=0x0005",
+        "probe: engine none: no submission engine (1234:5e01) on bus 0",
+        "probe: engine test=edu completion=poll n=50 ",
+        "probe: engine test=edu completion=irq n=50 ",
+        "probe: engine test=testdev completion=no-eventfd n=50 ",
+        "probe: engine test=testdev completion=wildcard-eventfd n=50 ",
+        "probe: peer testdev test=no-eventfd counted=55",
+        "probe: peer testdev test=wildcard-eventfd counted=0",
+    ] {
+        assert!(out.stdout.contains(want), "no {want:?}: {ctx}");
+    }
+}

@@ -524,7 +524,8 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
                     .unwrap_or(0)
                     * tsc_khz
                     / 1000;
-                let mut buf = [0u64; 4096];
+                // SAFETY: the BSP runs the block tests; the only borrow of buffer 0.
+                let buf = unsafe { sys::scratch(0) };
                 for irq in [false, true] {
                     for s in buf.iter_mut().take(n + warm) {
                         let sector = (rng.next() % (d.capacity / 8)) * 8;
@@ -547,7 +548,8 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
             }
             "fence" => {
                 let warm = n / 10;
-                let mut buf = [0u64; 4096];
+                // SAFETY: the BSP runs the block tests; the only borrow of buffer 0.
+                let buf = unsafe { sys::scratch(0) };
                 for irq in [false, true] {
                     for s in buf.iter_mut().take(n + warm) {
                         let t0 = rdtsc();

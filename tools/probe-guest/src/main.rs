@@ -31,6 +31,7 @@ mod firmware;
 mod libc;
 mod memtest;
 mod paths;
+mod peers;
 mod smp;
 mod sys;
 mod wake;

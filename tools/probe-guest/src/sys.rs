@@ -162,3 +162,18 @@ pub unsafe fn poke<T: Copy>(addr: u64, v: T) {
     // SAFETY: as above.
     unsafe { core::ptr::write_volatile(addr as *mut T, v) }
 }
+
+/// Length of a sample buffer.
+pub const SAMPLES: usize = 4096;
+static mut SCRATCH: [[u64; SAMPLES]; 2] = [[0; SAMPLES]; 2];
+
+/// Sample buffer `i` (0 or 1) for the BSP's timing loops: 32 KiB each, too big for a
+/// 16 KiB ring-3 stack.
+///
+/// # Safety
+/// Only the BSP calls this, and it never holds two borrows of the same buffer.
+pub unsafe fn scratch(i: usize) -> &'static mut [u64; SAMPLES] {
+    // SAFETY: i < 2 is checked by `add`'s caller contract below; the caller guarantees
+    // exclusive use of buffer i.
+    unsafe { &mut *(&raw mut SCRATCH).cast::<[u64; SAMPLES]>().add(i.min(1)) }
+}

@@ -406,3 +406,12 @@ pub fn wait_holding(mut child: Child, console: &Path, what: &str, limit: Duratio
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `name` in one of PATH's directories, if there.
+pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_string_lossy()
+        .split(':')
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
