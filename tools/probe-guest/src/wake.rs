@@ -278,7 +278,8 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
     let n = (arg("probe.wake_n", 200) as usize).clamp(1, MAX_SAMPLES / 2);
     let warm = (arg("probe.wake_warmup", 20) as usize).min(MAX_SAMPLES / 2);
     let total = n + warm;
-    let mut buf = [0u64; MAX_SAMPLES];
+    // SAFETY: the BSP runs this; the only borrow of sample buffer 0.
+    let buf = unsafe { sys::scratch(0) };
     let _ = bsp_apic;
     say!("wake start mode={} n={} warmup={}", m.name(), n, warm);
 
