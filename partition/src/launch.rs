@@ -851,19 +851,33 @@ fn start_api(
 /// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
 /// the sandbox's user. Called once everything that needs root exists and before any
 /// thread is started; `None` with `--no-sandbox`.
-fn confine(sandbox: &Sandbox, pci: bool) -> Result<Option<Filters>, LaunchError> {
+fn confine(
+    sandbox: &Sandbox,
+    pci: bool,
+    passthrough: bool,
+) -> Result<Option<Filters>, LaunchError> {
     let Sandbox::On(who) = sandbox else {
         return Ok(None);
     };
     // With PCI functions, a guest's configuration writes (MSI-X routes, a moved doorbell
     // BAR) make the vCPU thread that takes them update KVM's routing, ioeventfds and
-    // memory slots.
+    // memory slots; with a passed-through function it also reads and writes the device's
+    // VFIO regions (its trapped BAR pages and command register).
     let mut vcpu_ioctls = crate::kvm::vcpu_thread_ioctls();
     if pci {
         vcpu_ioctls.extend(crate::kvm::vm_device_ioctls());
     }
+    let region_io: &[i64] = if passthrough {
+        &[libc::SYS_pread64, libc::SYS_pwrite64]
+    } else {
+        &[]
+    };
     let f = Filters {
-        vcpu: Arc::new(crate::sandbox::filter(Role::Vcpu, &vcpu_ioctls)?),
+        vcpu: Arc::new(crate::sandbox::filter_with(
+            Role::Vcpu,
+            &vcpu_ioctls,
+            region_io,
+        )?),
         worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
         engine: Arc::new(crate::sandbox::filter(Role::Engine, &[])?),
         api: Arc::new(crate::sandbox::filter(Role::Api, &[])?),
@@ -963,7 +977,11 @@ pub fn run(
     };
     // Everything that needs root exists: give it up, then start the threads, each under
     // its own filter.
-    let filters = confine(&checked.sandbox, devices.engine.is_some())?;
+    let filters = confine(
+        &checked.sandbox,
+        devices.engine.is_some() || devices.vfio.is_some(),
+        devices.vfio.is_some(),
+    )?;
     let control = Control::new()?;
     for c in &mut vcpus.contexts {
         c.filter = filters.as_ref().map(|f| f.vcpu.clone());
@@ -1084,6 +1102,8 @@ struct Devices {
     engine_thread: Mutex<Option<devices::pci::submit::EngineThread>>,
     /// The core device threads (queue workers, the engine) run on, when one is free.
     worker_core: Option<usize>,
+    /// A passed-through function's VFIO state (given back when the devices go).
+    vfio: Option<crate::vfio::AttachedVfio>,
 }
 
 impl Devices {
@@ -1160,7 +1180,7 @@ fn attach_devices(
     )?;
     let mut mmio = Bus::new("mmio");
     // The PCI root: with no --device, empty on CF8/CFC only (a guest finds no PCI).
-    let engine = crate::pci::attach(vm, memory, &mut pio, &mut mmio, &checked.cfg.devices)?;
+    let (engine, vfio) = crate::pci::attach(vm, memory, &mut pio, &mut mmio, &checked.cfg.devices)?;
     // Queue workers go to a core the partition does not use, when there is one.
     let worker_core = crate::cores::available()
         .into_iter()
@@ -1182,6 +1202,7 @@ fn attach_devices(
         engine,
         engine_thread: Mutex::new(None),
         worker_core,
+        vfio,
     })
 }
 

@@ -35,6 +35,7 @@ pub mod signals;
 pub mod size;
 pub mod statedir;
 pub mod vcpu;
+pub mod vfio;
 
 pub use launch::{
     Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, MemorySource,

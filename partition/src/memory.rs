@@ -132,6 +132,16 @@ impl GuestMemory {
             .then(|| region.as_ptr() as u64)
     }
 
+    /// Every RAM range as (guest address, length, host address): what an IOMMU maps for a
+    /// passed-through device.
+    pub fn regions(&self) -> Vec<(u64, u64, u64)> {
+        self.layout
+            .ram_ranges()
+            .iter()
+            .filter_map(|r| Some((r.guest_addr, r.len, self.host_addr(r)?)))
+            .collect()
+    }
+
     /// What backs the memory.
     pub fn describe(&self) -> String {
         self.describe.clone()

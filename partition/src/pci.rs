@@ -44,11 +44,8 @@ pub enum PciError {
         /// What is wrong.
         why: String,
     },
-    /// VFIO passthrough was asked for.
-    #[error(
-        "--device {spec:?}: VFIO passthrough is not built in this version (docs/pci.md), and \
-         this host has {what}"
-    )]
+    /// VFIO passthrough was asked for on a host that cannot do it.
+    #[error("--device {spec:?}: {what}")]
     Vfio {
         /// The argument.
         spec: String,
@@ -58,6 +55,9 @@ pub enum PciError {
     /// The engine could not be built.
     #[error("{0}")]
     Engine(#[from] devices::pci::submit::SubmitError),
+    /// A function could not be passed through.
+    #[error("{0}")]
+    Passthrough(#[from] crate::vfio::VfioError),
     /// The root refused a function.
     #[error("{0}")]
     Root(#[from] devices::pci::PciError),
@@ -80,19 +80,37 @@ pub enum PciError {
 impl PciError {
     /// A mistake in what the user asked (exit 2), not a failure of the host.
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::Spec { .. } | Self::Vfio { .. })
+        matches!(
+            self,
+            Self::Spec { .. }
+                | Self::Vfio { .. }
+                | Self::Passthrough(crate::vfio::VfioError::Refused { .. })
+        )
     }
 }
 
 /// A `--device` argument.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
     /// The submission engine with this doorbell.
     Engine {
         /// How its doorbell page reaches it.
         doorbell: DoorbellMode,
     },
+    /// A host PCI function passed through with VFIO (`crate::vfio`).
+    Vfio {
+        /// Its address, DDDD:BB:DD.F.
+        bdf: String,
+    },
 }
+
+/// Whether two specs ask for the same kind of device (one of each per partition).
+pub fn same_kind(a: &DeviceSpec, b: &DeviceSpec) -> bool {
+    std::mem::discriminant(a) == std::mem::discriminant(b)
+}
+
+/// Slot of a passed-through function on bus 0.
+pub const VFIO_SLOT: u8 = 2;
 
 /// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`); `vfio=BDF` is
 /// refused with the reason.
@@ -130,10 +148,13 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
                     "vfio={bdf}: not a PCI address (DDDD:BB:DD.F, as in lspci -D)"
                 )));
             }
-            Err(PciError::Vfio {
-                spec: spec.into(),
-                what: vfio_on_this_host(),
-            })
+            match crate::vfio::missing(std::path::Path::new("/"), bdf) {
+                Some(why) => Err(PciError::Vfio {
+                    spec: spec.into(),
+                    what: why,
+                }),
+                None => Ok(DeviceSpec::Vfio { bdf: bdf.into() }),
+            }
         }
         other => Err(err(format!(
             "{other:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped]"
@@ -160,20 +181,6 @@ fn is_bdf(s: &str) -> bool {
         && u8::from_str_radix(dev, 16).is_ok_and(|d| d < 32)
         && func.len() == 1
         && matches!(func.as_bytes()[0], b'0'..=b'7')
-}
-
-/// What this host offers for VFIO, in words.
-fn vfio_on_this_host() -> String {
-    let vfio = std::path::Path::new("/dev/vfio/vfio").exists();
-    let groups = std::fs::read_dir("/sys/kernel/iommu_groups")
-        .map(|d| d.count())
-        .unwrap_or(0);
-    match (vfio, groups) {
-        (false, 0) => "no /dev/vfio/vfio and no IOMMU groups".into(),
-        (false, n) => format!("{n} IOMMU groups but no /dev/vfio/vfio"),
-        (true, 0) => "/dev/vfio/vfio but no IOMMU groups".into(),
-        (true, n) => format!("/dev/vfio/vfio and {n} IOMMU groups"),
-    }
 }
 
 /// How a BAR is served, for the report.
@@ -278,6 +285,8 @@ pub struct KvmPciHost {
     /// (slot, vector) -> (GSI, its irqfd).
     vectors: BTreeMap<(u8, u16), (u32, Arc<EventFd>)>,
     doorbell: Doorbell,
+    /// (slot, BAR) -> the pieces of a passed-through BAR mapped as memory slots.
+    mapped: BTreeMap<(u8, usize), Vec<crate::vfio::Piece>>,
 }
 
 impl KvmPciHost {
@@ -292,6 +301,24 @@ impl KvmPciHost {
 
 impl PciHost for KvmPciHost {
     fn bar_changed(&mut self, slot: u8, change: &BarChange) {
+        if let Some(pieces) = self.mapped.get(&(slot, change.index)) {
+            for p in pieces {
+                let at = |a: Option<u64>, len| match a {
+                    // SAFETY: the pieces are mmaps the passthrough keeps until after the VM.
+                    Some(a) => unsafe {
+                        self.vm.map_device_memory(p.slot, a + p.offset, p.host, len)
+                    },
+                    None => Ok(()),
+                };
+                if let Err(e) = at(change.old, 0).and_then(|()| at(change.new, p.len)) {
+                    log::warn!(
+                        "PCI: following BAR {} of 00:{slot:02x}.0: {e}",
+                        change.index
+                    );
+                }
+            }
+            return;
+        }
         if slot != ENGINE_SLOT || change.index != BAR_DOORBELL {
             return;
         }
@@ -352,7 +379,7 @@ pub fn attach(
     pio: &mut Bus,
     mmio: &mut Bus,
     specs: &[DeviceSpec],
-) -> Result<Option<AttachedEngine>, PciError> {
+) -> Result<(Option<AttachedEngine>, Option<crate::vfio::AttachedVfio>), PciError> {
     let os = |what| move |source| PciError::Os { what, source };
     let mut engine = None;
     let mut host = KvmPciHost {
@@ -360,10 +387,46 @@ pub fn attach(
         routes: BTreeMap::new(),
         vectors: BTreeMap::new(),
         doorbell: Doorbell::Trap,
+        mapped: BTreeMap::new(),
     };
     let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
-    if let Some(DeviceSpec::Engine { doorbell }) = specs.first() {
+    if !specs.is_empty() {
         functions.push((0, Box::new(HostBridge::new())));
+    }
+    let mut vfio = None;
+    if let Some(bdf) = specs.iter().find_map(|s| match s {
+        DeviceSpec::Vfio { bdf } => Some(bdf),
+        DeviceSpec::Engine { .. } => None,
+    }) {
+        // Its BARs above the engine's three pages; its vectors after the engine's GSIs;
+        // device memory slots from 1 (0 is the engine's doorbell page).
+        let window = (PCI_WINDOW_START + 0x10_0000, PCI_WINDOW_END);
+        let gsi_base = IOAPIC_PINS + u32::from(VFIO_SLOT) * VECTORS as u32 + 64;
+        let (f, attached) = crate::vfio::attach(vm, memory, bdf, 1, gsi_base, window)?;
+        for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
+            host.vectors
+                .insert((VFIO_SLOT, v as u16), (*gsi, evt.clone()));
+        }
+        for (bar, piece) in attached.pieces() {
+            host.mapped
+                .entry((VFIO_SLOT, *bar))
+                .or_default()
+                .push(*piece);
+        }
+        log::info!(
+            "PCI: {bdf} passed through at 00:{VFIO_SLOT:02x}.0: {} BARs, {} pieces mapped, {} \
+             MSI-X vectors",
+            f.bars().len(),
+            attached.pieces().len(),
+            attached.vectors.len()
+        );
+        functions.push((usize::from(VFIO_SLOT), Box::new(f)));
+        vfio = Some(attached);
+    }
+    if let Some(doorbell) = specs.iter().find_map(|s| match s {
+        DeviceSpec::Engine { doorbell } => Some(doorbell),
+        DeviceSpec::Vfio { .. } => None,
+    }) {
         let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("engine kick eventfd"))?);
         let mut lines: Vec<Box<dyn devices::Interrupt + Sync>> = Vec::new();
         for v in 0..VECTORS as u16 {
@@ -435,7 +498,7 @@ pub fn attach(
             PciRoot::window_device(&root),
         )?;
     }
-    Ok(engine)
+    Ok((engine, vfio))
 }
 
 /// The host bridge the boot tables describe when there are PCI functions.
@@ -486,13 +549,24 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
-        let e = parse("vfio=0000:41:00.0").unwrap_err();
-        assert!(e.is_usage(), "{e}");
-        assert!(
-            e.to_string().contains("VFIO passthrough is not built"),
-            "{e}"
-        );
-        assert!(e.to_string().contains("this host has"), "{e}");
+        match parse("vfio=0000:41:00.0") {
+            // A host that could pass it through gets as far as the spec.
+            Ok(s) => assert_eq!(
+                s,
+                DeviceSpec::Vfio {
+                    bdf: "0000:41:00.0".into()
+                }
+            ),
+            Err(e) => {
+                assert!(e.is_usage(), "{e}");
+                assert!(matches!(e, PciError::Vfio { .. }), "{e}");
+                assert!(crate::vfio::missing(std::path::Path::new("/"), "0000:41:00.0").is_some());
+            }
+        }
+        assert!(same_kind(
+            &parse("engine").unwrap(),
+            &parse("engine,doorbell=trap").unwrap()
+        ));
     }
 
     #[test]

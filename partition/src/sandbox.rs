@@ -433,12 +433,22 @@ fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> Result<SeccompCondition, String> {
 /// The filter of `role`. `ioctls` are the request numbers it may pass to ioctl (the vCPU
 /// ioctls for [`Role::Vcpu`]; none otherwise).
 pub fn filter(role: Role, ioctls: &[u64]) -> Result<BpfProgram, SandboxError> {
+    filter_with(role, ioctls, &[])
+}
+
+/// [`filter`] with `syscalls` allowed too (a vCPU thread that reaches a passed-through
+/// device's regions with pread/pwrite).
+pub fn filter_with(
+    role: Role,
+    ioctls: &[u64],
+    syscalls: &[i64],
+) -> Result<BpfProgram, SandboxError> {
     let err = |why: String| SandboxError::Filter {
         role: role.name(),
         why,
     };
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for &nr in COMMON.iter().chain(extra(role)) {
+    for &nr in COMMON.iter().chain(extra(role)).chain(syscalls) {
         rules.insert(nr, Vec::new());
     }
     // Memory may be mapped and protected, never executable.

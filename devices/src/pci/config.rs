@@ -147,6 +147,12 @@ impl ConfigSpace {
         u32::from_le_bytes(self.bytes[at..at + 4].try_into().unwrap_or([0; 4]))
     }
 
+    /// Sets the subsystem vendor and device ids (a passed-through function shows its own).
+    pub fn set_subsystem(&mut self, vendor: u16, device: u16) {
+        self.put16(SUBSYSTEM_VENDOR, vendor);
+        self.put16(SUBSYSTEM_VENDOR + 2, device);
+    }
+
     /// Defines BAR `index` at guest address `addr` (aligned to its size).
     pub fn set_bar(&mut self, index: usize, bar: Bar, addr: u64) -> Result<(), ConfigError> {
         let slots = if bar.kind == BarKind::Mem64 { 2 } else { 1 };
@@ -222,9 +228,22 @@ impl ConfigSpace {
         body: &[u8],
         writable: &[u8],
     ) -> Result<usize, ConfigError> {
+        self.add_capability_at(self.next_cap, id, body, writable)
+    }
+
+    /// As [`ConfigSpace::add_capability`], at offset `at`: 4-byte aligned, not before the
+    /// end of the last capability added, inside the first 256 bytes. A passed-through
+    /// function keeps its capabilities where the device has them (drivers may know the
+    /// offsets).
+    pub fn add_capability_at(
+        &mut self,
+        at: usize,
+        id: u8,
+        body: &[u8],
+        writable: &[u8],
+    ) -> Result<usize, ConfigError> {
         let len = 2 + body.len();
-        let at = self.next_cap;
-        if at + len > 0x100 {
+        if at % 4 != 0 || at < self.next_cap || at + len > 0x100 {
             return Err(ConfigError::NoRoom(len));
         }
         self.bytes[at] = id;

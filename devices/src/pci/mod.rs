@@ -16,6 +16,7 @@
 pub mod config;
 pub mod engine;
 pub mod msix;
+pub mod passthrough;
 pub mod submit;
 
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -334,6 +334,19 @@ impl Vm {
             .map_err(kvm_err("KVM_IOEVENTFD (deassign)"))
     }
 
+    /// The KVM VFIO pseudo-device (KVM_CREATE_DEVICE, type VFIO): VFIO groups are added to
+    /// it so KVM knows the guest has assigned devices (coherent DMA, no-snoop handling).
+    pub fn vfio_device(&self) -> Result<kvm_ioctls::DeviceFd, VmError> {
+        let mut dev = kvm_bindings::kvm_create_device {
+            type_: kvm_bindings::kvm_device_type_KVM_DEV_TYPE_VFIO,
+            fd: 0,
+            flags: 0,
+        };
+        self.fd
+            .create_device(&mut dev)
+            .map_err(kvm_err("KVM_CREATE_DEVICE (VFIO)"))
+    }
+
     /// Installs `routes` as the whole GSI routing table (KVM_SET_GSI_ROUTING).
     pub fn set_routes(&self, routes: &[Route]) -> Result<(), VmError> {
         let mut table = KvmIrqRouting::new(routes.len()).map_err(|_| VmError::Kvm {

@@ -268,7 +268,9 @@ struct LaunchArgs {
     no_ioeventfd: bool,
     /// A PCI function: `engine[,doorbell=trap|ioeventfd|mapped]`, the GPU-style
     /// submission engine (docs/pci.md; default doorbell `mapped`, a page of the guest's
-    /// address space the engine's thread polls). `vfio=BDF` is refused: not built yet.
+    /// address space the engine's thread polls); or `vfio=DDDD:BB:DD.F`, a host function bound to
+    /// vfio-pci passed through (docs/passthrough.md: not yet run on hardware; a host without
+    /// VFIO refuses it with the reason).
     #[arg(long, value_name = "SPEC")]
     device: Vec<String>,
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
@@ -365,8 +367,11 @@ fn launch(a: LaunchArgs) -> ExitCode {
     let mut pci_devices = Vec::new();
     for d in &a.device {
         match partition::pci::parse(d) {
-            Ok(_) if !pci_devices.is_empty() => {
-                eprintln!("partition: error: --device {d:?}: one engine per partition");
+            Ok(s) if pci_devices.iter().any(|p| partition::pci::same_kind(p, &s)) => {
+                eprintln!(
+                    "partition: error: --device {d:?}: one engine and one passed-through \
+                     function per partition"
+                );
                 return ExitCode::from(EXIT_USAGE);
             }
             Ok(s) => pci_devices.push(s),

@@ -1,0 +1,810 @@
+//! VFIO passthrough, the parts that need no device (docs/passthrough.md): what the guest
+//! sees of a host PCI function, which parts of its BARs may be mapped straight into the
+//! guest, and the IOMMU mappings that let it DMA into guest memory. Pure, so every rule is
+//! a unit test; the VFIO calls that feed and follow these are in `partition/src/vfio.rs`.
+//!
+//! The guest's view of the function ([`virtual_function`]):
+//! - identity (vendor, device, class, revision, subsystem) is the device's;
+//! - BARs are the device's sizes and types, placed by the VMM in the partition's BAR window
+//!   (largest first, each aligned to its size); I/O BARs and the expansion ROM are not
+//!   offered;
+//! - capabilities in the standard list keep their offsets and bytes (read-only snapshots),
+//!   except MSI (hidden: the chain skips it, so a driver uses MSI-X) and MSI-X (emulated:
+//!   the same vector count and table/PBA location as the device's, its table trapped, each
+//!   vector routed through KVM to an irqfd the device's VFIO interrupt signals);
+//! - no INTx (interrupt pin 0); PCIe extended capabilities are not offered.
+
+use super::config::{Bar, BarKind, CAP_MSIX, ConfigError, ConfigSpace};
+use super::msix::{Msix, MsixError, MsixLayout};
+
+/// MSI's capability id.
+pub const CAP_MSI: u8 = 0x05;
+/// Bytes of the standard configuration header and capability list.
+pub const STANDARD_CONFIG: usize = 256;
+
+/// Errors building a passthrough function's view (the device's or the VMM's limits).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PassthroughError {
+    /// Fewer than 64 bytes of configuration space.
+    #[error("the device's configuration space is {0} bytes, less than a header")]
+    Short(usize),
+    /// Not a type-0 (endpoint) header.
+    #[error("header type {0:#x}: only endpoints (type 0) can be passed through")]
+    HeaderType(u8),
+    /// A memory BAR of a size the VMM cannot place.
+    #[error("BAR {0}: size {1:#x} is not a power of two of at least 4 KiB")]
+    BarSize(usize, u64),
+    /// The BARs do not fit the window.
+    #[error("the device's BARs need {need:#x} bytes; the BAR window has {have:#x}")]
+    Window {
+        /// Bytes the BARs need (after alignment).
+        need: u64,
+        /// Bytes the window has.
+        have: u64,
+    },
+    /// The MSI-X capability names a BAR the device does not have, or is malformed.
+    #[error("MSI-X: {0}")]
+    Msix(String),
+    /// The configuration space refused a definition.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A guest memory region the IOMMU cannot map as it is.
+    #[error("guest memory {gpa:#x}+{len:#x} at host {hva:#x}: {why}")]
+    Dma {
+        /// Guest physical address.
+        gpa: u64,
+        /// Length.
+        len: u64,
+        /// Host virtual address.
+        hva: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+impl From<MsixError> for PassthroughError {
+    fn from(e: MsixError) -> Self {
+        Self::Msix(e.to_string())
+    }
+}
+
+/// A BAR as VFIO reports it (region info) and the header's type bits say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PhysicalBar {
+    /// BAR index.
+    pub index: usize,
+    /// Size in bytes (VFIO's region size).
+    pub size: u64,
+    /// I/O space (not offered to the guest).
+    pub io: bool,
+    /// 64-bit memory BAR (takes this index and the next).
+    pub is64: bool,
+    /// Prefetchable.
+    pub prefetchable: bool,
+    /// VFIO allows mapping it (`VFIO_REGION_INFO_FLAG_MMAP`).
+    pub mmap: bool,
+}
+
+fn u16_at(c: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([c[at], c[at + 1]])
+}
+
+fn u32_at(c: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([c[at], c[at + 1], c[at + 2], c[at + 3]])
+}
+
+/// The device's BARs from its header's type bits and VFIO's region sizes (`sizes[i]` 0:
+/// no BAR `i`). The upper half of a 64-bit BAR is not a BAR of its own.
+pub fn physical_bars(
+    config: &[u8],
+    sizes: [u64; 6],
+    mmap: [bool; 6],
+) -> Result<Vec<PhysicalBar>, PassthroughError> {
+    if config.len() < 64 {
+        return Err(PassthroughError::Short(config.len()));
+    }
+    let header = config[0x0e] & 0x7f;
+    if header != 0 {
+        return Err(PassthroughError::HeaderType(header));
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < 6 {
+        let raw = u32_at(config, 0x10 + 4 * i);
+        let io = raw & 1 == 1;
+        let is64 = !io && raw & 0b110 == 0b100;
+        if sizes[i] != 0 {
+            out.push(PhysicalBar {
+                index: i,
+                size: sizes[i],
+                io,
+                is64,
+                prefetchable: !io && raw & 0b1000 != 0,
+                mmap: mmap[i],
+            });
+        }
+        i += if is64 { 2 } else { 1 };
+    }
+    Ok(out)
+}
+
+/// The capabilities in the standard list: (offset, id), in list order. A loop, a pointer
+/// into the header or past 256 bytes ends the walk (a device's list is input like any).
+pub fn capabilities(config: &[u8]) -> Vec<(usize, u8)> {
+    let mut out = Vec::new();
+    if config.len() < STANDARD_CONFIG || u16_at(config, 0x06) & (1 << 4) == 0 {
+        return out;
+    }
+    let mut at = usize::from(config[0x34] & 0xfc);
+    while at >= 0x40 && at + 2 <= STANDARD_CONFIG && out.len() < 48 {
+        if out.iter().any(|&(o, _)| o == at) {
+            break;
+        }
+        out.push((at, config[at]));
+        at = usize::from(config[at + 1] & 0xfc);
+    }
+    out
+}
+
+/// Places `bars` in `[start, end)`: largest first, each aligned to its size. Returns
+/// (index, guest address) per memory BAR.
+pub fn place_bars(
+    bars: &[PhysicalBar],
+    start: u64,
+    end: u64,
+) -> Result<Vec<(usize, u64)>, PassthroughError> {
+    let mut mem: Vec<&PhysicalBar> = bars.iter().filter(|b| !b.io).collect();
+    for b in &mem {
+        if b.size < 4096 || !b.size.is_power_of_two() || (!b.is64 && b.size > 1 << 31) {
+            return Err(PassthroughError::BarSize(b.index, b.size));
+        }
+    }
+    mem.sort_by(|a, b| b.size.cmp(&a.size).then(a.index.cmp(&b.index)));
+    let mut next = start;
+    let mut out = Vec::new();
+    for b in mem {
+        let at = next
+            .checked_next_multiple_of(b.size)
+            .and_then(|a| a.checked_add(b.size).map(|e| (a, e)));
+        match at {
+            Some((a, e)) if e <= end && (b.is64 || e <= 1 << 32) => {
+                out.push((b.index, a));
+                next = e;
+            }
+            _ => {
+                let need = bars.iter().filter(|b| !b.io).map(|b| b.size).sum::<u64>();
+                return Err(PassthroughError::Window {
+                    need,
+                    have: end.saturating_sub(start),
+                });
+            }
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The guest's view of a passed-through function.
+pub struct VirtualFunction {
+    /// Its configuration space.
+    pub config: ConfigSpace,
+    /// The emulated MSI-X state and the capability's offset, if the device has MSI-X.
+    pub msix: Option<(Msix, usize)>,
+    /// Each offered BAR and where the VMM placed it.
+    pub bars: Vec<(PhysicalBar, u64)>,
+    /// Capabilities hidden from the guest: (offset, id).
+    pub hidden: Vec<(usize, u8)>,
+}
+
+/// Builds the guest's view of a device from its configuration space (at least the first
+/// 256 bytes, as VFIO's config region reads them), its BARs, and the BAR window.
+pub fn virtual_function(
+    config: &[u8],
+    bars: &[PhysicalBar],
+    window: (u64, u64),
+) -> Result<VirtualFunction, PassthroughError> {
+    if config.len() < STANDARD_CONFIG {
+        return Err(PassthroughError::Short(config.len()));
+    }
+    let header = config[0x0e] & 0x7f;
+    if header != 0 {
+        return Err(PassthroughError::HeaderType(header));
+    }
+    let class = u32_at(config, 0x08) >> 8;
+    let mut space = ConfigSpace::new(u16_at(config, 0), u16_at(config, 2), class, config[0x08], 0);
+    space.set_subsystem(u16_at(config, 0x2c), u16_at(config, 0x2e));
+    let placed = place_bars(bars, window.0, window.1)?;
+    let mut offered = Vec::new();
+    for &(index, addr) in &placed {
+        let Some(b) = bars.iter().find(|b| b.index == index) else {
+            continue;
+        };
+        let bar = Bar {
+            size: b.size,
+            kind: if b.is64 {
+                BarKind::Mem64
+            } else {
+                BarKind::Mem32
+            },
+            prefetchable: b.prefetchable,
+        };
+        space.set_bar(index, bar, addr)?;
+        offered.push((*b, addr));
+    }
+    let caps = capabilities(config);
+    let mut hidden = Vec::new();
+    let mut msix = None;
+    // Each capability's bytes run to the next capability above it (or the end of the
+    // standard space), at most as far as its own kind is long.
+    let mut starts: Vec<usize> = caps.iter().map(|c| c.0).collect();
+    starts.sort_unstable();
+    for &(at, id) in &caps {
+        let end = starts
+            .iter()
+            .copied()
+            .find(|&o| o > at)
+            .unwrap_or(STANDARD_CONFIG);
+        match id {
+            CAP_MSI => hidden.push((at, id)),
+            CAP_MSIX => {
+                if end - at < 12 {
+                    return Err(PassthroughError::Msix(format!(
+                        "the capability at {at:#x} is cut short"
+                    )));
+                }
+                let control = u16_at(config, at + 2);
+                let count = usize::from(control & 0x7ff) + 1;
+                let table = u32_at(config, at + 4);
+                let pba = u32_at(config, at + 8);
+                let layout = MsixLayout {
+                    table: ((table & 7) as u8, table & !7),
+                    pba: ((pba & 7) as u8, pba & !7),
+                };
+                for (what, (bir, off), len) in [
+                    ("table", layout.table, count as u64 * 16),
+                    ("PBA", layout.pba, count.div_ceil(64) as u64 * 8),
+                ] {
+                    let bar = offered.iter().find(|(b, _)| b.index == usize::from(bir));
+                    let fits = bar.is_some_and(|(b, _)| u64::from(off) + len <= b.size);
+                    if !fits {
+                        return Err(PassthroughError::Msix(format!(
+                            "the {what} at BAR {bir} + {off:#x} ({len} bytes) is not inside an \
+                             offered BAR"
+                        )));
+                    }
+                }
+                let m = Msix::new(count, layout)?;
+                let (body, mask) = m.capability();
+                let cap = space.add_capability_at(at, CAP_MSIX, &body, &mask)?;
+                msix = Some((m, cap));
+            }
+            _ => {
+                let len = (end - at).min(STANDARD_CONFIG - at);
+                let body = &config[at + 2..at + len];
+                space.add_capability_at(at, id, body, &[])?;
+            }
+        }
+    }
+    Ok(VirtualFunction {
+        config: space,
+        msix,
+        bars: offered,
+        hidden,
+    })
+}
+
+/// The parts of a BAR of `size` bytes that may be mapped into the guest: everything
+/// except the pages holding `traps` ((offset, length) each: the MSI-X table and PBA),
+/// which must reach the VMM. `(offset, length)` pieces, page aligned, in order.
+pub fn mappable(size: u64, traps: &[(u64, u64)], page: u64) -> Vec<(u64, u64)> {
+    let mut holes: Vec<(u64, u64)> = traps
+        .iter()
+        .filter(|t| t.1 > 0)
+        .map(|&(o, l)| {
+            let s = o - o % page;
+            let e = o
+                .saturating_add(l)
+                .min(size)
+                .next_multiple_of(page)
+                .min(size);
+            (s.min(size), e)
+        })
+        .collect();
+    holes.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for (s, e) in holes {
+        if s > at {
+            out.push((at, s - at));
+        }
+        at = at.max(e);
+    }
+    if at < size {
+        out.push((at, size - at));
+    }
+    out
+}
+
+/// One IOMMU mapping: the device sees guest physical `iova` as the host memory at `hva`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DmaMap {
+    /// I/O virtual address (the guest physical address).
+    pub iova: u64,
+    /// Length.
+    pub len: u64,
+    /// Host virtual address.
+    pub hva: u64,
+}
+
+/// The IOMMU mappings for guest RAM given as (guest physical, length, host virtual)
+/// regions: each region page aligned, none overlapping, and runs contiguous in both
+/// address spaces merged (a partition's pool extent of hugepages is one mapping).
+pub fn dma_plan(regions: &[(u64, u64, u64)], page: u64) -> Result<Vec<DmaMap>, PassthroughError> {
+    let mut r: Vec<(u64, u64, u64)> = regions.to_vec();
+    r.sort_unstable();
+    let mut out: Vec<DmaMap> = Vec::new();
+    for &(gpa, len, hva) in &r {
+        let bad = |why| PassthroughError::Dma { gpa, len, hva, why };
+        if len == 0 {
+            return Err(bad("empty"));
+        }
+        if gpa % page != 0 || len % page != 0 || hva % page != 0 {
+            return Err(bad("not page aligned"));
+        }
+        if gpa.checked_add(len).is_none() || hva.checked_add(len).is_none() {
+            return Err(bad("wraps"));
+        }
+        if let Some(last) = out.last_mut() {
+            if gpa < last.iova + last.len {
+                return Err(bad("overlaps another region"));
+            }
+            if gpa == last.iova + last.len && hva == last.hva + last.len {
+                last.len += len;
+                continue;
+            }
+        }
+        out.push(DmaMap {
+            iova: gpa,
+            len,
+            hva,
+        });
+    }
+    Ok(out)
+}
+
+/// What a passed-through function needs of the real device: VFIO in the VMM
+/// (`partition/src/vfio.rs`), a recording fake in tests.
+pub trait DeviceAccess: Send {
+    /// Reads a trapped part of BAR `bar` at `offset`.
+    fn read_bar(&self, bar: usize, offset: u64, data: &mut [u8]);
+    /// Writes a trapped part of BAR `bar` at `offset`.
+    fn write_bar(&self, bar: usize, offset: u64, data: &[u8]);
+    /// Writes the device's own configuration space (the command register's enables).
+    fn write_config(&self, offset: u64, data: &[u8]);
+}
+
+/// The command register bits the device itself must follow.
+const COMMAND_FORWARDED: u16 = super::config::COMMAND_MEMORY
+    | super::config::COMMAND_BUS_MASTER
+    | super::config::COMMAND_INTX_DISABLE;
+
+/// A range inside a BAR: (BAR index, offset, length).
+pub type BarRange = (usize, u64, u64);
+
+/// A passed-through function on the root bus: configuration space and MSI-X emulated as
+/// [`virtual_function`] built them, the rest of every trapped BAR access sent to the device.
+pub struct PassthroughFunction {
+    view: VirtualFunction,
+    device: Box<dyn DeviceAccess>,
+}
+
+impl PassthroughFunction {
+    /// The function over `device`.
+    pub fn new(view: VirtualFunction, device: Box<dyn DeviceAccess>) -> Self {
+        Self { view, device }
+    }
+
+    /// Where the MSI-X table and PBA are: (table, PBA).
+    pub fn msix_ranges(&self) -> Option<(BarRange, BarRange)> {
+        let (m, _) = self.view.msix.as_ref()?;
+        let l = m.layout();
+        Some((
+            (usize::from(l.table.0), u64::from(l.table.1), m.table_size()),
+            (usize::from(l.pba.0), u64::from(l.pba.1), m.pba_size()),
+        ))
+    }
+
+    /// Each offered BAR and where it was placed.
+    pub fn bars(&self) -> &[(PhysicalBar, u64)] {
+        &self.view.bars
+    }
+
+    /// MSI-X vectors (0 without MSI-X).
+    pub fn vectors(&self) -> usize {
+        self.view.msix.as_ref().map_or(0, |(m, _)| m.count())
+    }
+
+    fn in_range(r: BarRange, bar: usize, offset: u64) -> Option<u64> {
+        (bar == r.0 && offset >= r.1 && offset < r.1 + r.2).then(|| offset - r.1)
+    }
+}
+
+impl super::PciFunction for PassthroughFunction {
+    fn config(&self) -> &ConfigSpace {
+        &self.view.config
+    }
+
+    fn write_config(&mut self, offset: u64, data: &[u8]) -> super::ConfigEffects {
+        let bars = self.view.config.write(offset, data);
+        let end = offset + data.len() as u64;
+        if offset < 6 && end > 4 {
+            let mut c = [0u8; 2];
+            self.view.config.read(4, &mut c);
+            let cmd = u16::from_le_bytes(c) & COMMAND_FORWARDED;
+            self.device.write_config(4, &cmd.to_le_bytes());
+        }
+        let mut msix = Vec::new();
+        if let Some((m, cap)) = self.view.msix.as_mut() {
+            let control_at = (*cap + 2) as u64;
+            if offset < control_at + 2 && end > control_at {
+                let b = self.view.config.bytes(control_at as usize, 2);
+                msix = m.write_control(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        super::ConfigEffects { bars, msix }
+    }
+
+    fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        if let Some(((t, p), (m, _))) = self.msix_ranges().zip(self.view.msix.as_ref()) {
+            if let Some(o) = Self::in_range(t, bar, offset) {
+                return m.read_table(o, data);
+            }
+            if let Some(o) = Self::in_range(p, bar, offset) {
+                return m.read_pba(o, data);
+            }
+        }
+        self.device.read_bar(bar, offset, data);
+    }
+
+    fn write_bar(
+        &mut self,
+        bar: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> (Vec<super::msix::RouteChange>, Option<crate::VmEvent>) {
+        if let Some((t, p)) = self.msix_ranges() {
+            if let Some(o) = Self::in_range(t, bar, offset) {
+                let change = self
+                    .view
+                    .msix
+                    .as_mut()
+                    .and_then(|(m, _)| m.write_table(o, data));
+                return (change.into_iter().collect(), None);
+            }
+            if Self::in_range(p, bar, offset).is_some() {
+                // The pending bits are read-only.
+                return (Vec::new(), None);
+            }
+        }
+        self.device.write_bar(bar, offset, data);
+        (Vec::new(), None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A GPU-like header: 1234:abcd class 03/02, BAR 0 32-bit 16 MiB, BAR 1+2 64-bit
+    /// prefetchable 256 MiB, BAR 3+4 64-bit 32 MiB, BAR 5 I/O; capabilities PM at 0x60, MSI
+    /// at 0x68, PCIe at 0x78, MSI-X at 0xb4 (16 vectors, table BAR 0 + 0xb00000, PBA BAR 0
+    /// + 0xbc0000), vendor at 0xc0.
+    fn gpu() -> (Vec<u8>, [u64; 6]) {
+        let mut c = vec![0u8; 256];
+        c[0..4].copy_from_slice(&0xabcd_1234u32.to_le_bytes());
+        c[0x06] = 1 << 4;
+        c[0x08] = 0xa1;
+        c[0x09..0x0c].copy_from_slice(&[0x00, 0x02, 0x03]);
+        c[0x10..0x14].copy_from_slice(&0u32.to_le_bytes());
+        c[0x14..0x18].copy_from_slice(&0b1100u32.to_le_bytes());
+        c[0x1c..0x20].copy_from_slice(&0b0100u32.to_le_bytes());
+        c[0x24..0x28].copy_from_slice(&1u32.to_le_bytes());
+        c[0x2c..0x30].copy_from_slice(&0x5678_10deu32.to_le_bytes());
+        c[0x34] = 0x60;
+        c[0x60] = 0x01; // PM
+        c[0x61] = 0x68;
+        c[0x62] = 0x03;
+        c[0x68] = CAP_MSI;
+        c[0x69] = 0x78;
+        c[0x78] = 0x10; // PCIe
+        c[0x79] = 0xb4;
+        c[0x7a] = 0x02;
+        c[0xb4] = CAP_MSIX;
+        c[0xb5] = 0xc0;
+        c[0xb6..0xb8].copy_from_slice(&15u16.to_le_bytes());
+        c[0xb8..0xbc].copy_from_slice(&0x00b0_0000u32.to_le_bytes());
+        c[0xbc..0xc0].copy_from_slice(&0x00bc_0000u32.to_le_bytes());
+        c[0xc0] = 0x09; // vendor-specific
+        c[0xc1] = 0;
+        c[0xc2] = 8;
+        c[0xc3] = 0x77;
+        (c, [16 << 20, 256 << 20, 0, 32 << 20, 0, 128])
+    }
+
+    fn read(space: &ConfigSpace, at: u64, len: usize) -> u32 {
+        let mut b = [0u8; 4];
+        space.read(at, &mut b[..len]);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn bars_come_from_the_header_bits_and_vfio_sizes() {
+        let (c, sizes) = gpu();
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let got: Vec<_> = bars
+            .iter()
+            .map(|b| (b.index, b.size, b.io, b.is64, b.prefetchable))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 16 << 20, false, false, false),
+                (1, 256 << 20, false, true, true),
+                (3, 32 << 20, false, true, false),
+                (5, 128, true, false, false),
+            ]
+        );
+        let mut bridge = c.clone();
+        bridge[0x0e] = 0x81;
+        assert_eq!(
+            physical_bars(&bridge, sizes, [true; 6]),
+            Err(PassthroughError::HeaderType(1))
+        );
+        assert_eq!(
+            physical_bars(&c[..32], sizes, [true; 6]),
+            Err(PassthroughError::Short(32))
+        );
+    }
+
+    #[test]
+    fn the_capability_walk_survives_loops_and_bad_pointers() {
+        let (c, _) = gpu();
+        assert_eq!(
+            capabilities(&c),
+            [
+                (0x60, 1),
+                (0x68, CAP_MSI),
+                (0x78, 0x10),
+                (0xb4, CAP_MSIX),
+                (0xc0, 9)
+            ]
+        );
+        let mut looped = c.clone();
+        looped[0xc1] = 0x60;
+        assert_eq!(capabilities(&looped).len(), 5);
+        let mut into_header = c.clone();
+        into_header[0x34] = 0x10;
+        assert!(capabilities(&into_header).is_empty());
+        let mut no_list = c.clone();
+        no_list[0x06] = 0;
+        assert!(capabilities(&no_list).is_empty());
+    }
+
+    #[test]
+    fn bars_are_placed_largest_first_aligned_and_must_fit() {
+        let (c, sizes) = gpu();
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let placed = place_bars(&bars, 0xc000_0000, 0x1_0000_0000).unwrap();
+        // 256 MiB at 0xc0000000, then 32 MiB, then 16 MiB; the I/O BAR is not offered.
+        assert_eq!(
+            placed,
+            [(0, 0xd200_0000), (1, 0xc000_0000), (3, 0xd000_0000)]
+        );
+        assert_eq!(
+            place_bars(&bars, 0xc000_0000, 0xd000_0000),
+            Err(PassthroughError::Window {
+                need: (256 + 32 + 16) << 20,
+                have: 256 << 20
+            })
+        );
+        let odd = [PhysicalBar {
+            index: 0,
+            size: 3000,
+            io: false,
+            is64: false,
+            prefetchable: false,
+            mmap: true,
+        }];
+        assert_eq!(
+            place_bars(&odd, 0, 1 << 32),
+            Err(PassthroughError::BarSize(0, 3000))
+        );
+    }
+
+    #[test]
+    fn the_guest_sees_the_device_with_msi_hidden_and_msix_emulated() {
+        let (c, sizes) = gpu();
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let v = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).unwrap();
+        let s = &v.config;
+        assert_eq!(read(s, 0, 4), 0xabcd_1234);
+        assert_eq!(read(s, 0x08, 4), 0x0302_00a1);
+        assert_eq!(read(s, 0x2c, 4), 0x5678_10de);
+        assert_eq!(read(s, 0x3d, 1), 0, "no INTx");
+        assert_eq!(s.bar_addr(1), Some(0xc000_0000));
+        assert_eq!(s.bar_addr(0), Some(0xd200_0000));
+        assert_eq!(s.bar(5), None, "no I/O BAR");
+        // The chain: PM at 0x60 -> PCIe at 0x78 (MSI skipped) -> MSI-X at 0xb4 -> vendor.
+        let chain = capabilities(&(0..256).map(|i| read(s, i, 1) as u8).collect::<Vec<_>>());
+        assert_eq!(
+            chain,
+            [(0x60, 1), (0x78, 0x10), (0xb4, CAP_MSIX), (0xc0, 9)]
+        );
+        assert_eq!(v.hidden, [(0x68, CAP_MSI)]);
+        // Copied capabilities keep their bytes and are read-only.
+        assert_eq!(read(s, 0xc2, 2), 0x7708);
+        let mut s2 = s.clone();
+        s2.write(0xc3, &[0]);
+        assert_eq!(read(&s2, 0xc3, 1), 0x77);
+        // MSI-X: 16 vectors where the device has its table and PBA; only enable and
+        // function mask writable.
+        let (m, at) = v.msix.as_ref().unwrap();
+        assert_eq!((m.count(), *at), (16, 0xb4));
+        assert_eq!(read(s, 0xb8, 4), 0x00b0_0000);
+        assert_eq!(read(s, 0xbc, 4), 0x00bc_0000);
+        s2.write(0xb6, &0xffffu16.to_le_bytes());
+        assert_eq!(read(&s2, 0xb6, 2), 0xc00f);
+    }
+
+    #[test]
+    fn an_msix_table_outside_its_bar_is_refused() {
+        let (mut c, sizes) = gpu();
+        // Table in BAR 2: the upper half of a 64-bit BAR, not a BAR.
+        c[0xb8..0xbc].copy_from_slice(&0x0000_0002u32.to_le_bytes());
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let e = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).err();
+        assert!(matches!(e, Some(PassthroughError::Msix(_))), "{e:?}");
+        // PBA past the end of BAR 0.
+        let (mut c, sizes) = gpu();
+        c[0xbc..0xc0].copy_from_slice(&0x0100_0000u32.to_le_bytes());
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let e = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).err();
+        assert!(matches!(e, Some(PassthroughError::Msix(_))), "{e:?}");
+    }
+
+    #[derive(Clone, Default)]
+    struct Fake(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+    impl DeviceAccess for Fake {
+        fn read_bar(&self, bar: usize, offset: u64, data: &mut [u8]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("read {bar} {offset:#x} {}", data.len()));
+            data.fill(0xab);
+        }
+        fn write_bar(&self, bar: usize, offset: u64, data: &[u8]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("write {bar} {offset:#x} {data:?}"));
+        }
+        fn write_config(&self, offset: u64, data: &[u8]) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("config {offset:#x} {data:?}"));
+        }
+    }
+
+    #[test]
+    fn trapped_accesses_reach_the_device_except_the_msix_table() {
+        use super::super::PciFunction;
+        use super::super::msix::CONTROL_ENABLE;
+        let (c, sizes) = gpu();
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let v = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).unwrap();
+        let fake = Fake::default();
+        let mut f = PassthroughFunction::new(v, Box::new(fake.clone()));
+        assert_eq!(f.vectors(), 16);
+        assert_eq!(
+            f.msix_ranges(),
+            Some(((0, 0xb0_0000, 256), (0, 0xbc_0000, 8)))
+        );
+        // A register elsewhere in BAR 0 is the device's.
+        let mut d = [0u8; 4];
+        f.read_bar(0, 0x1000, &mut d);
+        assert_eq!(d, [0xab; 4]);
+        f.write_bar(0, 0x2000, &7u32.to_le_bytes());
+        // Vector 3 programmed and unmasked with MSI-X on: a route for the host, and the
+        // device never saw the table.
+        f.write_config(0xb6, &CONTROL_ENABLE.to_le_bytes());
+        let e = 0xb0_0000 + 3 * 16;
+        f.write_bar(0, e, &0xfee0_1000u32.to_le_bytes());
+        f.write_bar(0, e + 8, &0x45u32.to_le_bytes());
+        let (routes, _) = f.write_bar(0, e + 12, &0u32.to_le_bytes());
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0].vector, 3);
+        f.read_bar(0, e + 8, &mut d);
+        assert_eq!(u32::from_le_bytes(d), 0x45);
+        // The PBA is read-only and ours.
+        f.write_bar(0, 0xbc_0000, &u32::MAX.to_le_bytes());
+        // The command register's enables reach the device.
+        f.write_config(4, &0x0406u16.to_le_bytes());
+        let log = fake.0.lock().unwrap().clone();
+        assert_eq!(
+            log,
+            [
+                "read 0 0x1000 4",
+                "write 0 0x2000 [7, 0, 0, 0]",
+                "config 0x4 [6, 4]"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_msix_pages_are_cut_out_of_the_mapping() {
+        // 16 MiB BAR, table at 0xb00000 (256 bytes), PBA at 0xbc0000 (8 bytes).
+        let m = mappable(16 << 20, &[(0xb0_0000, 256), (0xbc_0000, 8)], 4096);
+        assert_eq!(
+            m,
+            [
+                (0, 0xb0_0000),
+                (0xb0_1000, 0xbc_0000 - 0xb0_1000),
+                (0xbc_1000, (16 << 20) - 0xbc_1000)
+            ]
+        );
+        // Table and PBA on one page; a BAR of one page is all trap.
+        assert_eq!(mappable(4096, &[(0, 32), (0x800, 8)], 4096), []);
+        // Nothing to trap: the whole BAR.
+        assert_eq!(mappable(1 << 20, &[], 4096), [(0, 1 << 20)]);
+    }
+
+    #[test]
+    fn dma_maps_merge_contiguous_runs_and_refuse_bad_regions() {
+        let g = 1u64 << 30;
+        // A pool extent of 2 MiB pages given as three regions, contiguous in both spaces,
+        // and a second range elsewhere.
+        let plan = dma_plan(
+            &[
+                (0x20_0000, 0x20_0000, 0x7f00_0020_0000),
+                (0, 0x20_0000, 0x7f00_0000_0000),
+                (0x40_0000, g - 0x40_0000, 0x7f00_0040_0000),
+                (4 * g, g, 0x7e00_0000_0000),
+            ],
+            2 << 20,
+        )
+        .unwrap();
+        assert_eq!(
+            plan,
+            [
+                DmaMap {
+                    iova: 0,
+                    len: g,
+                    hva: 0x7f00_0000_0000
+                },
+                DmaMap {
+                    iova: 4 * g,
+                    len: g,
+                    hva: 0x7e00_0000_0000
+                }
+            ]
+        );
+        // Contiguous in guest space only: two maps.
+        let two = dma_plan(&[(0, 4096, 0x1000_0000), (4096, 4096, 0x2000_0000)], 4096).unwrap();
+        assert_eq!(two.len(), 2);
+        for (bad, why) in [
+            (vec![(0, 0, 0)], "empty"),
+            (vec![(0x1000, 0x1000, 0x1000)], "not page aligned"),
+            (
+                vec![(0, 0x40_0000, 0), (0x20_0000, 0x20_0000, 0x100_0000)],
+                "overlaps another region",
+            ),
+            (vec![(u64::MAX - 0x1f_ffff, 0x20_0000, 0)], "wraps"),
+        ] {
+            match dma_plan(&bad, 2 << 20) {
+                Err(PassthroughError::Dma { why: w, .. }) => assert_eq!(w, why, "{bad:?}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+}

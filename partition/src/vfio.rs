@@ -1,0 +1,333 @@
+//! VFIO passthrough (`--device vfio=DDDD:BB:DD.F`): a host PCI function bound to vfio-pci
+//! given to the partition through rust-vmm's vfio-ioctls (legacy container and group).
+//!
+//! **Not run on hardware yet** (docs/passthrough.md): this host has no IOMMU and no VFIO,
+//! so what runs here is the refusal ([`check_host`]) and the pure rules the attach follows
+//! (`devices::pci::passthrough`, unit-tested). The order of an attach:
+//!
+//! 1. [`check_host`]: `/dev/vfio/vfio`, the function in sysfs, bound to `vfio-pci`, in an
+//!    IOMMU group (anything missing: exit 2 with what is missing);
+//! 2. the KVM VFIO pseudo-device, a container with it, the device opened in it;
+//! 3. its configuration space (256 bytes) and BAR regions read; the guest's view built
+//!    (`virtual_function`: BARs placed in the BAR window, MSI hidden, MSI-X emulated);
+//! 4. guest memory mapped for DMA (`dma_plan`: a pool extent of hugepages is one mapping);
+//! 5. each mappable BAR mmapped from the device and made a KVM memory slot, except the
+//!    pages holding the MSI-X table and PBA (`mappable`), which trap;
+//! 6. one irqfd per MSI-X vector, given to the device (VFIO_DEVICE_SET_IRQS); the guest's
+//!    table entries become KVM MSI routes in front of them (the root's `PciHost`);
+//! 7. at teardown ([`AttachedVfio`]'s drop): MSI-X off, the device reset, DMA unmapped, the
+//!    BAR mappings unmapped.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use devices::pci::passthrough::{
+    DeviceAccess, DmaMap, PassthroughError, PassthroughFunction, dma_plan, mappable, physical_bars,
+    virtual_function,
+};
+use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
+use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::kvm::{Vm, VmError};
+use crate::memory::GuestMemory;
+
+/// Errors passing a function through.
+#[derive(Debug, thiserror::Error)]
+pub enum VfioError {
+    /// The host cannot pass this function through (a usage error: exit 2).
+    #[error("--device vfio={bdf}: {why}")]
+    Refused {
+        /// The function.
+        bdf: String,
+        /// What is missing.
+        why: String,
+    },
+    /// A VFIO call failed.
+    #[error("VFIO {what}: {source}")]
+    Vfio {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: vfio_ioctls::VfioError,
+    },
+    /// The device's view could not be built.
+    #[error("{0}")]
+    View(#[from] PassthroughError),
+    /// KVM refused something.
+    #[error("{0}")]
+    Vm(#[from] VmError),
+    /// An mmap or eventfd failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// What this host lacks to pass `bdf` through, under `sys` (normally `/`): None when it
+/// has everything. Read-only; nothing is opened.
+pub fn missing(root: &Path, bdf: &str) -> Option<String> {
+    if !root.join("dev/vfio/vfio").exists() {
+        let groups = std::fs::read_dir(root.join("sys/kernel/iommu_groups"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        return Some(format!(
+            "this host has no /dev/vfio/vfio ({} IOMMU groups): VFIO passthrough needs an \
+             IOMMU enabled on the kernel command line and the vfio-pci module \
+             (docs/passthrough.md)",
+            groups
+        ));
+    }
+    let dev = root.join("sys/bus/pci/devices").join(bdf);
+    if !dev.exists() {
+        return Some(format!("no PCI function {bdf} on this host"));
+    }
+    let driver = std::fs::read_link(dev.join("driver"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if driver.as_deref() != Some("vfio-pci") {
+        return Some(format!(
+            "{bdf} is bound to {}, not vfio-pci (docs/passthrough.md: binding it)",
+            driver.as_deref().unwrap_or("no driver")
+        ));
+    }
+    if !dev.join("iommu_group").exists() {
+        return Some(format!("{bdf} is in no IOMMU group"));
+    }
+    None
+}
+
+/// [`missing`] on this host, as the error a launch stops with.
+pub fn check_host(bdf: &str) -> Result<PathBuf, VfioError> {
+    match missing(Path::new("/"), bdf) {
+        Some(why) => Err(VfioError::Refused {
+            bdf: bdf.into(),
+            why,
+        }),
+        None => Ok(Path::new("/sys/bus/pci/devices").join(bdf)),
+    }
+}
+
+/// The device's trapped BAR parts and configuration writes, through VFIO's regions.
+struct Regions(Arc<VfioDevice>);
+
+impl DeviceAccess for Regions {
+    fn read_bar(&self, bar: usize, offset: u64, data: &mut [u8]) {
+        self.0.region_read(bar as u32, data, offset);
+    }
+    fn write_bar(&self, bar: usize, offset: u64, data: &[u8]) {
+        self.0.region_write(bar as u32, data, offset);
+    }
+    fn write_config(&self, offset: u64, data: &[u8]) {
+        self.0
+            .region_write(VFIO_PCI_CONFIG_REGION_INDEX, data, offset);
+    }
+}
+
+/// A piece of a BAR mapped into the guest: the KVM memory slot index, its offset in the
+/// BAR, the host mapping and its length.
+#[derive(Clone, Copy, Debug)]
+pub struct Piece {
+    /// Device memory slot index (`Vm::map_device_memory`).
+    pub slot: u32,
+    /// Offset in the BAR.
+    pub offset: u64,
+    /// Host address of the mmap of the device region.
+    pub host: u64,
+    /// Length.
+    pub len: u64,
+}
+
+/// What a passthrough keeps for the life of the VM; dropping it gives the device back.
+pub struct AttachedVfio {
+    device: Arc<VfioDevice>,
+    container: Arc<VfioContainer>,
+    dma: Vec<DmaMap>,
+    pieces: Vec<(usize, Piece)>,
+    /// One irqfd per MSI-X vector, with its GSI.
+    pub vectors: Vec<(u32, Arc<EventFd>)>,
+}
+
+impl AttachedVfio {
+    /// Each mapped piece, by BAR index.
+    pub fn pieces(&self) -> &[(usize, Piece)] {
+        &self.pieces
+    }
+}
+
+impl Drop for AttachedVfio {
+    fn drop(&mut self) {
+        let _ = self.device.disable_msix();
+        self.device.reset();
+        for m in &self.dma {
+            let _ = self.container.vfio_dma_unmap(m.iova, m.len as usize);
+        }
+        for (_, p) in &self.pieces {
+            // SAFETY: each piece is an mmap this attach made and nothing else refers to
+            // (its memory slot went with the VM, which is torn down before this drop).
+            unsafe { libc::munmap(p.host as *mut libc::c_void, p.len as usize) };
+        }
+    }
+}
+
+/// Passes `bdf` through: returns the function for the root and what must live as long as
+/// the VM. `first_slot` is the first device memory slot index it may use; `gsi_base` the
+/// first GSI for its vectors; `window` the BAR window it may place BARs in.
+pub fn attach(
+    vm: &Vm,
+    memory: &GuestMemory,
+    bdf: &str,
+    first_slot: u32,
+    gsi_base: u32,
+    window: (u64, u64),
+) -> Result<(PassthroughFunction, AttachedVfio), VfioError> {
+    let sysfs = check_host(bdf)?;
+    let vfio = |what| move |source| VfioError::Vfio { what, source };
+    let kvm_dev = vm.vfio_device()?;
+    let container = Arc::new(
+        VfioContainer::new(Some(Arc::new(VfioDeviceFd::new_from_kvm(kvm_dev))))
+            .map_err(vfio("opening the container"))?,
+    );
+    let ops: Arc<dyn VfioOps> = container.clone();
+    let device = Arc::new(VfioDevice::new(&sysfs, ops, false).map_err(vfio("opening the device"))?);
+    // Configuration space and BARs.
+    let mut config = vec![0u8; devices::pci::passthrough::STANDARD_CONFIG];
+    device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut config, 0);
+    let mut sizes = [0u64; 6];
+    let mut mmap = [false; 6];
+    for i in 0..6 {
+        sizes[i] = device.get_region_size(i as u32);
+        mmap[i] = device.get_region_flags(i as u32) & VFIO_REGION_INFO_FLAG_MMAP != 0;
+    }
+    let bars = physical_bars(&config, sizes, mmap)?;
+    let view = virtual_function(&config, &bars, window)?;
+    // DMA: guest memory as the device will address it (guest physical = I/O virtual).
+    let dma = dma_plan(&memory.regions(), 4096)?;
+    for m in &dma {
+        // SAFETY: the range is guest memory, owned by `memory` for the life of the VM; the
+        // guest shares it with the device by design, and the VMM touches it only through
+        // vm-memory's volatile accesses.
+        unsafe { container.vfio_dma_map(m.iova, m.len as usize, m.hva as *mut u8) }
+            .map_err(vfio("mapping guest memory for DMA"))?;
+    }
+    let function = PassthroughFunction::new(view, Box::new(Regions(device.clone())));
+    // BARs into the guest, less the MSI-X pages.
+    let traps: Vec<(usize, u64, u64)> = function
+        .msix_ranges()
+        .map(|(t, p)| vec![t, p])
+        .unwrap_or_default();
+    let mut pieces = Vec::new();
+    let mut slot = first_slot;
+    for (bar, addr) in function.bars().to_vec() {
+        if !bar.mmap {
+            continue;
+        }
+        let in_bar: Vec<(u64, u64)> = traps
+            .iter()
+            .filter(|t| t.0 == bar.index)
+            .map(|t| (t.1, t.2))
+            .collect();
+        let base = device.get_region_offset(bar.index as u32);
+        for (offset, len) in mappable(bar.size, &in_bar, 4096) {
+            // SAFETY: maps `len` bytes of the device's BAR region (VFIO gives the file
+            // offset); the mapping is ours until AttachedVfio's drop unmaps it.
+            let host = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    device.as_raw_fd(),
+                    (base + offset) as libc::off_t,
+                )
+            };
+            if host == libc::MAP_FAILED {
+                return Err(VfioError::Os {
+                    what: "mapping a BAR of the device",
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            let p = Piece {
+                slot,
+                offset,
+                host: host as u64,
+                len,
+            };
+            // SAFETY: the mapping lives in AttachedVfio until after the VM is gone.
+            unsafe { vm.map_device_memory(slot, addr + offset, p.host, len)? };
+            pieces.push((bar.index, p));
+            slot += 1;
+        }
+    }
+    // MSI-X: one irqfd per vector, signalled by the device.
+    let mut vectors = Vec::new();
+    for v in 0..function.vectors() as u32 {
+        let evt = Arc::new(vm.irq_line(gsi_base + v)?);
+        vectors.push((gsi_base + v, evt));
+    }
+    if !vectors.is_empty() {
+        let fds: Vec<&EventFd> = vectors.iter().map(|(_, e)| e.as_ref()).collect();
+        device.enable_msix(fds).map_err(vfio("enabling MSI-X"))?;
+    }
+    Ok((
+        function,
+        AttachedVfio {
+            device,
+            container,
+            dma,
+            pieces,
+            vectors,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_without_vfio_or_a_bound_function_is_told_what_is_missing() {
+        let root = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("vfio-test-"),
+        )
+        .unwrap();
+        let r = root.as_path();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(why.contains("no /dev/vfio/vfio (0 IOMMU groups)"), "{why}");
+        std::fs::create_dir_all(r.join("dev/vfio")).unwrap();
+        std::fs::write(r.join("dev/vfio/vfio"), b"").unwrap();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(why.contains("no PCI function 0000:41:00.0"), "{why}");
+        let dev = r.join("sys/bus/pci/devices/0000:41:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(why.contains("bound to no driver"), "{why}");
+        std::fs::create_dir_all(r.join("drivers/nvidia")).unwrap();
+        std::os::unix::fs::symlink(r.join("drivers/nvidia"), dev.join("driver")).unwrap();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(why.contains("bound to nvidia, not vfio-pci"), "{why}");
+        std::fs::remove_file(dev.join("driver")).unwrap();
+        std::fs::create_dir_all(r.join("drivers/vfio-pci")).unwrap();
+        std::os::unix::fs::symlink(r.join("drivers/vfio-pci"), dev.join("driver")).unwrap();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(why.contains("in no IOMMU group"), "{why}");
+        std::fs::create_dir_all(dev.join("iommu_group")).unwrap();
+        assert_eq!(missing(r, "0000:41:00.0"), None);
+    }
+
+    #[test]
+    fn this_host_refuses_with_the_reason() {
+        if Path::new("/dev/vfio/vfio").exists() {
+            println!("SKIPPED this_host_refuses_with_the_reason: this host has /dev/vfio/vfio");
+            return;
+        }
+        match check_host("0000:41:00.0") {
+            Err(VfioError::Refused { why, .. }) => assert!(why.contains("/dev/vfio/vfio")),
+            other => panic!("{other:?}"),
+        }
+    }
+}
