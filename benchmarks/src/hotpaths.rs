@@ -406,22 +406,7 @@ pub fn run(
 
     // The guest: an image, and the policies this host offers.
     let image = env.guest_image.as_deref().and_then(image_files);
-    let caps: Value = Command::new(&env.partition)
-        .args(["caps", "--json"])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or(Value::Null);
-    let policies: Vec<String> = caps["policies"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                // `auto` only resolves to one of the others.
-                .filter(|p| p["offered"] == true && p["policy"] != "auto")
-                .filter_map(|p| p["policy"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let policies = crate::offered_policies(env);
     let mut guests: BTreeMap<String, Series> = BTreeMap::new();
     let mut guest_notes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut guest_blocked: Option<String> = None;

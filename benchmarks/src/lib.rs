@@ -442,6 +442,26 @@ pub fn embedded(env: &Env, subcommand: &str, name: &str) -> Result<PathBuf, Stri
     }
 }
 
+/// The idle policies `partition caps --json` says this host offers (`auto` left out: it
+/// only resolves to one of the others).
+pub fn offered_policies(env: &Env) -> Vec<String> {
+    let caps: Value = Command::new(&env.partition)
+        .args(["caps", "--json"])
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
+        .unwrap_or(Value::Null);
+    caps["policies"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|p| p["offered"] == true && p["policy"] != "auto")
+                .filter_map(|p| p["policy"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Writes the embedded probe guest into the work directory; its path.
 pub fn probe_image(env: &Env) -> Result<PathBuf, String> {
     embedded(env, "probe-image", "probe.elf")

@@ -191,24 +191,6 @@ impl Series {
     }
 }
 
-fn offered_policies(env: &Env) -> Vec<String> {
-    let caps: serde_json::Value = std::process::Command::new(&env.partition)
-        .args(["caps", "--json"])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or(serde_json::Value::Null);
-    caps["policies"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|p| p["offered"] == true && p["policy"] != "auto")
-                .filter_map(|p| p["policy"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// What one guest launch gave.
 struct GuestRun {
     figures: Figures,
@@ -569,7 +551,7 @@ pub fn run(env: &Env) -> SubmitSection {
         commands: Vec::new(),
         failures: Vec::new(),
     };
-    let policies = offered_policies(env);
+    let policies = crate::offered_policies(env);
     if policies.is_empty() {
         s.head
             .fail("`partition caps --json` offered no idle policy".into());

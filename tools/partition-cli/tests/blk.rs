@@ -266,31 +266,23 @@ fn the_probe_reads_the_image_under_qemu_microvm_too() {
         Duration::from_secs(30),
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
-    let child = std::process::Command::new(qemu)
-        .args(["-M", "microvm,acpi=off", "-enable-kvm"])
-        .args(["-cpu", "host,-arch-capabilities", "-smp", "2", "-m", "64M"])
-        .arg("-kernel")
-        .arg(&probe)
-        .args([
-            "-append",
-            "probe.memtest=0 probe.blk=read,fence probe.blk_n=20",
-        ])
-        .args(["-nodefaults", "-no-user-config", "-nographic"])
-        .args(["-serial", "stdio"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
-        .args(["-global", "virtio-mmio.force-legacy=false"])
-        .args(["-device", "virtio-rng-device"])
-        .arg("-drive")
-        .arg(format!(
-            "id=d0,file={},format=raw,if=none,aio=io_uring",
-            img.display()
-        ))
-        .args(["-device", "virtio-blk-device,drive=d0"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawning qemu");
+    let child = qemu_probe(
+        &qemu,
+        "microvm,acpi=off",
+        2,
+        &probe,
+        "probe.memtest=0 probe.blk=read,fence probe.blk_n=20",
+    )
+    .args(["-global", "virtio-mmio.force-legacy=false"])
+    .args(["-device", "virtio-rng-device"])
+    .arg("-drive")
+    .arg(format!(
+        "id=d0,file={},format=raw,if=none,aio=io_uring",
+        img.display()
+    ))
+    .args(["-device", "virtio-blk-device,drive=d0"])
+    .spawn()
+    .expect("spawning qemu");
     let out = wait_output(child, LIMIT, "qemu");
     // isa-debug-exit turns status s into (s << 1) | 1: 1 means the probe reported 0.
     assert_eq!(out.code(), 1, "{}\n{}", out.stderr, out.stdout);

@@ -204,24 +204,16 @@ fn the_probe_drives_qemus_edu_and_pci_testdev() {
         Duration::from_secs(30),
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
-    let child = std::process::Command::new(qemu)
-        .args(["-M", "microvm,pcie=on", "-enable-kvm"])
-        .args(["-cpu", "host,-arch-capabilities", "-smp", "1", "-m", "64M"])
-        .arg("-kernel")
-        .arg(&probe)
-        .args([
-            "-append",
-            "probe.memtest=0 probe.engine=list,edu,testdev probe.ecam=0xe0000000 probe.engine_n=50",
-        ])
-        .args(["-nodefaults", "-no-user-config", "-nographic"])
-        .args(["-serial", "stdio"])
-        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
-        .args(["-device", "edu", "-device", "pci-testdev"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawning qemu");
+    let child = qemu_probe(
+        &qemu,
+        "microvm,pcie=on",
+        1,
+        &probe,
+        "probe.memtest=0 probe.engine=list,edu,testdev probe.ecam=0xe0000000 probe.engine_n=50",
+    )
+    .args(["-device", "edu", "-device", "pci-testdev"])
+    .spawn()
+    .expect("spawning qemu");
     let out = wait_output(child, LIMIT, "qemu");
     let ctx = format!("{}\n{}", out.stderr, out.stdout);
     // isa-debug-exit: (0 << 1) | 1 when the probe reported success.

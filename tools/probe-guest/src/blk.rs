@@ -400,23 +400,7 @@ impl Rng {
 }
 
 fn summarise(name: &str, mode: &str, s: &mut [u64], tsc_khz: u64) {
-    s.sort_unstable();
-    let n = s.len();
-    if n == 0 {
-        return;
-    }
-    let ns = |c: u64| c.saturating_mul(1_000_000) / tsc_khz.max(1);
-    let p99 = s[((n * 99).div_ceil(100)).clamp(1, n) - 1];
-    say!(
-        "blk test={} mode={} n={} median_ns={} p99_ns={} min_ns={} max_ns={}",
-        name,
-        mode,
-        n,
-        ns(s[n / 2]),
-        ns(p99),
-        ns(s[0]),
-        ns(s[n - 1])
-    );
+    crate::stats::summarise("blk", name, "mode", mode, s, tsc_khz);
 }
 
 /// Runs the block tests named in `probe.blk`. Returns true on a failure.

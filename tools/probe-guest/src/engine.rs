@@ -348,23 +348,7 @@ fn command(opcode: u32, flags: u32, fence: u64, value: u64) -> [u64; 4] {
 
 /// Prints `engine test=NAME completion=MODE n= median_ns= p99_ns= min_ns= max_ns=`.
 pub fn summarise(test: &str, mode: &str, s: &mut [u64], tsc_khz: u64) {
-    s.sort_unstable();
-    let n = s.len();
-    if n == 0 {
-        return;
-    }
-    let ns = |c: u64| c.saturating_mul(1_000_000) / tsc_khz.max(1);
-    let p99 = s[((n * 99).div_ceil(100)).clamp(1, n) - 1];
-    say!(
-        "engine test={} completion={} n={} median_ns={} p99_ns={} min_ns={} max_ns={}",
-        test,
-        mode,
-        n,
-        ns(s[n / 2]),
-        ns(p99),
-        ns(s[0]),
-        ns(s[n - 1])
-    );
+    crate::stats::summarise("engine", test, "completion", mode, s, tsc_khz);
 }
 
 /// Waits until the fence reads `v`, up to `limit` TSC cycles. False on time-out.

@@ -33,6 +33,7 @@ mod memtest;
 mod paths;
 mod peers;
 mod smp;
+mod stats;
 mod sys;
 mod wake;
 

@@ -415,3 +415,35 @@ pub fn find_in_path(name: &str) -> Option<std::path::PathBuf> {
         .map(|d| std::path::Path::new(d).join(name))
         .find(|p| p.is_file())
 }
+
+/// QEMU `machine` (microvm with its options) booting the probe ELF with `append` on
+/// `smp` vCPUs and 64 MiB, the console on stdout, power-off through isa-debug-exit (status
+/// s exits `(s << 1) | 1`), its output piped. Callers add their devices and spawn it.
+pub fn qemu_probe(
+    qemu: &std::path::Path,
+    machine: &str,
+    smp: usize,
+    probe: &std::path::Path,
+    append: &str,
+) -> std::process::Command {
+    let mut c = std::process::Command::new(qemu);
+    c.args(["-M", machine, "-enable-kvm"])
+        .args([
+            "-cpu",
+            "host,-arch-capabilities",
+            "-smp",
+            &smp.to_string(),
+            "-m",
+            "64M",
+        ])
+        .arg("-kernel")
+        .arg(probe)
+        .args(["-append", append])
+        .args(["-nodefaults", "-no-user-config", "-nographic"])
+        .args(["-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
