@@ -532,8 +532,8 @@ fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
         "\n## GPU-style submission (`submit`): submit to fence, µs\n\nThe probe guest drives the \
          PCI submission engine; each row's twin is the engine's own code between two host \
          threads on the same cores (docs/submission.md).\n\n| doorbell | idle | completion | \
-         median (min-max over runs) | p99 | doorbells that exited | twin | guest/twin |\n\
-         |---|---|---|---|---|---|---|---|"
+         median (min-max over runs) | p99 | doorbells that exited | engine thread busy | twin | \
+         guest/twin |\n|---|---|---|---|---|---|---|---|---|"
     );
     let host = sub["host"].as_array().cloned().unwrap_or_default();
     for r in rows {
@@ -548,7 +548,7 @@ fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
             .map_or("—".into(), |(g, h)| format!("{:.2}x", g / h));
         let _ = writeln!(
             o,
-            "| {d} | {} | {c} | {} | {} | {} | {} | {ratio} |",
+            "| {d} | {} | {c} | {} | {} | {} | {} | {} | {ratio} |",
             r["policy"].as_str().unwrap_or("?"),
             cell_us(&r["submit_to_fence"]),
             r["p99"]["median_ns"]
@@ -557,6 +557,9 @@ fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
             r["trapped_doorbells"]
                 .as_u64()
                 .map_or("—".into(), |v| v.to_string()),
+            r["engine_thread_busy"]
+                .as_f64()
+                .map_or("—".into(), |v| format!("{:.0}%", 100.0 * v)),
             twin.map_or("—".into(), |t| format!(
                 "engine {}, driver {}",
                 t["engine"].as_str().unwrap_or("?"),
@@ -952,7 +955,8 @@ mod tests {
         d["sections"]["submit"] = json!({"completed": false, "reason": "no QEMU rows",
             "guest": [
                 {"doorbell": "mapped", "policy": "hlt", "completion": "poll",
-                 "submit_to_fence": cell(550.0), "p99": cell(600.0), "trapped_doorbells": 0},
+                 "submit_to_fence": cell(550.0), "p99": cell(600.0), "trapped_doorbells": 0,
+                 "engine_thread_busy": 0.99},
                 {"doorbell": "trap", "policy": "hlt", "completion": "irq",
                  "submit_to_fence": cell(80000.0), "p99": cell(90000.0), "trapped_doorbells": 1100}],
             "host": [twin("polls page", "polls fence", 500.0), twin("polls page", "eventfd", 5000.0),
@@ -964,10 +968,10 @@ mod tests {
             "not_measured": ["QEMU peers"]});
         let md = markdown(&d, "box", "x.svg");
         assert!(
-            md.contains("| mapped | hlt | poll | 0.55 (0.45-0.65) | 0.60 | 0 | engine polls page, driver polls fence | 1.10x |"),
+            md.contains("| mapped | hlt | poll | 0.55 (0.45-0.65) | 0.60 | 0 | 99% | engine polls page, driver polls fence | 1.10x |"),
             "{md}"
         );
-        assert!(md.contains("| trap | hlt | irq | 80.00 (79.90-80.10) | 90.00 | 1100 | engine eventfd, driver eventfd | 8.00x |"), "{md}");
+        assert!(md.contains("| trap | hlt | irq | 80.00 (79.90-80.10) | 90.00 | 1100 | — | engine eventfd, driver eventfd | 8.00x |"), "{md}");
         assert!(
             md.contains("| eventfd | polls fence | x | 8.00 (7.90-8.10) | 16.00 |"),
             "{md}"

@@ -198,7 +198,7 @@ pub struct BarReport {
 }
 
 /// The engine as the launch report shows it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct EngineReport {
     /// Slot on bus 0.
     pub slot: u8,
@@ -217,6 +217,10 @@ pub struct EngineReport {
     pub interrupts_sent: u64,
     /// Host core the engine thread was pinned to (none free: where the scheduler put it).
     pub core: Option<usize>,
+    /// The engine thread's CPU time over its life, ms.
+    pub thread_cpu_ms: f64,
+    /// Its life, ms (CPU over life: how busy it kept its core).
+    pub thread_ran_ms: f64,
     /// The error that stopped it, if any.
     pub error: Option<String>,
 }
@@ -265,6 +269,8 @@ impl AttachedEngine {
             trapped_doorbells: self.shared.trapped_doorbells.load(Ordering::Relaxed),
             interrupts_sent: self.shared.interrupts_sent.load(Ordering::Relaxed),
             core,
+            thread_cpu_ms: self.shared.thread_cpu_ns.load(Ordering::Acquire) as f64 / 1e6,
+            thread_ran_ms: self.shared.thread_wall_ns.load(Ordering::Acquire) as f64 / 1e6,
             error: e.error().map(|x| x.to_string()),
         }
     }

@@ -87,6 +87,11 @@ pub struct Shared {
     pub trapped_doorbells: AtomicU64,
     /// Interrupts sent (vector 0 messages that left the device, pending ones when sent).
     pub interrupts_sent: AtomicU64,
+    /// The engine thread's CPU time and wall time, ns, stored when it ends: how much of
+    /// its core it kept busy (a polled doorbell spins; the others sleep between work).
+    pub thread_cpu_ns: AtomicU64,
+    /// See `thread_cpu_ns`.
+    pub thread_wall_ns: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -172,6 +177,8 @@ impl SubmitFunction {
             mem,
             trapped_doorbells: AtomicU64::new(0),
             interrupts_sent: AtomicU64::new(0),
+            thread_cpu_ns: AtomicU64::new(0),
+            thread_wall_ns: AtomicU64::new(0),
         });
         Ok((
             Self {
@@ -362,7 +369,15 @@ impl EngineThread {
                     log::error!("engine thread: {e}");
                     return 0;
                 }
-                engine_loop(&shared, &k, &wake, &st)
+                let (wall, cpu) = (Instant::now(), thread_cpu_ns());
+                let rounds = engine_loop(&shared, &k, &wake, &st);
+                shared
+                    .thread_cpu_ns
+                    .store(thread_cpu_ns().saturating_sub(cpu), Ordering::Release);
+                shared
+                    .thread_wall_ns
+                    .store(wall.elapsed().as_nanos() as u64, Ordering::Release);
+                rounds
             })?;
         Ok(Self {
             stop,
@@ -387,6 +402,19 @@ impl Drop for EngineThread {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own; CLOCK_THREAD_CPUTIME_ID always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    (t.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(t.tv_nsec as u64)
 }
 
 /// Spends `ns` nanoseconds of the engine's own time (a command's busy work).
@@ -575,6 +603,14 @@ mod tests {
             }
             let rounds = t.stop();
             assert!(rounds >= 1, "poll={poll}");
+            let (cpu, wall) = (
+                s.thread_cpu_ns.load(Ordering::Acquire),
+                s.thread_wall_ns.load(Ordering::Acquire),
+            );
+            assert!(
+                wall > 0 && cpu <= wall + 10_000_000,
+                "poll={poll}: {cpu} of {wall}"
+            );
             assert_eq!(s.engine().executed(), 6, "poll={poll}");
             // One interrupt per round that completed a command.
             assert!((1..=6).contains(&v0.get()), "poll={poll}: {}", v0.get());

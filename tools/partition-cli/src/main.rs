@@ -455,7 +455,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
             .collect();
         eprintln!(
             "partition: engine at 00:{:02x}.0 on {}: doorbell {}; {}; {} commands executed, \
-             {} doorbells trapped, {} interrupts sent{}",
+             {} doorbells trapped, {} interrupts sent; its thread busy {:.0}% of {:.0} ms{}",
             e.slot,
             e.core
                 .map(|c| format!("core {c}"))
@@ -465,6 +465,8 @@ fn launch(a: LaunchArgs) -> ExitCode {
             e.executed,
             e.trapped_doorbells,
             e.interrupts_sent,
+            100.0 * e.thread_cpu_ms / e.thread_ran_ms.max(1e-9),
+            e.thread_ran_ms,
             e.error
                 .as_ref()
                 .map(|x| format!("; stopped: {x}"))

@@ -100,6 +100,12 @@ fn the_guest_finds_the_engine_and_every_doorbell_mode_completes() {
         assert_eq!(e["executed"], submitted as u64, "{ctx}");
         assert_eq!(e["interrupts_sent"], (N + warm) as u64, "{ctx}");
         assert!(e["error"].is_null(), "{ctx}");
+        // The thread's life and CPU time were recorded when it stopped.
+        let (cpu, ran) = (
+            e["thread_cpu_ms"].as_f64().unwrap(),
+            e["thread_ran_ms"].as_f64().unwrap(),
+        );
+        assert!(ran > 0.0 && cpu >= 0.0, "{ctx}");
         let trapped = e["trapped_doorbells"].as_u64().unwrap();
         let mmio_writes = r["vcpus"][0]["exits"]["mmio_write"].as_u64().unwrap();
         if doorbell == "trap" {
