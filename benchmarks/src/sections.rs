@@ -206,7 +206,7 @@ impl Section for Submit {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
         &[(
             "submit",
-            "GPU-style submission: submit-to-fence through the PCI submission engine for every doorbell mode (trap, ioeventfd, mapped page) x completion (polled fence, MSI-X) x idle policy, against bare-host twins running the engine's own code on the same two cores",
+            "GPU-style submission: submit-to-fence through the PCI submission engine for every doorbell mode (trap, ioeventfd, mapped page) x completion (polled fence, MSI-X) x idle policy, against bare-host twins running the engine's own code on the same two cores and QEMU's edu and pci-testdev on microvm (PCIe) in the same run",
         )]
     }
     fn run(
