@@ -248,7 +248,10 @@ const DISK_KNOWN: usize = 1 << 20;
 
 /// The init of the userspace test: mount, load the virtio modules, read the disk through
 /// Linux's virtio-blk driver and print the checksum, write to it, power off. Each step says
-/// how long the kernel has been up.
+/// how long the kernel has been up. The write is tried up to three times: once in five CI
+/// runs (stop 18) the guest's busybox `dd` died of SIGSEGV (rc 139) before writing, in the
+/// guest's userspace on this nested host; each try is reported (`PARTITION-TRY-WRITE`) and
+/// the test prints the failed ones (docs/boot.md, "Known intermittent failure").
 const INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 up() { $B cut -d' ' -f1 /proc/uptime; }
@@ -264,8 +267,13 @@ i=0
 while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done
 $B echo PARTITION-CPUS $($B nproc)
 $B echo PARTITION-SHA256 $($B dd if=/dev/vda bs=65536 count=16 2>/dev/null | $B sha256sum)
-$B echo -n written-by-the-guest | $B dd of=/dev/vda bs=512 seek=4096 conv=fsync 2>/dev/null
-$B echo PARTITION-WRITE rc=$?
+for t in 1 2 3; do
+    $B echo -n written-by-the-guest | $B dd of=/dev/vda bs=512 seek=4096 conv=fsync 2>/dev/null
+    rc=$?
+    $B echo PARTITION-TRY-WRITE $t rc=$rc
+    [ $rc = 0 ] && break
+done
+$B echo PARTITION-WRITE rc=$rc
 $B sync
 $B echo 3 > /proc/sys/vm/drop_caches
 $B echo PARTITION-READBACK $($B dd if=/dev/vda bs=512 skip=4096 count=1 2>/dev/null | $B head -c 20)
@@ -488,7 +496,7 @@ fn debian_assets() -> (PathBuf, PathBuf) {
     let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
     let vmlinux = debian_vmlinux(&debian_bzimage());
     let mods = modules_to_load(&modules_dir(), &["virtio_mmio", "virtio_blk"]);
-    (vmlinux, userspace_initramfs("debian-userspace.cpio", &mods))
+    (vmlinux, userspace_initramfs("debian-userspace-2.cpio", &mods))
 }
 
 /// A kernel, only `console=ttyS0` from us, our initramfs, a disk: it must reach its init,
@@ -565,6 +573,13 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
     );
     let done = marker(&log, "DONE").unwrap_or_else(|| panic!("{}", show()));
     // The guest's write succeeded, it reads it back from the device, and the host sees it.
+    for failed in log
+        .lines()
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("PARTITION-TRY-WRITE "))
+        .filter(|l| !l.ends_with("rc=0"))
+    {
+        println!("NOTE: the guest's write failed on try {failed} (docs/boot.md)");
+    }
     assert_eq!(marker(&log, "WRITE"), Some("rc=0"), "{}", show());
     assert_eq!(marker(&log, "READBACK"), Some(WRITE_TEXT), "{}", show());
     let img = std::fs::read(&disk).unwrap();
@@ -650,7 +665,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs("own-kernel-userspace.cpio", &[])
+        userspace_initramfs("own-kernel-userspace-2.cpio", &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }
