@@ -496,7 +496,10 @@ fn debian_assets() -> (PathBuf, PathBuf) {
     let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
     let vmlinux = debian_vmlinux(&debian_bzimage());
     let mods = modules_to_load(&modules_dir(), &["virtio_mmio", "virtio_blk"]);
-    (vmlinux, userspace_initramfs("debian-userspace-2.cpio", &mods))
+    (
+        vmlinux,
+        userspace_initramfs("debian-userspace-2.cpio", &mods),
+    )
 }
 
 /// A kernel, only `console=ttyS0` from us, our initramfs, a disk: it must reach its init,
@@ -575,7 +578,10 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
     // The guest's write succeeded, it reads it back from the device, and the host sees it.
     for failed in log
         .lines()
-        .filter_map(|l| l.trim_end_matches('\r').strip_prefix("PARTITION-TRY-WRITE "))
+        .filter_map(|l| {
+            l.trim_end_matches('\r')
+                .strip_prefix("PARTITION-TRY-WRITE ")
+        })
         .filter(|l| !l.ends_with("rc=0"))
     {
         println!("NOTE: the guest's write failed on try {failed} (docs/boot.md)");
