@@ -442,16 +442,20 @@ pub fn embedded(env: &Env, subcommand: &str, name: &str) -> Result<PathBuf, Stri
     }
 }
 
-/// The idle policies `partition caps --json` says this host offers (`auto` left out: it
-/// only resolves to one of the others).
-pub fn offered_policies(env: &Env) -> Vec<String> {
-    let caps: Value = Command::new(&env.partition)
+/// `partition caps --json`: what this host's KVM offers (null if it could not be read).
+pub fn caps(env: &Env) -> Value {
+    Command::new(&env.partition)
         .args(["caps", "--json"])
         .output()
         .ok()
         .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or(Value::Null);
-    caps["policies"]
+        .unwrap_or(Value::Null)
+}
+
+/// The idle policies `partition caps --json` says this host offers (`auto` left out: it
+/// only resolves to one of the others).
+pub fn offered_policies(env: &Env) -> Vec<String> {
+    caps(env)["policies"]
         .as_array()
         .map(|a| {
             a.iter()

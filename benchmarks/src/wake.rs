@@ -503,12 +503,7 @@ pub fn run(env: &Env) -> WakeSection {
         peers: None,
         orderings: None,
     };
-    let caps: Value = Command::new(&env.partition)
-        .args(["caps", "--json"])
-        .output()
-        .ok()
-        .and_then(|o| serde_json::from_slice(&o.stdout).ok())
-        .unwrap_or(Value::Null);
+    let caps = crate::caps(env);
     section.host_caps = Some(caps.clone());
     let offered = |p: &str| {
         caps["policies"]

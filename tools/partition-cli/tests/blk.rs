@@ -250,22 +250,15 @@ fn the_probe_reads_the_image_under_qemu_microvm_too() {
     if !kvm_available("the_probe_reads_the_image_under_qemu_microvm_too") {
         return;
     }
-    let Some(qemu) = find_in_path("qemu-system-x86_64") else {
-        println!(
-            "SKIPPED the_probe_reads_the_image_under_qemu_microvm_too: qemu-system-x86_64 is not installed"
-        );
-        return;
-    };
     let dir = Scratch::new("blk-qemu");
     let img = dir.path("disk.img");
     image(&img);
     let want = format!("{:#018x}", checksum(&std::fs::read(&img).unwrap()));
-    let probe = dir.path("probe.elf");
-    let out = run(
-        &["probe-image", "-o", probe.to_str().unwrap()],
-        Duration::from_secs(30),
-    );
-    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let Some((qemu, probe)) =
+        qemu_and_probe("the_probe_reads_the_image_under_qemu_microvm_too", &dir)
+    else {
+        return;
+    };
     let child = qemu_probe(
         &qemu,
         "microvm,acpi=off",

@@ -197,19 +197,11 @@ fn the_probe_drives_qemus_edu_and_pci_testdev() {
     if !kvm_available("the_probe_drives_qemus_edu_and_pci_testdev") {
         return;
     }
-    let Some(qemu) = find_in_path("qemu-system-x86_64") else {
-        println!(
-            "SKIPPED the_probe_drives_qemus_edu_and_pci_testdev: qemu-system-x86_64 is not installed"
-        );
+    let dir = Scratch::new("engine-qemu");
+    let Some((qemu, probe)) = qemu_and_probe("the_probe_drives_qemus_edu_and_pci_testdev", &dir)
+    else {
         return;
     };
-    let dir = Scratch::new("engine-qemu");
-    let probe = dir.path("probe.elf");
-    let out = run(
-        &["probe-image", "-o", probe.to_str().unwrap()],
-        Duration::from_secs(30),
-    );
-    assert_eq!(out.code(), 0, "{}", out.stderr);
     let child = qemu_probe(
         &qemu,
         "microvm,pcie=on",

@@ -447,3 +447,19 @@ pub fn qemu_probe(
         .stderr(Stdio::piped());
     c
 }
+
+/// For a test that boots the probe under QEMU: QEMU's path and the probe ELF written into
+/// `dir`, or None (after saying why) when QEMU is not installed.
+pub fn qemu_and_probe(test: &str, dir: &Scratch) -> Option<(PathBuf, PathBuf)> {
+    let Some(qemu) = find_in_path("qemu-system-x86_64") else {
+        println!("SKIPPED {test}: qemu-system-x86_64 is not installed");
+        return None;
+    };
+    let probe = dir.path("probe.elf");
+    let out = run(
+        &["probe-image", "-o", probe.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    Some((qemu, probe))
+}
