@@ -106,6 +106,8 @@ pub struct PciHostBridge {
     pub window_start: u64,
     /// End of the window (exclusive, at most 4 GiB).
     pub window_end: u64,
+    /// The 64-bit prefetchable window, `[start, end)` above 4 GiB, if BARs may go there.
+    pub window64: Option<(u64, u64)>,
 }
 
 /// What the tables describe.
@@ -236,7 +238,20 @@ fn pci_host(p: &PciHostBridge) -> RawAml {
         (p.window_end - 1) as u32,
         None,
     );
-    let crs = aml::ResourceTemplate::new(alloc::vec![&bus, &io, &mem]);
+    let mem64 = p.window64.map(|(start, end)| {
+        aml::AddressSpace::<u64>::new_memory(
+            aml::AddressSpaceCacheable::PreFetchable,
+            true,
+            start,
+            end - 1,
+            None,
+        )
+    });
+    let mut resources: Vec<&dyn Aml> = alloc::vec![&bus, &io, &mem];
+    if let Some(m) = &mem64 {
+        resources.push(m);
+    }
+    let crs = aml::ResourceTemplate::new(resources);
     let hid = aml::EISAName::new("PNP0A08");
     let cid = aml::EISAName::new("PNP0A03");
     let hid = aml::Name::new("_HID".into(), &hid);
@@ -332,7 +347,8 @@ pub fn build(base: u64, cfg: &AcpiConfig<'_>) -> Result<Vec<u8>, AcpiError> {
                 .checked_add(1 << 20)
                 .is_some_and(|e| e <= 1 << 32)
             && p.window_start < p.window_end
-            && p.window_end <= 1 << 32;
+            && p.window_end <= 1 << 32
+            && p.window64.is_none_or(|(s, e)| (1 << 32) <= s && s < e);
         if !ok {
             return Err(AcpiError::PciHost(p));
         }
@@ -501,6 +517,7 @@ mod tests {
             ecam_base: 0xe000_0000,
             window_start: 0xc000_0000,
             window_end: 0xd000_0000,
+            window64: Some((64 << 30, 128 << 30)),
         };
         let cfg = AcpiConfig {
             pci: Some(pci),
@@ -527,6 +544,15 @@ mod tests {
         window.extend_from_slice(&0xc000_0000u32.to_le_bytes());
         window.extend_from_slice(&0xcfff_ffffu32.to_le_bytes());
         assert!(find(dev, &window).is_some(), "window in _CRS");
+        // The 64-bit window in a QWord memory descriptor (0x8a, then length, type, general
+        // flags, type flags, granularity, min, max), prefetchable (type flags 0b111:
+        // prefetchable, read-write).
+        let mut window64 = Vec::new();
+        window64.extend_from_slice(&(64u64 << 30).to_le_bytes());
+        window64.extend_from_slice(&((128u64 << 30) - 1).to_le_bytes());
+        let q = find(dev, &window64).expect("64-bit window in _CRS");
+        assert_eq!(dev[q - 14], 0x8a, "QWord address space descriptor");
+        assert_eq!(dev[q - 9], 0b111, "prefetchable, read-write");
         assert!(
             find(dev, &[0x47, 0x01, 0xf8, 0x0c, 0xf8, 0x0c, 0x01, 0x08]).is_some(),
             "IO(0xcf8, 8)"
@@ -547,6 +573,10 @@ mod tests {
             },
             PciHostBridge {
                 ecam_base: 0xffff_f000_0000,
+                ..pci
+            },
+            PciHostBridge {
+                window64: Some((0xc000_0000, 0xd000_0000)),
                 ..pci
             },
         ] {

@@ -62,6 +62,13 @@ pub const LAPIC_ADDR: u64 = 0xfee0_0000;
 pub const PCI_WINDOW_START: u64 = MMIO_HOLE_START;
 /// End of the PCI BAR window, where the virtio-mmio windows start.
 pub const PCI_WINDOW_END: u64 = VIRTIO_MMIO_BASE;
+/// Start of the 64-bit PCI BAR window: 64-bit prefetchable BARs (a GPU's VRAM aperture,
+/// which rarely fits below 4 GiB) are placed in `[PCI_WINDOW64_START, PCI_WINDOW64_END)`,
+/// above the most memory a guest can have ([`MAX_MEMORY`] plus the hole) and inside 38
+/// address bits.
+pub const PCI_WINDOW64_START: u64 = 64 << 30;
+/// End of the 64-bit PCI BAR window.
+pub const PCI_WINDOW64_END: u64 = 128 << 30;
 /// ECAM of PCI segment 0, bus 0 (1 MiB: 32 devices × 8 functions × 4 KiB), described by the
 /// MCFG table and reserved in the e820 map.
 pub const PCI_ECAM_BASE: u64 = 0xe000_0000;

@@ -578,6 +578,8 @@ pub struct LaunchReport {
     pub disks: Vec<DiskReport>,
     /// The submission engine (`--device engine`): how each BAR was served, what it did.
     pub engine: Option<crate::pci::EngineReport>,
+    /// The passed-through function (`--device vfio=`): where its BARs are, what is mapped.
+    pub passthrough: Option<crate::vfio::PassthroughReport>,
     /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
     pub sandbox: Option<Identity>,
 }
@@ -881,7 +883,7 @@ fn confine(
         worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
         engine: Arc::new(crate::sandbox::filter(Role::Engine, &[])?),
         api: Arc::new(crate::sandbox::filter(Role::Api, &[])?),
-        main: crate::sandbox::filter(Role::Main, &[])?,
+        main: crate::sandbox::launcher_filter(passthrough)?,
     };
     crate::sandbox::install_violation_handler()?;
     crate::sandbox::drop_privileges(who)?;
@@ -1052,6 +1054,7 @@ pub fn run(
             .engine
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
+        passthrough: devices.vfio.as_ref().map(|v| v.report.clone()),
         sandbox: match &checked.sandbox {
             Sandbox::On(who) => Some(who.clone()),
             Sandbox::Off => None,

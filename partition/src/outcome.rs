@@ -331,6 +331,9 @@ pub struct ReportDoc {
     /// commands executed, its error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<crate::pci::EngineReport>,
+    /// The passed-through function: its BARs (placed where, how much mapped), vectors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<crate::vfio::PassthroughReport>,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
     /// Who the VMM ran as after setup (`null` with `--no-sandbox`: root, unfiltered).
@@ -372,6 +375,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         vcpus: r.vcpus.iter().map(VcpuDoc::from).collect(),
         disks: r.disks.clone(),
         engine: r.engine.clone(),
+        passthrough: r.passthrough.clone(),
         pool: r.pool.as_ref().map(|p| PoolDoc {
             name: p.name.clone(),
             offset: p.offset,

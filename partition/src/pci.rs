@@ -10,7 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START};
+use boot::layout::{
+    PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START, PCI_WINDOW64_END,
+    PCI_WINDOW64_START,
+};
 use devices::Bus;
 use devices::pci::config::BarChange;
 use devices::pci::msix::RouteChange;
@@ -404,11 +407,15 @@ pub fn attach(
         DeviceSpec::Vfio { bdf } => Some(bdf),
         DeviceSpec::Engine { .. } => None,
     }) {
-        // Its BARs above the engine's three pages; its vectors after the engine's GSIs;
-        // device memory slots from 1 (0 is the engine's doorbell page).
-        let window = (PCI_WINDOW_START + 0x10_0000, PCI_WINDOW_END);
+        // Its BARs above the engine's three pages, 64-bit prefetchable ones in the window
+        // above 4 GiB; its vectors after the engine's GSIs; device memory slots from 1 (0 is
+        // the engine's doorbell page).
+        let windows = devices::pci::passthrough::Windows {
+            low: (PCI_WINDOW_START + 0x10_0000, PCI_WINDOW_END),
+            high: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
+        };
         let gsi_base = IOAPIC_PINS + u32::from(VFIO_SLOT) * VECTORS as u32 + 64;
-        let (f, attached) = crate::vfio::attach(vm, memory, bdf, 1, gsi_base, window)?;
+        let (f, attached) = crate::vfio::attach(vm, memory, bdf, VFIO_SLOT, 1, gsi_base, &windows)?;
         for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
             host.vectors
                 .insert((VFIO_SLOT, v as u16), (*gsi, evt.clone()));
@@ -480,6 +487,7 @@ pub fn attach(
     }
     let has_functions = !functions.is_empty();
     let mut root = PciRoot::new(PCI_WINDOW_START, PCI_WINDOW_END, Box::new(host));
+    root.add_window(PCI_WINDOW64_START, PCI_WINDOW64_END);
     for (slot, f) in functions {
         root.add(slot, f)?;
     }
@@ -503,6 +511,12 @@ pub fn attach(
             PCI_WINDOW_END - PCI_WINDOW_START,
             PciRoot::window_device(&root),
         )?;
+        mmio.insert(
+            "pci-window64",
+            PCI_WINDOW64_START,
+            PCI_WINDOW64_END - PCI_WINDOW64_START,
+            PciRoot::window_device_at(&root, PCI_WINDOW64_START),
+        )?;
     }
     Ok((engine, vfio))
 }
@@ -513,6 +527,7 @@ pub fn host_bridge(specs: &[DeviceSpec]) -> Option<boot::acpi::PciHostBridge> {
         ecam_base: PCI_ECAM_BASE,
         window_start: PCI_WINDOW_START,
         window_end: PCI_WINDOW_END,
+        window64: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
     })
 }
 

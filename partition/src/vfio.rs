@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use devices::pci::passthrough::{
-    DeviceAccess, DmaMap, PassthroughError, PassthroughFunction, dma_plan, mappable, physical_bars,
-    virtual_function,
+    DeviceAccess, DmaMap, PassthroughError, PassthroughFunction, Windows, dma_plan, mappable,
+    physical_bars, virtual_function,
 };
 use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
@@ -112,6 +112,30 @@ pub fn check_host(bdf: &str) -> Result<PathBuf, VfioError> {
     }
 }
 
+/// What giving the device back at teardown calls, on the launcher's thread once it is
+/// confined ([`AttachedVfio`]'s drop and vfio-ioctls' own): VFIO_DEVICE_SET_IRQS (MSI-X
+/// off), VFIO_DEVICE_RESET, VFIO_IOMMU_UNMAP_DMA, KVM_SET_DEVICE_ATTR (the group leaves
+/// the KVM VFIO device), VFIO_GROUP_UNSET_CONTAINER. Found by running a passthrough
+/// under the sandbox on the rig (docs/testing.md).
+pub const TEARDOWN_IOCTLS: [u64; 5] = [
+    vfio_io(10),
+    vfio_io(11),
+    vfio_io(14),
+    KVM_SET_DEVICE_ATTR,
+    vfio_io(5),
+];
+
+/// `_IO(VFIO_TYPE, VFIO_BASE + nr)`.
+const fn vfio_io(nr: u64) -> u64 {
+    ((b';' as u64) << 8) | (100 + nr)
+}
+
+/// `_IOW(KVMIO, 0xe1, struct kvm_device_attr)`.
+const KVM_SET_DEVICE_ATTR: u64 = (1 << 30)
+    | ((std::mem::size_of::<kvm_bindings::kvm_device_attr>() as u64) << 16)
+    | (0xae << 8)
+    | 0xe1;
+
 /// The device's trapped BAR parts and configuration writes, through VFIO's regions.
 struct Regions(Arc<VfioDevice>);
 
@@ -142,8 +166,46 @@ pub struct Piece {
     pub len: u64,
 }
 
+/// One BAR of a passed-through function as the launch report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PassthroughBar {
+    /// BAR index.
+    pub index: usize,
+    /// Guest address where the VMM placed it (the guest may move it).
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// 64-bit BAR.
+    pub is64: bool,
+    /// Prefetchable.
+    pub prefetchable: bool,
+    /// Bytes of it mapped into the guest as memory slots (no exit); the rest is trapped.
+    pub mapped_bytes: u64,
+}
+
+/// A passed-through function as the launch report shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PassthroughReport {
+    /// The host function, `DDDD:BB:DD.F`.
+    pub bdf: String,
+    /// Its slot on the guest's bus 0.
+    pub slot: u8,
+    /// How the VMM reached the IOMMU: `container` (the legacy VFIO container and group).
+    pub iommu: &'static str,
+    /// Its memory BARs.
+    pub bars: Vec<PassthroughBar>,
+    /// MSI-X vectors routed to the guest (0: the function has no MSI-X).
+    pub msix_vectors: usize,
+    /// Capabilities hidden from the guest: (offset, id).
+    pub hidden_capabilities: Vec<(usize, u8)>,
+    /// Guest memory regions mapped for the device's DMA.
+    pub dma_regions: usize,
+}
+
 /// What a passthrough keeps for the life of the VM; dropping it gives the device back.
 pub struct AttachedVfio {
+    /// What the launch report says of it.
+    pub report: PassthroughReport,
     device: Arc<VfioDevice>,
     container: Arc<VfioContainer>,
     dma: Vec<DmaMap>,
@@ -174,16 +236,18 @@ impl Drop for AttachedVfio {
     }
 }
 
-/// Passes `bdf` through: returns the function for the root and what must live as long as
-/// the VM. `first_slot` is the first device memory slot index it may use; `gsi_base` the
+/// Passes `bdf` through as the function in guest slot `guest_slot`: returns the function for the
+/// root and what must live as long as the VM. `first_slot` is the first device memory slot
+/// index it may use; `gsi_base` the
 /// first GSI for its vectors; `window` the BAR window it may place BARs in.
 pub fn attach(
     vm: &Vm,
     memory: &GuestMemory,
     bdf: &str,
+    guest_slot: u8,
     first_slot: u32,
     gsi_base: u32,
-    window: (u64, u64),
+    windows: &Windows,
 ) -> Result<(PassthroughFunction, AttachedVfio), VfioError> {
     let sysfs = check_host(bdf)?;
     let vfio = |what| move |source| VfioError::Vfio { what, source };
@@ -204,7 +268,7 @@ pub fn attach(
         mmap[i] = device.get_region_flags(i as u32) & VFIO_REGION_INFO_FLAG_MMAP != 0;
     }
     let bars = physical_bars(&config, sizes, mmap)?;
-    let view = virtual_function(&config, &bars, window)?;
+    let view = virtual_function(&config, &bars, windows)?;
     // DMA: guest memory as the device will address it (guest physical = I/O virtual).
     let dma = dma_plan(&memory.regions(), 4096)?;
     for m in &dma {
@@ -223,7 +287,8 @@ pub fn attach(
     let mut pieces = Vec::new();
     let mut slot = first_slot;
     for (bar, addr) in function.bars().to_vec() {
-        if !bar.mmap {
+        // A BAR smaller than a page is trapped: a memory slot is whole pages.
+        if !bar.mmap || bar.size < 4096 {
             continue;
         }
         let in_bar: Vec<(u64, u64)> = traps
@@ -273,9 +338,34 @@ pub fn attach(
         let fds: Vec<&EventFd> = vectors.iter().map(|(_, e)| e.as_ref()).collect();
         device.enable_msix(fds).map_err(vfio("enabling MSI-X"))?;
     }
+    let report = PassthroughReport {
+        bdf: bdf.to_string(),
+        slot: guest_slot,
+        iommu: "container",
+        bars: function
+            .bars()
+            .iter()
+            .map(|(b, addr)| PassthroughBar {
+                index: b.index,
+                addr: *addr,
+                size: b.size,
+                is64: b.is64,
+                prefetchable: b.prefetchable,
+                mapped_bytes: pieces
+                    .iter()
+                    .filter(|(i, _)| *i == b.index)
+                    .map(|(_, p)| p.len)
+                    .sum(),
+            })
+            .collect(),
+        msix_vectors: vectors.len(),
+        hidden_capabilities: function.hidden().to_vec(),
+        dma_regions: dma.len(),
+    };
     Ok((
         function,
         AttachedVfio {
+            report,
             device,
             container,
             dma,
@@ -317,6 +407,15 @@ mod tests {
         assert!(why.contains("in no IOMMU group"), "{why}");
         std::fs::create_dir_all(dev.join("iommu_group")).unwrap();
         assert_eq!(missing(r, "0000:41:00.0"), None);
+    }
+
+    #[test]
+    fn the_teardown_ioctls_are_vfios_and_kvms_numbers() {
+        // As the kernel's headers (and vfio-ioctls' own tests) define them.
+        assert_eq!(
+            TEARDOWN_IOCTLS,
+            [0x3b6e, 0x3b6f, 0x3b72, 0x4018_aee1, 0x3b69]
+        );
     }
 
     #[test]

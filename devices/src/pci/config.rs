@@ -44,7 +44,8 @@ pub enum BarKind {
 /// A memory BAR as the VMM defines it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bar {
-    /// Size in bytes: a power of two of at least 4 KiB.
+    /// Size in bytes: a power of two of at least 16 (the VMM's own BARs are pages; a
+    /// passed-through device's may be smaller).
     pub size: u64,
     /// 32- or 64-bit.
     pub kind: BarKind,
@@ -55,8 +56,8 @@ pub struct Bar {
 /// Errors defining a function (the VMM's own mistakes, caught before the guest runs).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
-    /// A BAR of a size that is not a power of two of at least 4 KiB.
-    #[error("BAR {0}: size {1:#x} is not a power of two of at least 4 KiB")]
+    /// A BAR of a size that is not a power of two of at least 16 bytes.
+    #[error("BAR {0}: size {1:#x} is not a power of two of at least 16 bytes")]
     BarSize(usize, u64),
     /// A BAR index past 5, or a 64-bit BAR in slot 5.
     #[error("BAR {0} does not exist (or a 64-bit BAR has no slot after it)")]
@@ -86,8 +87,11 @@ pub struct ConfigSpace {
     bytes: Box<[u8; CONFIG_SIZE]>,
     writable: Box<[u8; CONFIG_SIZE]>,
     bars: [Option<Bar>; 6],
+    /// Where [`ConfigSpace::add_capability`] puts the next one: past every capability.
     next_cap: usize,
     last_cap: Option<usize>,
+    /// The bytes each capability takes, `[start, end)`, in the order they were added.
+    caps: Vec<(usize, usize)>,
 }
 
 impl std::fmt::Debug for ConfigSpace {
@@ -112,6 +116,7 @@ impl ConfigSpace {
             bars: [None; 6],
             next_cap: FIRST_CAPABILITY,
             last_cap: None,
+            caps: Vec::new(),
         };
         c.put16(VENDOR_ID, vendor);
         c.put16(VENDOR_ID + 2, device);
@@ -159,7 +164,7 @@ impl ConfigSpace {
         if index + slots > 6 {
             return Err(ConfigError::BarIndex(index));
         }
-        if bar.size < 4096
+        if bar.size < 16
             || !bar.size.is_power_of_two()
             || (bar.kind == BarKind::Mem32 && bar.size > 1 << 31)
         {
@@ -231,10 +236,12 @@ impl ConfigSpace {
         self.add_capability_at(self.next_cap, id, body, writable)
     }
 
-    /// As [`ConfigSpace::add_capability`], at offset `at`: 4-byte aligned, not before the
-    /// end of the last capability added, inside the first 256 bytes. A passed-through
-    /// function keeps its capabilities where the device has them (drivers may know the
-    /// offsets).
+    /// As [`ConfigSpace::add_capability`], at offset `at`: 4-byte aligned, past the
+    /// header, inside the first 256 bytes and overlapping no capability added before. It
+    /// is linked after the last one added, so the list keeps the order of the calls
+    /// whatever the offsets: a passed-through function keeps its capabilities where the
+    /// device has them (drivers may know the offsets), and devices chain them out of
+    /// order (QEMU's NVMe: 0x40 -> 0x80 -> 0x60).
     pub fn add_capability_at(
         &mut self,
         at: usize,
@@ -243,12 +250,17 @@ impl ConfigSpace {
         writable: &[u8],
     ) -> Result<usize, ConfigError> {
         let len = 2 + body.len();
-        if at % 4 != 0 || at < self.next_cap || at + len > 0x100 {
+        let end = at + len;
+        if at % 4 != 0
+            || at < FIRST_CAPABILITY
+            || end > 0x100
+            || self.caps.iter().any(|&(s, e)| at < e && s < end)
+        {
             return Err(ConfigError::NoRoom(len));
         }
         self.bytes[at] = id;
         self.bytes[at + 1] = 0;
-        self.bytes[at + 2..at + len].copy_from_slice(body);
+        self.bytes[at + 2..end].copy_from_slice(body);
         for (i, m) in writable.iter().take(body.len()).enumerate() {
             self.writable[at + 2 + i] = *m;
         }
@@ -261,7 +273,8 @@ impl ConfigSpace {
             Some(prev) => self.bytes[prev + 1] = at as u8,
         }
         self.last_cap = Some(at);
-        self.next_cap = (at + len + 3) & !3;
+        self.caps.push((at, end));
+        self.next_cap = self.next_cap.max((end + 3) & !3);
         Ok(at)
     }
 
@@ -434,8 +447,8 @@ mod tests {
             prefetchable: false,
         };
         assert_eq!(
-            c.set_bar(0, b(0x800, BarKind::Mem32), 0),
-            Err(ConfigError::BarSize(0, 0x800))
+            c.set_bar(0, b(8, BarKind::Mem32), 0),
+            Err(ConfigError::BarSize(0, 8))
         );
         assert_eq!(
             c.set_bar(0, b(0x3000, BarKind::Mem32), 0),
@@ -490,5 +503,28 @@ mod tests {
             c.add_capability(CAP_VENDOR, &[0; 30], &[]),
             Err(ConfigError::NoRoom(_))
         ));
+    }
+
+    #[test]
+    fn capabilities_keep_their_offsets_in_any_order_but_never_overlap() {
+        // QEMU's NVMe: 0x40 (12 bytes) -> 0x80 (60 bytes) -> 0x60 (8 bytes).
+        let mut c = ConfigSpace::new(1, 2, 0, 0, 0);
+        c.add_capability_at(0x40, CAP_MSIX, &[0; 10], &[]).unwrap();
+        c.add_capability_at(0x80, 0x10, &[0; 58], &[]).unwrap();
+        c.add_capability_at(0x60, 0x01, &[0; 6], &[]).unwrap();
+        assert_eq!(r32(&c, 0x34) & 0xff, 0x40);
+        assert_eq!(c.bytes(0x41, 1), &[0x80]);
+        assert_eq!(c.bytes(0x81, 1), &[0x60]);
+        assert_eq!(c.bytes(0x61, 1), &[0]);
+        // Overlapping one already there, in the header, unaligned or past 256: refused.
+        for (at, len) in [(0x44, 2), (0x7c, 8), (0x3c, 2), (0x66, 2), (0xfc, 6)] {
+            assert_eq!(
+                c.add_capability_at(at, CAP_VENDOR, &vec![0; len - 2], &[]),
+                Err(ConfigError::NoRoom(len)),
+                "{at:#x}"
+            );
+        }
+        // The next appended one goes past every capability.
+        assert_eq!(c.add_capability(CAP_VENDOR, &[0; 2], &[]), Ok(0xbc));
     }
 }

@@ -162,7 +162,8 @@ pub enum PciError {
 pub struct PciRoot {
     slots: Vec<Option<Box<dyn PciFunction>>>,
     address: u32,
-    window: (u64, u64),
+    /// The BAR windows, `[start, end)`: the 32-bit one first.
+    windows: Vec<(u64, u64)>,
     host: Box<dyn PciHost>,
 }
 
@@ -170,7 +171,7 @@ impl std::fmt::Debug for PciRoot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PciRoot")
             .field("functions", &self.slots.iter().flatten().count())
-            .field("window", &self.window)
+            .field("windows", &self.windows)
             .finish()
     }
 }
@@ -181,21 +182,30 @@ impl PciRoot {
         Self {
             slots: (0..SLOTS).map(|_| None).collect(),
             address: 0,
-            window: (window_start, window_end),
+            windows: vec![(window_start, window_end)],
             host,
         }
     }
 
+    /// Adds a second BAR window (the 64-bit one above 4 GiB).
+    pub fn add_window(&mut self, start: u64, end: u64) {
+        self.windows.push((start, end));
+    }
+
     /// Puts `function` in `slot`, its BARs where its configuration space says, checked to
-    /// lie inside the window and not overlap another's.
+    /// lie inside a window and not overlap another's.
     pub fn add(&mut self, slot: usize, function: Box<dyn PciFunction>) -> Result<(), PciError> {
         if slot >= SLOTS || self.slots[slot].is_some() {
             return Err(PciError::Slot(slot));
         }
-        let (start, end) = self.window;
+        let (start, end) = self.windows[0];
         let bars = Self::bars_of(function.config());
         for &(bar, addr, size) in &bars {
-            if addr < start || addr.checked_add(size).is_none_or(|e| e > end) {
+            let inside = self
+                .windows
+                .iter()
+                .any(|&(s, e)| addr >= s && addr.checked_add(size).is_some_and(|end| end <= e));
+            if !inside {
                 return Err(PciError::OutsideWindow {
                     slot,
                     bar,
@@ -311,9 +321,16 @@ impl PciRoot {
         Arc::new(Mutex::new(EcamAccess(root.clone())))
     }
 
-    /// The bus device for the BAR window (inserted at the window's start, its length).
+    /// The bus device for the 32-bit BAR window (inserted at the window's start, its
+    /// length).
     pub fn window_device(root: &Arc<Mutex<Self>>) -> Arc<Mutex<dyn BusDevice>> {
-        Arc::new(Mutex::new(WindowAccess(root.clone())))
+        let base = lock(root).windows[0].0;
+        Self::window_device_at(root, base)
+    }
+
+    /// The bus device for a BAR window inserted at `base`.
+    pub fn window_device_at(root: &Arc<Mutex<Self>>, base: u64) -> Arc<Mutex<dyn BusDevice>> {
+        Arc::new(Mutex::new(WindowAccess(root.clone(), base)))
     }
 }
 
@@ -396,20 +413,19 @@ impl BusDevice for EcamAccess {
     }
 }
 
-/// The BAR window: routes to whichever BAR decodes the address now.
-struct WindowAccess(Arc<Mutex<PciRoot>>);
+/// A BAR window inserted on the bus at its base: routes to whichever BAR decodes the
+/// address now.
+struct WindowAccess(Arc<Mutex<PciRoot>>, u64);
 
 impl BusDevice for WindowAccess {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
-        let mut root = lock(&self.0);
-        let addr = root.window.0.saturating_add(offset);
-        root.window_read(addr, data);
+        let addr = self.1.saturating_add(offset);
+        lock(&self.0).window_read(addr, data);
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Option<VmEvent> {
-        let mut root = lock(&self.0);
-        let addr = root.window.0.saturating_add(offset);
-        root.window_write(addr, data)
+        let addr = self.1.saturating_add(offset);
+        lock(&self.0).window_write(addr, data)
     }
 }
 

@@ -5,8 +5,10 @@
 //!
 //! The guest's view of the function ([`virtual_function`]):
 //! - identity (vendor, device, class, revision, subsystem) is the device's;
-//! - BARs are the device's sizes and types, placed by the VMM in the partition's BAR window
-//!   (largest first, each aligned to its size); I/O BARs and the expansion ROM are not
+//! - BARs are the device's sizes and types, placed by the VMM in the partition's BAR
+//!   windows ([`Windows`]: 64-bit prefetchable BARs above 4 GiB, the others below; largest
+//!   first, each aligned to its size and at least to a page, so a BAR smaller than a page
+//!   has its page to itself and is trapped); I/O BARs and the expansion ROM are not
 //!   offered;
 //! - capabilities in the standard list keep their offsets and bytes (read-only snapshots),
 //!   except MSI (hidden: the chain skips it, so a driver uses MSI-X) and MSI-X (emulated:
@@ -32,7 +34,7 @@ pub enum PassthroughError {
     #[error("header type {0:#x}: only endpoints (type 0) can be passed through")]
     HeaderType(u8),
     /// A memory BAR of a size the VMM cannot place.
-    #[error("BAR {0}: size {1:#x} is not a power of two of at least 4 KiB")]
+    #[error("BAR {0}: size {1:#x} is not a power of two of at least 16 bytes")]
     BarSize(usize, u64),
     /// The BARs do not fit the window.
     #[error("the device's BARs need {need:#x} bytes; the BAR window has {have:#x}")]
@@ -146,37 +148,65 @@ pub fn capabilities(config: &[u8]) -> Vec<(usize, u8)> {
     out
 }
 
-/// Places `bars` in `[start, end)`: largest first, each aligned to its size. Returns
-/// (index, guest address) per memory BAR.
+/// Where a partition's BARs may go: the 32-bit window below 4 GiB and, when the host
+/// bridge describes one, the 64-bit prefetchable window above it. `[start, end)` each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Windows {
+    /// Below 4 GiB: every BAR that does not go above.
+    pub low: (u64, u64),
+    /// Above 4 GiB: 64-bit prefetchable BARs (a GPU's VRAM aperture).
+    pub high: Option<(u64, u64)>,
+}
+
+/// The smallest memory BAR the PCI specification allows.
+pub const MIN_BAR: u64 = 16;
+/// BARs are placed at least this far apart (a page), so each can be mapped or trapped on
+/// its own.
+pub const BAR_ALIGN: u64 = 4096;
+
+/// Places `bars` in `windows`: 64-bit prefetchable BARs in the high window when there is
+/// one, the others in the low window; in each, largest first, each aligned to its size and
+/// at least to [`BAR_ALIGN`]. Returns (index, guest address) per memory BAR.
 pub fn place_bars(
     bars: &[PhysicalBar],
-    start: u64,
-    end: u64,
+    windows: &Windows,
 ) -> Result<Vec<(usize, u64)>, PassthroughError> {
-    let mut mem: Vec<&PhysicalBar> = bars.iter().filter(|b| !b.io).collect();
+    let mem: Vec<&PhysicalBar> = bars.iter().filter(|b| !b.io).collect();
     for b in &mem {
-        if b.size < 4096 || !b.size.is_power_of_two() || (!b.is64 && b.size > 1 << 31) {
+        if b.size < MIN_BAR || !b.size.is_power_of_two() || (!b.is64 && b.size > 1 << 31) {
             return Err(PassthroughError::BarSize(b.index, b.size));
         }
     }
-    mem.sort_by(|a, b| b.size.cmp(&a.size).then(a.index.cmp(&b.index)));
-    let mut next = start;
+    let goes_high = |b: &PhysicalBar| windows.high.is_some() && b.is64 && b.prefetchable;
     let mut out = Vec::new();
-    for b in mem {
-        let at = next
-            .checked_next_multiple_of(b.size)
-            .and_then(|a| a.checked_add(b.size).map(|e| (a, e)));
-        match at {
-            Some((a, e)) if e <= end && (b.is64 || e <= 1 << 32) => {
-                out.push((b.index, a));
-                next = e;
-            }
-            _ => {
-                let need = bars.iter().filter(|b| !b.io).map(|b| b.size).sum::<u64>();
-                return Err(PassthroughError::Window {
-                    need,
-                    have: end.saturating_sub(start),
-                });
+    for (high, (start, end)) in [(false, Some(windows.low)), (true, windows.high)]
+        .into_iter()
+        .filter_map(|(h, w)| Some((h, w?)))
+    {
+        let mut group: Vec<&PhysicalBar> = mem
+            .iter()
+            .copied()
+            .filter(|b| goes_high(b) == high)
+            .collect();
+        group.sort_by(|a, b| b.size.cmp(&a.size).then(a.index.cmp(&b.index)));
+        let mut next = start;
+        for b in &group {
+            let span = b.size.max(BAR_ALIGN);
+            let at = next
+                .checked_next_multiple_of(span)
+                .and_then(|a| a.checked_add(span).map(|e| (a, e)));
+            match at {
+                Some((a, e)) if e <= end && (b.is64 || e <= 1 << 32) => {
+                    out.push((b.index, a));
+                    next = e;
+                }
+                _ => {
+                    let need = group.iter().map(|b| b.size.max(BAR_ALIGN)).sum::<u64>();
+                    return Err(PassthroughError::Window {
+                        need,
+                        have: end.saturating_sub(start),
+                    });
+                }
             }
         }
     }
@@ -197,11 +227,11 @@ pub struct VirtualFunction {
 }
 
 /// Builds the guest's view of a device from its configuration space (at least the first
-/// 256 bytes, as VFIO's config region reads them), its BARs, and the BAR window.
+/// 256 bytes, as VFIO's config region reads them), its BARs, and the BAR windows.
 pub fn virtual_function(
     config: &[u8],
     bars: &[PhysicalBar],
-    window: (u64, u64),
+    windows: &Windows,
 ) -> Result<VirtualFunction, PassthroughError> {
     if config.len() < STANDARD_CONFIG {
         return Err(PassthroughError::Short(config.len()));
@@ -213,7 +243,7 @@ pub fn virtual_function(
     let class = u32_at(config, 0x08) >> 8;
     let mut space = ConfigSpace::new(u16_at(config, 0), u16_at(config, 2), class, config[0x08], 0);
     space.set_subsystem(u16_at(config, 0x2c), u16_at(config, 0x2e));
-    let placed = place_bars(bars, window.0, window.1)?;
+    let placed = place_bars(bars, windows)?;
     let mut offered = Vec::new();
     for &(index, addr) in &placed {
         let Some(b) = bars.iter().find(|b| b.index == index) else {
@@ -414,7 +444,12 @@ impl PassthroughFunction {
         ))
     }
 
-    /// Each offered BAR and where it was placed.
+    /// Capabilities hidden from the guest: (offset, id).
+    pub fn hidden(&self) -> &[(usize, u8)] {
+        &self.view.hidden
+    }
+
+    /// Each offered BAR and where the VMM placed it.
     pub fn bars(&self) -> &[(PhysicalBar, u64)] {
         &self.view.bars
     }
@@ -531,6 +566,13 @@ mod tests {
         (c, [16 << 20, 256 << 20, 0, 32 << 20, 0, 128])
     }
 
+    fn low(start: u64, end: u64) -> Windows {
+        Windows {
+            low: (start, end),
+            high: None,
+        }
+    }
+
     fn read(space: &ConfigSpace, at: u64, len: usize) -> u32 {
         let mut b = [0u8; 4];
         space.read(at, &mut b[..len]);
@@ -594,14 +636,14 @@ mod tests {
     fn bars_are_placed_largest_first_aligned_and_must_fit() {
         let (c, sizes) = gpu();
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
-        let placed = place_bars(&bars, 0xc000_0000, 0x1_0000_0000).unwrap();
+        let placed = place_bars(&bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
         // 256 MiB at 0xc0000000, then 32 MiB, then 16 MiB; the I/O BAR is not offered.
         assert_eq!(
             placed,
             [(0, 0xd200_0000), (1, 0xc000_0000), (3, 0xd000_0000)]
         );
         assert_eq!(
-            place_bars(&bars, 0xc000_0000, 0xd000_0000),
+            place_bars(&bars, &low(0xc000_0000, 0xd000_0000)),
             Err(PassthroughError::Window {
                 need: (256 + 32 + 16) << 20,
                 have: 256 << 20
@@ -616,8 +658,128 @@ mod tests {
             mmap: true,
         }];
         assert_eq!(
-            place_bars(&odd, 0, 1 << 32),
+            place_bars(&odd, &low(0, 1 << 32)),
             Err(PassthroughError::BarSize(0, 3000))
+        );
+        let tiny = [PhysicalBar { size: 8, ..odd[0] }];
+        assert_eq!(
+            place_bars(&tiny, &low(0, 1 << 32)),
+            Err(PassthroughError::BarSize(0, 8))
+        );
+    }
+
+    /// QEMU 7.2's NVMe (1b36:0010) as the rig's outer Linux read its configuration space
+    /// (/sys/bus/pci/devices/0000:00:04.0/config, first 256 bytes): MSI-X at 0x40 ->
+    /// PCIe at 0x80 -> PM at 0x60, out of order; BAR 0 64-bit, 16 KiB.
+    const QEMU_NVME_CONFIG: [u8; 256] = [
+        0x36, 0x1b, 0x10, 0x00, 0x03, 0x01, 0x10, 0x00, 0x02, 0x02, 0x08, 0x01, 0x00, 0x00, 0x00,
+        0x00, 0x04, 0x00, 0x00, 0x40, 0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xf4,
+        0x1a, 0x00, 0x11, 0x00, 0x00, 0x00, 0x00, 0x40, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x0a, 0x01, 0x00, 0x00, 0x11, 0x80, 0x40, 0x00, 0x00, 0x20, 0x00, 0x00, 0x00, 0x30, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x03, 0x00, 0x08, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x10, 0x60, 0x92, 0x00, 0x00, 0x80, 0x00,
+        0x10, 0x00, 0x00, 0x00, 0x00, 0x11, 0x04, 0x00, 0x00, 0x00, 0x00, 0x11, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x30, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00,
+    ];
+
+    #[test]
+    fn qemu_nvme_chains_its_capabilities_out_of_order_and_the_guest_sees_the_same_chain() {
+        let c = &QEMU_NVME_CONFIG;
+        assert_eq!(
+            capabilities(c),
+            [(0x40, CAP_MSIX), (0x80, 0x10), (0x60, 0x01)]
+        );
+        let bars = physical_bars(c, [16 << 10, 0, 0, 0, 0, 0], [true; 6]).unwrap();
+        let both = Windows {
+            low: (0xc010_0000, 0xd000_0000),
+            high: Some((64 << 30, 128 << 30)),
+        };
+        let v = virtual_function(c, &bars, &both).unwrap();
+        let seen: Vec<u8> = (0..256).map(|i| read(&v.config, i, 1) as u8).collect();
+        assert_eq!(
+            capabilities(&seen),
+            [(0x40, CAP_MSIX), (0x80, 0x10), (0x60, 0x01)]
+        );
+        // PCIe and PM keep their bytes; MSI-X is emulated with the device's 65 vectors,
+        // table and PBA in BAR 0.
+        assert_eq!(seen[0x82..0xbc], c[0x82..0xbc]);
+        assert_eq!(seen[0x62..0x68], c[0x62..0x68]);
+        let (m, at) = v.msix.as_ref().unwrap();
+        assert_eq!((m.count(), *at), (65, 0x40));
+        // BAR 0 is 64-bit, not prefetchable: below 4 GiB.
+        assert_eq!(v.config.bar_addr(0), Some(0xc010_0000));
+    }
+
+    /// QEMU's ivshmem-plain as the rig shows it: BAR 0 32-bit 256 bytes (registers), BAR 2
+    /// 64-bit prefetchable 1 GiB (the shared memory, a GPU aperture's shape).
+    fn ivshmem() -> Vec<PhysicalBar> {
+        let mut c = vec![0u8; 256];
+        c[0..4].copy_from_slice(&0x1110_1af4u32.to_le_bytes());
+        c[0x18..0x1c].copy_from_slice(&0b1100u32.to_le_bytes());
+        physical_bars(
+            &c,
+            [256, 0, 1 << 30, 0, 0, 0],
+            [false, false, true, false, false, false],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_small_bar_gets_a_page_and_a_large_prefetchable_one_goes_above_4_gib() {
+        let bars = ivshmem();
+        let both = Windows {
+            low: (0xc010_0000, 0xd000_0000),
+            high: Some((64 << 30, 128 << 30)),
+        };
+        assert_eq!(
+            place_bars(&bars, &both).unwrap(),
+            [(0, 0xc010_0000), (2, 64 << 30)]
+        );
+        // Without a high window the 1 GiB BAR does not fit under 4 GiB's hole.
+        assert_eq!(
+            place_bars(&bars, &low(0xc010_0000, 0xd000_0000)),
+            Err(PassthroughError::Window {
+                need: (1 << 30) + 4096,
+                have: 0xd000_0000 - 0xc010_0000
+            })
+        );
+        // Two small BARs each take a page of their own.
+        let two = [
+            PhysicalBar {
+                index: 0,
+                ..bars[0]
+            },
+            PhysicalBar {
+                index: 1,
+                ..bars[0]
+            },
+        ];
+        assert_eq!(
+            place_bars(&two, &both).unwrap(),
+            [(0, 0xc010_0000), (1, 0xc010_1000)]
+        );
+        // The guest sees the small BAR's real size (sizing reads back !0xff).
+        let mut c = vec![0u8; 256];
+        c[0x18..0x1c].copy_from_slice(&0b1100u32.to_le_bytes());
+        let v = virtual_function(&c, &bars, &both).unwrap();
+        let mut s = v.config.clone();
+        s.write(0x10, &u32::MAX.to_le_bytes());
+        assert_eq!(read(&s, 0x10, 4), 0xffff_ff00);
+        assert_eq!(s.bar_addr(2), Some(64 << 30));
+        assert_eq!(
+            read(&v.config, 0x18, 4) & 0xf,
+            0b1100,
+            "64-bit prefetchable"
         );
     }
 
@@ -625,7 +787,7 @@ mod tests {
     fn the_guest_sees_the_device_with_msi_hidden_and_msix_emulated() {
         let (c, sizes) = gpu();
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
-        let v = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).unwrap();
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
         let s = &v.config;
         assert_eq!(read(s, 0, 4), 0xabcd_1234);
         assert_eq!(read(s, 0x08, 4), 0x0302_00a1);
@@ -662,13 +824,13 @@ mod tests {
         // Table in BAR 2: the upper half of a 64-bit BAR, not a BAR.
         c[0xb8..0xbc].copy_from_slice(&0x0000_0002u32.to_le_bytes());
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
-        let e = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).err();
+        let e = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).err();
         assert!(matches!(e, Some(PassthroughError::Msix(_))), "{e:?}");
         // PBA past the end of BAR 0.
         let (mut c, sizes) = gpu();
         c[0xbc..0xc0].copy_from_slice(&0x0100_0000u32.to_le_bytes());
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
-        let e = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).err();
+        let e = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).err();
         assert!(matches!(e, Some(PassthroughError::Msix(_))), "{e:?}");
     }
 
@@ -702,7 +864,7 @@ mod tests {
         use super::super::msix::CONTROL_ENABLE;
         let (c, sizes) = gpu();
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
-        let v = virtual_function(&c, &bars, (0xc000_0000, 0x1_0000_0000)).unwrap();
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
         let fake = Fake::default();
         let mut f = PassthroughFunction::new(v, Box::new(fake.clone()));
         assert_eq!(f.vectors(), 16);

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Our end-to-end suite on the rig (scripts/rig.sh: real KVM on QEMU TCG's SVM, an IOMMU,
+# QEMU's NVMe, edu and ivshmem): the same test binaries `cargo test` builds, run inside
+# the outer machine as root with the sandbox on, unchanged. There they take the paths real
+# hardware takes: kvm_amd, the mwait idle policy with its exits disabled, `--cpu-model
+# host` with no assists, cgroup v2 isolated partitions, Debian's kernel to userspace on
+# one and two vCPUs, VFIO passthrough. docs/testing.md.
+#
+#   scripts/rig-suite.sh [TEST...]    TEST: a test binary of tools/partition-cli/tests,
+#                                     optionally NAME=FILTER (default: the suite below)
+#
+# Exits non-zero when any test fails inside, or the rig itself fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+need_root
+need_cargo
+apt_lists
+apt_install qemu-system-x86 cpio xz-utils dpkg python3
+
+# What runs inside: test binary names (tools/partition-cli/tests/NAME.rs), each with an
+# optional filter. The pod tests need a cgroup v1 cpuset (the rig mounts v2 only) and
+# the benchmark tests measure: both stay on the host.
+suite=(probe_boot idle assist sandbox teardown bad_input pool blk engine vfio linux_kernel)
+[ $# -gt 0 ] && suite=("$@")
+
+say "rig suite: building the test binaries"
+json=$(cargo test -p partition-cli --no-run --message-format=json --quiet 2>/dev/null)
+exe_of() {
+    python3 -c '
+import json, sys
+name = sys.argv[1]
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and t.get("name") == name and m.get("executable"):
+        print(m["executable"])
+' "$1" <<< "$json"
+}
+
+root=$(pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+case "$target" in /*) ;; *) target=$root/$target ;; esac
+files=(--partition "$target/debug/partition")
+# The tests find the binary under test where cargo built it.
+files+=(--file "$target/debug/partition:$target/debug/partition")
+script="$target/rig/suite.sh"
+mkdir -p "$target/rig"
+{
+    echo "mkdir -p '$target/tmp'"
+    echo "fail=0"
+} > "$script"
+for t in "${suite[@]}"; do
+    name=${t%%=*}
+    filter=""
+    [ "$name" != "$t" ] && filter=${t#*=}
+    exe=$(exe_of "$name")
+    [ -n "$exe" ] || die "no test binary named $name (tools/partition-cli/tests/$name.rs)"
+    files+=(--file "$exe:$exe")
+    {
+        echo "echo \"RIG-TEST-BEGIN $name\""
+        echo "'$exe' --show-output $filter; rc=\$?"
+        echo "echo \"RIG-TEST-END $name rc=\$rc\""
+        echo "[ \$rc = 0 ] || fail=1"
+    } >> "$script"
+done
+echo 'exit $fail' >> "$script"
+
+# The Linux tests' assets, made on this host (apt-get is not reachable inside): the test
+# that checks them makes them.
+if printf '%s\n' "${suite[@]}" | grep -q '^linux_kernel'; then
+    say "rig suite: Debian's kernel and the userspace initramfs (tests/linux_kernel.rs)"
+    "$(exe_of linux_kernel)" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules \
+        --quiet >/dev/null
+    assets="$target/tmp/assets"
+    for f in vmlinux debian-userspace-4.cpio linux-image/.done "$(cd "$assets" && ls linux-image/boot/vmlinuz-*)"; do
+        files+=(--file "$assets/$f:$assets/$f")
+    done
+fi
+
+say "rig suite: ${suite[*]}"
+scripts/rig.sh "${files[@]}" --file "$script:/rig/suite.sh" --timeout "${RIG_TIMEOUT:-2400}" \
+    -- sh /rig/suite.sh

@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# The second proving ground: real KVM (kvm_amd on QEMU TCG's emulated AMD SVM with nested
+# paging), an emulated Intel IOMMU with interrupt remapping, and real PCI functions
+# (QEMU's NVMe, edu, and ivshmem-plain with a 1 GiB 64-bit prefetchable BAR). Boots an
+# outer Linux (Debian's generic 6.12 kernel) from an initramfs holding our binary, runs one
+# command inside as root and returns its exit status; the command's output comes back on
+# a serial line of its own (the outer kernel's log goes to a file). docs/testing.md.
+#
+#   scripts/rig.sh [options] [--] COMMAND [ARG...]
+#
+#   --partition BIN   the partition binary to put inside (default: a release build, made
+#                     here when missing or older than the sources)
+#   --file SRC[:DST]  also put the host file SRC inside, at DST (default /rig/<name>),
+#                     with the shared libraries it links; may be given many times
+#   --timeout SECS    give up on the outer machine after SECS (default 900)
+#   --log FILE        where the outer kernel's console goes (default target/rig/console.log)
+#   --mem MIB         the outer machine's memory (default 3072)
+#
+# Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
+# /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
+# the files asked for; the command runs in /rig with PATH=/usr/bin:/bin. The rig's PCI
+# functions: 00:03.0 edu, 00:04.0 NVMe (a 64 MiB namespace), 00:05.0 ivshmem-plain.
+# Everything is downloaded with apt-get download and cached under target/rig/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+
+bin=""
+files=()
+timeout=900
+mem=3072
+cache=target/rig
+log=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --partition) bin="$2"; shift 2 ;;
+        --file) files+=("$2"); shift 2 ;;
+        --timeout) timeout="$2"; shift 2 ;;
+        --log) log="$2"; shift 2 ;;
+        --mem) mem="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        --) shift; break ;;
+        -*) die "unknown option $1 (scripts/rig.sh --help)" ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || die "no command to run inside (scripts/rig.sh --help)"
+need_root
+command -v qemu-system-x86_64 >/dev/null 2>&1 && command -v cpio >/dev/null 2>&1 \
+    && command -v xz >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 || {
+    apt_lists
+    apt_install qemu-system-x86 cpio xz-utils dpkg
+}
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+log=${log:-$cache/console.log}
+
+# The outer kernel and busybox, from Debian's packages (once).
+fetch() { # fetch PKG DIR: apt-get download PKG (a metapackage resolved) and unpack to DIR
+    local pkg=$1 dir=$2 real
+    [ -e "$dir/.done" ] && return 0
+    apt_lists
+    real=$(apt-cache depends "$pkg" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-.*\)/\1/p' | head -n1)
+    real=${real:-$pkg}
+    say "rig: downloading $real"
+    rm -rf "$dir" "$dir.deb" && mkdir -p "$dir.deb"
+    (cd "$dir.deb" && apt-get download -q "$real" >&2) || die "apt-get download $real failed"
+    dpkg-deb -x "$dir.deb"/*.deb "$dir"
+    rm -rf "$dir.deb"
+    echo "$real" > "$dir/.done"
+}
+fetch linux-image-6.12-amd64 "$cache/kernel"
+fetch busybox-static "$cache/busybox"
+vmlinuz=$(ls "$cache"/kernel/boot/vmlinuz-* | head -n1)
+moddir=$(ls -d "$cache"/kernel/lib/modules/* | head -n1)
+
+# The base initramfs (kernel modules, busybox, /init), rebuilt when this script changes.
+base="$cache/base.cpio"
+if [ ! -e "$base" ] || [ "$0" -nt "$base" ]; then
+    say "rig: building the outer machine's initramfs"
+    root="$cache/base-root"
+    rm -rf "$root" && mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,rig,lib/modules}
+    cp "$cache/busybox/bin/busybox" "$root/bin/busybox"
+    # Modules in load order, each after what its .modinfo says it depends on.
+    order=()
+    add_module() {
+        local name=$1 f deps d
+        for d in "${order[@]:-}"; do [ "$d" = "$name" ] && return 0; done
+        f=$(find "$moddir/kernel" -name "$name.ko.xz" -o -name "${name//_/-}.ko.xz" | head -n1)
+        [ -n "$f" ] || die "module $name is not in $(basename "$moddir")"
+        deps=$(xz -dc "$f" | tr '\0' '\n' | sed -n 's/^depends=//p' | head -n1)
+        for d in ${deps//,/ }; do add_module "$d"; done
+        order+=("$name")
+        xz -dc "$f" > "$root/lib/modules/$name.ko"
+    }
+    for m in kvm-amd vfio-pci vfio_iommu_type1; do add_module "$m"; done
+    printf '%s\n' "${order[@]}" > "$root/lib/modules/load"
+    # nvme is there for commands that give a device back to its host driver; not loaded.
+    for m in nvme; do add_module "$m"; done
+    cat > "$root/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/bin/sh
+partition:x:999:999:partition VMM:/nonexistent:/bin/false
+EOF
+    cat > "$root/etc/group" <<'EOF'
+root:x:0:
+partition:x:999:
+EOF
+    cat > "$root/init" <<'EOF'
+#!/bin/busybox sh
+/bin/busybox --install -s
+export PATH=/usr/bin:/usr/sbin:/bin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t tmpfs tmp /tmp
+mount -t tmpfs run /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+echo +cpuset > /sys/fs/cgroup/cgroup.subtree_control
+ip link set lo up 2>/dev/null
+for m in $(cat /lib/modules/load); do
+    insmod /lib/modules/$m.ko || echo "rig: insmod $m failed" > /dev/console
+done
+stty -F /dev/ttyS1 raw -echo 2>/dev/null
+dmesg -n 1
+out=/dev/ttyS1
+echo "RIG-READY kernel=$(uname -r) kvm=$([ -e /dev/kvm ] && echo yes || echo no) iommu_groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
+cd /rig
+sh /rig/cmd > $out 2>&1 < /dev/null
+rc=$?
+echo "RIG-EXIT rc=$rc uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
+sync
+poweroff -f
+EOF
+    chmod 755 "$root/init"
+    (cd "$root" && find . | cpio -o -H newc --quiet) > "$base.tmp"
+    mv "$base.tmp" "$base"
+fi
+
+# Our binary, its libraries, the command and the files asked for: a second archive the
+# kernel unpacks over the first.
+if [ -z "$bin" ]; then
+    bin=target/release/partition
+    if [ ! -x "$bin" ] || [ -n "$(find partition devices boot pool tools/partition-cli tools/probe-guest -newer "$bin" -name '*.rs' -print -quit)" ]; then
+        need_cargo
+        say "rig: cargo build --release -p partition-cli"
+        cargo build --release -p partition-cli --quiet
+    fi
+fi
+[ -x "$bin" ] || die "$bin is not an executable"
+run=$(mktemp -d "$cache/run.XXXXXX")
+trap 'rm -rf "$run"' EXIT
+extra="$run/root"
+mkdir -p "$extra/usr/bin" "$extra/rig"
+# Without its debug sections: the outer kernel unpacks the archive under TCG.
+strip --strip-debug -o "$extra/usr/bin/partition" "$bin" 2>/dev/null || cp "$bin" "$extra/usr/bin/partition"
+libs_of() { # the shared libraries (and loader) a dynamic executable needs, into the rig
+    local lib
+    for lib in $(ldd "$1" 2>/dev/null | grep -o '/[^ ]*' || true); do
+        [ -e "$extra$lib" ] && continue
+        mkdir -p "$extra$(dirname "$lib")"
+        cp -L "$lib" "$extra$lib"
+    done
+}
+libs_of "$bin"
+for f in "${files[@]:-}"; do
+    [ -n "$f" ] || continue
+    src=${f%%:*}
+    dst=${f#*:}
+    [ "$dst" = "$f" ] && dst=/rig/$(basename "$src")
+    [ -e "$src" ] || die "--file $src: no such file"
+    mkdir -p "$extra$(dirname "$dst")"
+    if [ -x "$src" ] && head -c 4 "$src" | grep -q ELF; then
+        strip --strip-debug -o "$extra$dst" "$src" 2>/dev/null || cp -L "$src" "$extra$dst"
+        libs_of "$src"
+    else
+        cp -L "$src" "$extra$dst"
+    fi
+done
+{
+    printf '#!/bin/sh\n'
+    printf '%q ' "$@"
+    printf '\n'
+} > "$extra/rig/cmd"
+(cd "$extra" && find . | cpio -o -H newc --quiet) > "$run/extra.cpio"
+cat "$base" "$run/extra.cpio" > "$run/initrd.cpio"
+
+# The NVMe's namespace: 64 MiB of zeros, new each run.
+truncate -s 64M "$run/nvme.img"
+out="$run/out"
+: > "$out"
+say "rig: booting the outer machine (console: $log)"
+qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=single
+    -cpu EPYC,+svm,+npt -smp 2 -m "$mem" -display none -no-reboot -nodefaults
+    -kernel "$vmlinuz" -initrd "$run/initrd.cpio"
+    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet"
+    -serial "file:$log" -serial "file:$out"
+    -device intel-iommu,intremap=on
+    -device edu,addr=03.0
+    -drive "file=$run/nvme.img,if=none,id=nv,format=raw"
+    -device nvme,serial=rig-nvme,drive=nv,addr=04.0
+    -object memory-backend-ram,id=vram,size=1G,share=on
+    -device ivshmem-plain,memdev=vram,addr=05.0)
+# QEMU's own warnings (TCG lacks some of EPYC's features) go to a file beside the log.
+"${qemu[@]}" 2> "$log.qemu" &
+qpid=$!
+tail -f --pid=$qpid "$out" | sed -u 's/\r$//' &
+tpid=$!
+deadline=$((SECONDS + timeout))
+while kill -0 $qpid 2>/dev/null; do
+    if [ $SECONDS -ge $deadline ]; then
+        echo "error: the rig did not finish within ${timeout} s; the outer console's end:" >&2
+        kill $qpid 2>/dev/null || true
+        tail -n 40 "$log" >&2 || true
+        wait $qpid 2>/dev/null || true
+        wait $tpid 2>/dev/null || true
+        exit 124
+    fi
+    sleep 1
+done
+wait $qpid || true
+wait $tpid 2>/dev/null || true
+rc=$(sed -n 's/^RIG-EXIT rc=\([0-9]*\).*/\1/p' "$out" | tail -n1)
+if [ -z "$rc" ]; then
+    echo "error: the outer machine stopped before the command ended; its console's end:" >&2
+    tail -n 40 "$log" >&2 || true
+    grep -v "TCG doesn't support" "$log.qemu" >&2 || true
+    exit 125
+fi
+exit "$rc"
