@@ -14,7 +14,8 @@
 #                     with the shared libraries it links; may be given many times
 #   --timeout SECS    give up on the outer machine after SECS (default 900)
 #   --log FILE        where the outer kernel's console goes (default target/rig/console.log)
-#   --mem MIB         the outer machine's memory (default 3072)
+#   --mem MIB         the outer machine's memory (default 6144: the pool tests reserve
+#                     4 GiB of hugepages in it)
 #
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
@@ -30,7 +31,7 @@ usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 bin=""
 files=()
 timeout=900
-mem=3072
+mem=6144
 cache=target/rig
 log=""
 while [ $# -gt 0 ]; do

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything CI runs: install what the tests need, check formatting and lints, build the
-# no_std core, run every test. No timing assertions anywhere.
+# no_std core, run every test on this host's /dev/kvm, then the end-to-end suite again on
+# the rig (real KVM under QEMU TCG with an IOMMU: scripts/rig-suite.sh, docs/testing.md).
+# No timing assertions anywhere.
 #
 #   scripts/test.sh          (as root)
 #   scripts/test.sh --long   also the boots that take longest on a nested kvm_pvm host
-#                            (Debian's kernel to userspace on two vCPUs: about a quarter
-#                            of an hour there; elsewhere they always run)
+#                            (Debian's kernel and ours to userspace there: a quarter of an
+#                            hour each; on real KVM, and in the rig, they always run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -37,12 +39,17 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 say "no_std build of the pure boot and pool logic"
 cargo build -p boot -p pool --no-default-features --quiet
 
-say "our guest kernel (scripts/guest-image.sh; cached in benchmarks/cache after the first build)"
-# tests/linux_kernel.rs boots it to userspace beside Debian's stock kernel. Built before the
-# tests so the kernel build does not compete with the guests for the two cores.
-scripts/guest-image.sh >/dev/null
+if [ "${PARTITION_LONG_TESTS:-0}" = 1 ] || [ ! -e /sys/module/kvm_pvm ]; then
+    say "our guest kernel (scripts/guest-image.sh; cached in benchmarks/cache after the first build)"
+    # tests/linux_kernel.rs boots it to userspace beside Debian's stock kernel. Built
+    # before the tests so the kernel build does not compete with the guests for the cores.
+    scripts/guest-image.sh >/dev/null
+fi
 
 say "cargo test"
 # --show-output: a test that skips or checks less than it would on other hardware says so.
 cargo test --workspace -- --show-output
 (cd benchmarks/hotpaths && cargo test --release -- --show-output)
+
+say "the end-to-end suite on the rig: real KVM, an IOMMU, PCI functions (scripts/rig-suite.sh)"
+scripts/rig-suite.sh

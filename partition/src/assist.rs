@@ -549,18 +549,47 @@ pub mod syscall {
         }
     }
 
-    /// Whether this #PF is a SYSCALL the host left in ring 3, and if so how to finish it.
-    pub fn repair(frame: &PfFrame, cr2: u64, lstar: u64, star: u64) -> Option<Assist> {
-        let broken = lstar != 0
-            && frame.cs & 3 == 3
-            && frame.rip == lstar
-            && cr2 == lstar
-            && frame.error_code & PF_USER_FETCH == PF_USER_FETCH;
+    /// RFLAGS.RF: SYSCALL clears it.
+    const RFLAGS_RF: u64 = 1 << 16;
+
+    /// What the registers at the guest's #PF handler say about the fault.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Verdict {
+        /// A SYSCALL the host left in ring 3: finish it with this.
+        Repair(Assist),
+        /// A user-mode fault at LSTAR that is not the shape of a broken SYSCALL (another
+        /// error code, or CR2 elsewhere): delivered to the guest as it is (a SIGSEGV for
+        /// the process in Linux), and counted, never silent.
+        Unmatched,
+        /// Any other page fault: the guest's own.
+        Ordinary,
+    }
+
+    /// Whether this #PF is a SYSCALL the host left in ring 3, and if so how to finish it as
+    /// SYSCALL would have: CS and SS from STAR, RSP as it was, RIP = LSTAR, and RFLAGS =
+    /// the user's (SYSCALL saved them in R11) less SFMASK and RF, never the frame's.
+    pub fn classify(
+        frame: &PfFrame,
+        cr2: u64,
+        lstar: u64,
+        star: u64,
+        r11: u64,
+        sfmask: u64,
+    ) -> Verdict {
+        if lstar == 0 || frame.cs & 3 != 3 {
+            return Verdict::Ordinary;
+        }
+        let broken =
+            frame.rip == lstar && cr2 == lstar && frame.error_code & PF_USER_FETCH == PF_USER_FETCH;
         if !broken {
-            return None;
+            return if frame.rip == lstar || cr2 == lstar {
+                Verdict::Unmatched
+            } else {
+                Verdict::Ordinary
+            };
         }
         let kcs = ((star >> 32) & 0xfffc) as u16;
-        Some(Assist {
+        Verdict::Repair(Assist {
             kind: Kind::Syscall,
             effects: effects(&[
                 Effect::Segments {
@@ -578,7 +607,7 @@ pub mod syscall {
                     },
                 },
                 Effect::Rsp(frame.rsp),
-                Effect::Rflags(frame.rflags),
+                Effect::Rflags((r11 & !sfmask & !RFLAGS_RF) | 2),
                 Effect::Rip(lstar),
             ]),
         })
@@ -858,17 +887,23 @@ mod tests {
 
     #[test]
     fn a_broken_syscall_is_repaired_and_nothing_else_is() {
-        use syscall::{PfFrame, repair};
+        use syscall::{PfFrame, Verdict, classify};
         let lstar = 0xffff_ffff_81c0_0080;
         let star = 0x0023_0010_0000_0000;
+        // Linux's SFMASK: TF, DF, IF, IOPL, AC, NT.
+        let sfmask = 0x4_7700;
         let frame = PfFrame {
             error_code: 0x15, // present, user, instruction fetch
             rip: lstar,
             cs: 0x33,
-            rflags: 0x2,
+            rflags: 0x10602, // what the host left: IF, DF, RF
             rsp: 0x7ffc_d163_8b50,
         };
-        let a = repair(&frame, lstar, lstar, star).unwrap();
+        // The user's RFLAGS as SYSCALL saved them: AC, RF, DF, IF, ZF, PF.
+        let r11 = 0x5_0646;
+        let Verdict::Repair(a) = classify(&frame, lstar, lstar, star, r11, sfmask) else {
+            panic!("not repaired");
+        };
         assert_eq!(a.kind, Kind::Syscall);
         assert_eq!(
             a.effects.as_slice(),
@@ -888,7 +923,9 @@ mod tests {
                     }
                 },
                 Effect::Rsp(frame.rsp),
-                Effect::Rflags(0x2),
+                // R11 less SFMASK and RF: only ZF, PF (and the fixed bit) are left; IF,
+                // DF, AC from the user, and what the frame held, never reach the entry.
+                Effect::Rflags(0x46),
                 Effect::Rip(lstar)
             ]
         );
@@ -899,14 +936,32 @@ mod tests {
                 rip: lstar + 1,
                 ..frame
             }, // elsewhere
-            PfFrame {
-                error_code: 0x6,
-                ..frame
-            }, // a data write
         ] {
-            assert_eq!(repair(&f, lstar, lstar, star), None, "{f:?}");
+            assert_eq!(
+                classify(&f, 0x1000, lstar, star, r11, sfmask),
+                Verdict::Ordinary,
+                "{f:?}"
+            );
         }
-        assert_eq!(repair(&frame, 0x1000, lstar, star), None, "CR2 elsewhere");
-        assert_eq!(repair(&frame, 0, 0, star), None, "LSTAR not set");
+        assert_eq!(
+            classify(&frame, 0, 0, star, r11, sfmask),
+            Verdict::Ordinary,
+            "LSTAR not set"
+        );
+        // A user fault at LSTAR of another shape is not repaired, and says so.
+        assert_eq!(
+            classify(&frame, 0x1000, lstar, star, r11, sfmask),
+            Verdict::Unmatched,
+            "CR2 elsewhere"
+        );
+        let write = PfFrame {
+            error_code: 0x6,
+            ..frame
+        };
+        assert_eq!(
+            classify(&write, lstar, lstar, star, r11, sfmask),
+            Verdict::Unmatched,
+            "a data write"
+        );
     }
 }

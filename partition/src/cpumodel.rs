@@ -150,6 +150,11 @@ pub const NESTED_SAFE_HIDDEN: &[Feature] = &[
         "rep movsb/stosb, stepped a byte at a time (time only)",
     ),
     leaf7_edx("fsrm", 4, "rep movsb for short copies (time only)"),
+    leaf7_ebx(
+        "fsgsbase",
+        0,
+        "rdgsbase/wrgsbase (the kernel's paranoid entry and context switch)",
+    ),
     // KVM's paravirtual IPI: our guest kernel's KVM_HC_SEND_IPI `vmcall` was re-executed by
     // the host's emulator forever (traced: vCPU 1 looping on `0f 01 c1` in __send_ipi_mask
     // while vCPU 0 waited for its IPI); without it Linux sends IPIs through the local APIC.
@@ -494,7 +499,11 @@ mod tests {
             & !((1 << 1) | (1 << 25));
         assert_eq!(e[0].ecx, want1);
         assert_eq!(e[0].edx, u32::MAX);
-        assert_eq!(e[1].ebx, !((1 << 20) | (1 << 29) | (1 << 9)));
+        assert_eq!(
+            e[1].ebx,
+            !((1 << 20) | (1 << 29) | (1 << 9) | 1),
+            "smap sha_ni erms fsgsbase"
+        );
         assert_eq!(e[1].edx, !(1 << 4), "fsrm");
         assert_eq!(e[2].ebx, u32::MAX, "sub-leaf 1 untouched");
         assert_eq!(

@@ -65,7 +65,12 @@ pub enum Exit<'a> {
         data: u64,
     },
     /// A debug exit: the SYSCALL repair's breakpoint or single step, or the guest's own.
-    Debug,
+    Debug {
+        /// DR6 as KVM reported it (which breakpoint, or BS: a single step ended).
+        dr6: u64,
+        /// Where the vCPU stopped.
+        pc: u64,
+    },
     /// VM entry failed.
     FailEntry {
         /// Hardware reason.
@@ -122,8 +127,13 @@ pub enum Action {
         /// Value.
         data: u64,
     },
-    /// Handle a debug exit (the SYSCALL repair).
-    Debug,
+    /// Handle a debug exit (the SYSCALL repair): DR6 and RIP as KVM reported them.
+    Debug {
+        /// DR6 at the exit.
+        dr6: u64,
+        /// RIP at the exit.
+        pc: u64,
+    },
 }
 
 /// Exit counts by reason, cheap enough for every exit.
@@ -145,6 +155,9 @@ pub struct ExitCounters {
     pub other: AtomicU64,
     /// Instructions the VMM assisted, by [`assist::Kind`] (in `Kind::ALL` order).
     pub assists: [AtomicU64; assist::Kind::ALL.len()],
+    /// User-mode faults at LSTAR the SYSCALL repair did not match (each a SIGSEGV for a
+    /// Linux guest's process): reported as `syscall_unmatched` beside the assists.
+    pub syscall_unmatched: AtomicU64,
 }
 
 impl ExitCounters {
@@ -156,12 +169,16 @@ impl ExitCounters {
         self.assists[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (instruction, times assisted) pairs, in report order.
+    /// (instruction, times assisted) pairs, in report order, then `syscall_unmatched`.
     pub fn assist_snapshot(&self) -> Vec<(&'static str, u64)> {
         assist::Kind::ALL
             .iter()
             .zip(&self.assists)
             .map(|(k, n)| (k.name(), n.load(Ordering::Relaxed)))
+            .chain([(
+                "syscall_unmatched",
+                self.syscall_unmatched.load(Ordering::Relaxed),
+            )])
             .collect()
     }
 
@@ -223,7 +240,7 @@ pub fn handle_exit(exit: Exit<'_>, pio: &Bus, mmio: &Bus) -> Action {
         ))),
         Exit::EmulationFailure { bytes } => Action::Assist(bytes),
         Exit::WriteMsr { index, data } => Action::WriteMsr { index, data },
-        Exit::Debug => Action::Debug,
+        Exit::Debug { dr6, pc } => Action::Debug { dr6, pc },
         Exit::FailEntry { reason } => Action::Stop(StopReason::FailEntry(reason)),
         Exit::SystemEvent { kind } => match kind {
             KVM_SYSTEM_EVENT_SHUTDOWN => Action::Stop(StopReason::PowerOff(0)),
@@ -423,7 +440,20 @@ mod tests {
                 data: 0xffff_ffff_81c0_0080
             }
         );
-        assert_eq!(handle_exit(Exit::Debug, &pio, &mmio), Action::Debug);
+        assert_eq!(
+            handle_exit(
+                Exit::Debug {
+                    dr6: 0x4ff0,
+                    pc: 0x1000
+                },
+                &pio,
+                &mmio
+            ),
+            Action::Debug {
+                dr6: 0x4ff0,
+                pc: 0x1000
+            }
+        );
         // Without instruction bytes an internal error still stops the guest.
         assert!(matches!(
             handle_exit(Exit::InternalError { suberror: 1 }, &pio, &mmio),
@@ -437,8 +467,10 @@ mod tests {
         c.assisted(assist::Kind::Int3);
         c.assisted(assist::Kind::Syscall);
         c.assisted(assist::Kind::Syscall);
+        c.syscall_unmatched.fetch_add(1, Ordering::Relaxed);
         let s = c.assist_snapshot();
-        assert_eq!(s.len(), assist::Kind::ALL.len());
+        assert_eq!(s.len(), assist::Kind::ALL.len() + 1);
+        assert!(s.contains(&("syscall_unmatched", 1)));
         assert!(s.contains(&("int3", 1)));
         assert!(s.contains(&("syscall", 2)));
         assert!(s.contains(&("fwait", 0)));

@@ -30,7 +30,10 @@ impl<'a> From<VcpuExit<'a>> for Exit<'a> {
             VcpuExit::Intr => Exit::Interrupted,
             VcpuExit::Unknown => Exit::Other("unknown exit"),
             VcpuExit::Exception => Exit::Other("exception exit"),
-            VcpuExit::Debug(_) => Exit::Debug,
+            VcpuExit::Debug(d) => Exit::Debug {
+                dr6: d.dr6,
+                pc: d.pc,
+            },
             VcpuExit::IrqWindowOpen => Exit::Other("irq window open"),
             VcpuExit::Nmi => Exit::Other("nmi exit"),
             VcpuExit::IoapicEoi(_) => Exit::Other("ioapic eoi"),
@@ -280,6 +283,13 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
             }
             Err(err) => return StopReason::RunError(format!("KVM_RUN: {err}")),
         };
+        if ctx.syscall.stepping && !matches!(action, Action::Debug { .. }) {
+            return StopReason::RunError(format!(
+                "SYSCALL repair: a single step over the #PF handler's first instruction ended \
+                 in {action:?}, not a debug exit; the last debug exits: {}",
+                ctx.syscall.recent()
+            ));
+        }
         match action {
             Action::Continue => {}
             Action::Assist(bytes) => {
@@ -298,19 +308,22 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
                     set_msr_error(&mut ctx.fd);
                 }
             }
-            Action::Debug => {
-                if let Err(why) = ctx
-                    .syscall
-                    .debug_exit(&ctx.fd, ctx.memory.mem(), &ctx.counters)
+            Action::Debug { dr6, pc } => {
+                if let Err(why) =
+                    ctx.syscall
+                        .debug_exit(&ctx.fd, ctx.memory.mem(), &ctx.counters, (dr6, pc))
                 {
-                    return StopReason::RunError(format!("SYSCALL repair: {why}"));
+                    return StopReason::RunError(format!(
+                        "SYSCALL repair: {why}; the last debug exits: {}",
+                        ctx.syscall.recent()
+                    ));
                 }
             }
             Action::Stop(StopReason::InternalError(what)) => {
                 return StopReason::InternalError(format!("{what}; {}", fault_site(ctx)));
             }
             Action::Stop(StopReason::TripleFault(_)) => {
-                return StopReason::TripleFault(fault_site(ctx));
+                return StopReason::TripleFault(shutdown_site(ctx));
             }
             Action::Stop(r @ StopReason::FailEntry(_)) => {
                 log::error!("vcpu{}: {:?}; {}", ctx.index, r, fault_site(ctx));
@@ -528,6 +541,33 @@ const VEC_PF: u64 = 14;
 /// The #DB vector.
 const VEC_DB: u8 = 1;
 
+/// DR6.BS: the debug exception came from a single step.
+const DR6_BS: u64 = 1 << 14;
+/// DR6.B0..B3: which breakpoint matched.
+const DR6_B0_B3: u64 = 0xf;
+/// RFLAGS.RF: the instruction at RIP does not hit an instruction breakpoint once.
+const RFLAGS_RF: u64 = 1 << 16;
+/// IA32_FMASK (SFMASK): the RFLAGS bits SYSCALL clears.
+const MSR_SFMASK: u32 = 0xc000_0084;
+/// How many debug exits each vCPU remembers (`SyscallRepair::recent`).
+const RECENT: usize = 64;
+
+/// One debug exit as the SYSCALL repair saw it (the diagnostic ring).
+#[derive(Clone, Copy, Debug, Default)]
+struct DebugEvent {
+    /// RIP at the exit.
+    pc: u64,
+    /// DR6 at the exit.
+    dr6: u64,
+    /// The #PF frame's RIP, CS, RFLAGS and CR2 (zero when not at the #PF handler).
+    rip: u64,
+    cs: u64,
+    rflags: u64,
+    cr2: u64,
+    /// What was done: `repair`, `unmatched`, `skip`, `step`, `stepped`, `guest-db`.
+    what: &'static str,
+}
+
 /// The SYSCALL repair of one vCPU (see [`assist::syscall`]): a hardware breakpoint on the
 /// guest's #PF handler, armed when the guest writes IA32_LSTAR.
 #[derive(Debug, Default)]
@@ -536,7 +576,10 @@ pub struct SyscallRepair {
     pub enabled: bool,
     lstar: u64,
     handler: u64,
-    stepping: bool,
+    /// A single step over the handler's first instruction is under way.
+    pub(crate) stepping: bool,
+    /// The last [`RECENT`] debug exits, oldest first.
+    events: std::collections::VecDeque<DebugEvent>,
 }
 
 impl SyscallRepair {
@@ -548,14 +591,47 @@ impl SyscallRepair {
         }
     }
 
-    fn breakpoint(&self, fd: &VcpuFd) -> Result<(), kvm_ioctls::Error> {
+    /// The breakpoint on the #PF handler; with `step`, also a single step of the next
+    /// instruction with interrupts blocked (KVM_GUESTDBG_BLOCKIRQ), so the step ends on
+    /// the instruction after it and not in an interrupt handler.
+    fn breakpoint(&self, fd: &VcpuFd, step: bool) -> Result<(), kvm_ioctls::Error> {
+        let mut control = kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_USE_HW_BP;
+        if step {
+            control |= kvm_bindings::KVM_GUESTDBG_SINGLESTEP | kvm_bindings::KVM_GUESTDBG_BLOCKIRQ;
+        }
         let mut d = kvm_bindings::kvm_guest_debug {
-            control: kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_USE_HW_BP,
+            control,
             ..Default::default()
         };
         d.arch.debugreg[0] = self.handler;
         d.arch.debugreg[7] = DR7_L0;
         fd.set_guest_debug(&d)
+    }
+
+    fn note(&mut self, e: DebugEvent) {
+        if self.events.len() == RECENT {
+            self.events.pop_front();
+        }
+        self.events.push_back(e);
+    }
+
+    /// The remembered debug exits, oldest first, one per line-ish entry.
+    pub fn recent(&self) -> String {
+        let v: Vec<String> = self
+            .events
+            .iter()
+            .map(|e| {
+                format!(
+                    "[{} pc {:#x} dr6 {:#x} rip {:#x} cs {:#x} rflags {:#x} cr2 {:#x}]",
+                    e.what, e.pc, e.dr6, e.rip, e.cs, e.rflags, e.cr2
+                )
+            })
+            .collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(" ")
+        }
     }
 
     /// Completes the guest's WRMSR (only IA32_LSTAR is filtered) and arms the breakpoint
@@ -590,7 +666,7 @@ impl SyscallRepair {
         let hi = u64::from_le_bytes(g[8..16].try_into().unwrap_or_default());
         self.handler = (lo & 0xffff) | ((lo >> 48) << 16) | ((hi & 0xffff_ffff) << 32);
         self.stepping = false;
-        if let Err(e) = self.breakpoint(fd) {
+        if let Err(e) = self.breakpoint(fd, false) {
             log::warn!("SYSCALL repair not armed: KVM_SET_GUEST_DEBUG: {e}");
             self.handler = 0;
         }
@@ -601,26 +677,49 @@ impl SyscallRepair {
         true
     }
 
-    /// A debug exit: our breakpoint (repair the SYSCALL, or step over it), the end of our
-    /// single step (re-arm), or the guest's own #DB (give it back).
+    /// A debug exit (`dr6`, `pc` as KVM reported them): our breakpoint (repair the
+    /// SYSCALL, or step over it), the end of our single step (which must be one: DR6.BS),
+    /// or the guest's own #DB (given back with its DR6).
     fn debug_exit(
         &mut self,
         fd: &VcpuFd,
         mem: &GuestMemoryMmap,
         counters: &ExitCounters,
+        (dr6, pc): (u64, u64),
     ) -> Result<(), String> {
         let e = |what: &'static str| move |err: kvm_ioctls::Error| format!("{what}: {err}");
+        let mut ev = DebugEvent {
+            pc,
+            dr6,
+            ..Default::default()
+        };
         if self.stepping {
             self.stepping = false;
-            return self.breakpoint(fd).map_err(e("re-arming"));
+            if dr6 & DR6_BS == 0 || pc == self.handler {
+                ev.what = "step-failed";
+                self.note(ev);
+                return Err(format!(
+                    "the single step over the #PF handler's first instruction ended with DR6 \
+                     {dr6:#x} at {pc:#x}, not one instruction on"
+                ));
+            }
+            ev.what = "stepped";
+            self.note(ev);
+            return self.breakpoint(fd, false).map_err(e("re-arming"));
         }
         let mut regs = fd.get_regs().map_err(e("KVM_GET_REGS"))?;
-        if self.handler == 0 || regs.rip != self.handler {
-            let mut ev = fd.get_vcpu_events().map_err(e("KVM_GET_VCPU_EVENTS"))?;
-            ev.exception.injected = 1;
-            ev.exception.nr = VEC_DB;
-            ev.exception.has_error_code = 0;
-            return fd.set_vcpu_events(&ev).map_err(e("injecting #DB"));
+        if self.handler == 0 || regs.rip != self.handler || dr6 & DR6_B0_B3 & !1 != 0 {
+            // The guest's own #DB: it sees the DR6 the exception set.
+            ev.what = "guest-db";
+            self.note(ev);
+            let mut dregs = fd.get_debug_regs().map_err(e("KVM_GET_DEBUGREGS"))?;
+            dregs.dr6 = dr6;
+            fd.set_debug_regs(&dregs).map_err(e("KVM_SET_DEBUGREGS"))?;
+            let mut vev = fd.get_vcpu_events().map_err(e("KVM_GET_VCPU_EVENTS"))?;
+            vev.exception.injected = 1;
+            vev.exception.nr = VEC_DB;
+            vev.exception.has_error_code = 0;
+            return fd.set_vcpu_events(&vev).map_err(e("injecting #DB"));
         }
         let sregs = fd.get_sregs().map_err(e("KVM_GET_SREGS"))?;
         let virt = VcpuVirt { fd, mem };
@@ -632,37 +731,77 @@ impl SyscallRepair {
             *x = u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         }
         let frame = assist::syscall::PfFrame::from_words(w);
+        (ev.rip, ev.cs, ev.rflags, ev.cr2) = (frame.rip, frame.cs, frame.rflags, sregs.cr2);
         let star = read_msr(fd, MSR_STAR).map_err(e("reading STAR"))?;
-        match assist::syscall::repair(&frame, sregs.cr2, self.lstar, star) {
-            Some(a) => {
+        let sfmask = read_msr(fd, MSR_SFMASK).map_err(e("reading SFMASK"))?;
+        match assist::syscall::classify(&frame, sregs.cr2, self.lstar, star, regs.r11, sfmask) {
+            assist::syscall::Verdict::Repair(a) => {
+                ev.what = "repair";
+                self.note(ev);
                 apply(fd, regs, sregs, &a).map_err(e("applying"))?;
                 counters.assisted(a.kind);
-                Ok(())
+                return Ok(());
             }
-            // An ordinary page fault: let the handler run past the breakpoint. Its first
-            // instruction is read each time (the kernel patches it at run time): a no-op is
-            // stepped over by skipping it, anything else by a single step.
-            None => {
-                let mut first = [0u8; 15];
-                if let Some(n) = virt
-                    .read(self.handler, &mut first)
-                    .ok()
-                    .and_then(|_| assist::nop_len(&first))
-                {
-                    regs.rip += n as u64;
-                    return fd
-                        .set_regs(&regs)
-                        .map_err(e("stepping over the breakpoint"));
-                }
-                let d = kvm_bindings::kvm_guest_debug {
-                    control: kvm_bindings::KVM_GUESTDBG_ENABLE
-                        | kvm_bindings::KVM_GUESTDBG_SINGLESTEP,
-                    ..Default::default()
-                };
-                self.stepping = true;
-                fd.set_guest_debug(&d).map_err(e("single-stepping"))
+            assist::syscall::Verdict::Unmatched => {
+                ev.what = "unmatched";
+                self.note(ev);
+                counters
+                    .syscall_unmatched
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                log::warn!(
+                    "SYSCALL repair: a user-mode fault at LSTAR {:#x} not of a broken \
+                     SYSCALL's shape (error code {:#x}, RIP {:#x}, CR2 {:#x}) goes to the \
+                     guest; the last debug exits: {}",
+                    self.lstar,
+                    frame.error_code,
+                    frame.rip,
+                    sregs.cr2,
+                    self.recent()
+                );
+            }
+            assist::syscall::Verdict::Ordinary => {
+                ev.what = "ordinary";
+                self.note(ev);
             }
         }
+        // Not ours to finish: let the handler run past the breakpoint. Its first
+        // instruction is read each time (the kernel patches it at run time): a no-op is
+        // stepped over by skipping it, anything else by a single step with interrupts
+        // blocked and the breakpoint still armed (RF lets the instruction at it run once).
+        let mut first = [0u8; 15];
+        if let Some(n) = virt
+            .read(self.handler, &mut first)
+            .ok()
+            .and_then(|_| assist::nop_len(&first))
+        {
+            regs.rip += n as u64;
+            return fd
+                .set_regs(&regs)
+                .map_err(e("stepping over the breakpoint"));
+        }
+        regs.rflags |= RFLAGS_RF;
+        fd.set_regs(&regs).map_err(e("setting RF"))?;
+        self.stepping = true;
+        self.breakpoint(fd, true).map_err(e("single-stepping"))
+    }
+}
+
+/// Where a shutdown (triple fault) happened. KVM on AMD SVM re-initialises the vCPU when it
+/// takes the shutdown, so its registers then show the reset vector (CS 0xf000, RIP 0xfff0)
+/// and the faulting site is lost: said so instead of naming the reset vector.
+fn shutdown_site(ctx: &VcpuContext) -> String {
+    let site = fault_site(ctx);
+    let reset = matches!(
+        (ctx.fd.get_regs(), ctx.fd.get_sregs()),
+        (Ok(r), Ok(s)) if r.rip == 0xfff0 && s.cs.selector == 0xf000
+    );
+    if reset {
+        format!(
+            "site unknown: the host's KVM reset the vCPU when it took the shutdown (AMD SVM \
+             does), so the faulting RIP is lost; now {site}"
+        )
+    } else {
+        site
     }
 }
 

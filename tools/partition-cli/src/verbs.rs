@@ -113,7 +113,11 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
                     }
                 }
             }
-            _ => "",
+            Ok(_) => "",
+            Err(e) => {
+                eprintln!("partition: error: {e}");
+                "; it had failed already (the error above), nothing was reserved"
+            }
         };
         eprintln!("partition: reserve stopped by {}{what}", signals::name(sig));
         return ExitCode::from(128 + sig as u8);

@@ -214,7 +214,7 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
         ),
         (
             "bzImage extraction of a non-bzImage",
-            vec!["extract-vmlinux", "/etc/hostname", "-o", "/dev/null"],
+            vec!["extract-vmlinux", text.to_str().unwrap(), "-o", "/dev/null"],
             "not a bzImage",
         ),
     ];

@@ -87,10 +87,21 @@ fn triple_fault_is_reported_with_its_site() {
     assert_eq!(j["outcome"]["kind"], "triple_fault", "{j}");
     assert_eq!(j["outcome"]["exit_code"], 3, "{j}");
     let site = j["outcome"]["site"].as_str().unwrap_or("");
-    assert!(
-        site.contains("RIP 0x200000") && site.contains("bytes 0f 0b"),
-        "{j}"
-    );
+    if site.starts_with("site unknown: the host's KVM reset the vCPU") {
+        // AMD SVM: KVM re-initialises the vCPU at a shutdown; only Intel and the nested
+        // kvm_pvm host keep the faulting state.
+        assert!(
+            std::path::Path::new("/sys/module/kvm_amd").exists(),
+            "the site was lost on a host that is not AMD: {j}"
+        );
+        assert!(site.contains("RIP 0xfff0"), "{j}");
+        println!("NOTE triple_fault_is_reported_with_its_site: AMD SVM loses the site: {site}");
+    } else {
+        assert!(
+            site.contains("RIP 0x200000") && site.contains("bytes 0f 0b"),
+            "{j}"
+        );
+    }
 }
 
 /// Starts a guest that prints 'R' and halts with interrupts off, waits for the 'R', sends

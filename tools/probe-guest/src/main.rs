@@ -15,8 +15,9 @@
 //! `probe.idle_seconds` (see wake.rs for their options); `probe.bench=paths` times the
 //! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
 //! the first virtio-blk device (blk.rs); `probe.assist=1` checks the instructions a VMM
-//! must assist where ring 0 is emulated (assist.rs); `probe.engine=...` enumerates PCI and
-//! drives the VMM's submission engine (engine.rs).
+//! must assist where ring 0 is emulated (assist.rs); `probe.canary=N` makes N system calls
+//! through SYSCALL, each checked for everything it must leave alone (canary.rs);
+//! `probe.engine=...` enumerates PCI and drives the VMM's submission engine (engine.rs).
 #![no_std]
 #![no_main]
 
@@ -26,6 +27,7 @@ mod clock;
 mod console;
 mod assist;
 mod blk;
+mod canary;
 mod engine;
 mod firmware;
 mod libc;
@@ -183,6 +185,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         None => {}
     }
     failed |= assist::run(&bi);
+    failed |= canary::run(&bi);
     failed |= blk::run(&bi, tsc_khz);
     failed |= engine::run(&bi, tsc_khz, bsp);
     if bi.arg("probe.zerocheck") == Some("1") {

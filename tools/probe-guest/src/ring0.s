@@ -593,6 +593,21 @@ syscall_entry_probe:
     incq syscall_seen + 16(%rip)
     sysretq
 
+# SYSCALL entry of the canary (canary.rs), through the same alias. It runs with the user's
+# RSP, so it takes no stack until it has its own: notes the RFLAGS and CS it runs with (an
+# interrupt let in here would write below the user's RSP), counts, returns with SYSRET.
+    .global canary_entry
+canary_entry:
+    mov %rsp, canary_user_rsp(%rip)
+    lea canary_stack_top(%rip), %rsp
+    pushfq
+    popq canary_seen(%rip)
+    mov %cs, %rax
+    mov %rax, canary_seen + 8(%rip)
+    incq canary_seen + 16(%rip)
+    mov canary_user_rsp(%rip), %rsp
+    sysretq
+
 # ---------------------------------------------------------------------------------------
 # Ring 3: `in` from port EDI, returning the byte, or -1 when ring 3 may not do port I/O
 # (the #GP is turned into a return from pio_try_fixup by exc_common).
@@ -718,6 +733,14 @@ assist_rips:
     .global syscall_seen
 syscall_seen:                      # CS in the entry, RCX (return address), entries
     .skip 3 * 8
+    .global canary_seen
+canary_seen:                       # RFLAGS and CS in the canary's entry, entries
+    .skip 3 * 8
+canary_user_rsp:
+    .skip 8
+canary_stack:
+    .skip 64
+canary_stack_top:
     .global wake_samples
 wake_samples:
     .skip 4096 * 8

@@ -57,6 +57,20 @@ pub fn set_lvt_timer_deadline(vector: u8) {
     reg_write(0x320, vector as u32 | (0b10 << 17));
 }
 
+/// Puts the local APIC timer in periodic mode on `vector`, every `us` microseconds (KVM's
+/// local APIC timer counts a 1 GHz bus, divided by 1 here).
+pub fn set_lvt_timer_periodic(vector: u8, us: u64) {
+    reg_write(0x3e0, 0b1011);
+    reg_write(0x320, vector as u32 | (0b01 << 17));
+    reg_write(0x380, (us * 1000).min(u32::MAX as u64) as u32);
+}
+
+/// Stops the local APIC timer (masked, count 0).
+pub fn stop_lvt_timer() {
+    reg_write(0x380, 0);
+    reg_write(0x320, 1 << 16);
+}
+
 /// End of interrupt.
 #[allow(dead_code)]
 pub fn eoi() {

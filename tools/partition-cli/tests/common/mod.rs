@@ -50,7 +50,7 @@ pub fn vmm_cmdline(stderr: &str) -> String {
 /// The words the CPU model puts before the user's command line on this host.
 pub fn cpu_model_words() -> &'static str {
     if nested_pvm() {
-        "clearcpuid=141,154,151,308,137,147,148,129,153,317,297,580 cryptomgr.notests \
+        "clearcpuid=141,154,151,308,137,147,148,129,153,317,297,580,288 cryptomgr.notests \
          init_on_alloc=0 initcall_blacklist=ftrace_check_for_weak_functions,trace_eval_init "
     } else {
         ""
