@@ -77,9 +77,9 @@ if printf '%s\n' "${suite[@]}" | grep -q '^linux_kernel'; then
     "$(exe_of linux_kernel)" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules \
         --quiet >/dev/null
     assets="$target/tmp/assets"
-    for f in vmlinux debian-userspace-4.cpio linux-image/.done "$(cd "$assets" && ls linux-image/boot/vmlinuz-*)"; do
+    while read -r f; do
         files+=(--file "$assets/$f:$assets/$f")
-    done
+    done < "$assets/rig.list"
 fi
 
 say "rig suite: ${suite[*]}"

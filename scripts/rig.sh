@@ -50,9 +50,10 @@ done
 [ $# -gt 0 ] || die "no command to run inside (scripts/rig.sh --help)"
 need_root
 command -v qemu-system-x86_64 >/dev/null 2>&1 && command -v cpio >/dev/null 2>&1 \
-    && command -v xz >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 || {
+    && command -v xz >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 \
+    && command -v gcc >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || {
     apt_lists
-    apt_install qemu-system-x86 cpio xz-utils dpkg
+    apt_install qemu-system-x86 cpio xz-utils dpkg gcc libc6-dev
 }
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
@@ -79,7 +80,7 @@ moddir=$(ls -d "$cache"/kernel/lib/modules/* | head -n1)
 
 # The base initramfs (kernel modules, busybox, /init), rebuilt when this script changes.
 base="$cache/base.cpio"
-if [ ! -e "$base" ] || [ "$0" -nt "$base" ]; then
+if [ ! -e "$base" ] || [ "$0" -nt "$base" ] || [ scripts/rig-holder.c -nt "$base" ]; then
     say "rig: building the outer machine's initramfs"
     root="$cache/base-root"
     rm -rf "$root" && mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,rig,lib/modules}
@@ -100,6 +101,8 @@ if [ ! -e "$base" ] || [ "$0" -nt "$base" ]; then
     printf '%s\n' "${order[@]}" > "$root/lib/modules/load"
     # nvme is there for commands that give a device back to its host driver; not loaded.
     for m in nvme; do add_module "$m"; done
+    # The holder (scripts/rig-holder.c): a VM that lives as long as the machine.
+    gcc -static -Os -o "$root/bin/kvm-holder" scripts/rig-holder.c
     cat > "$root/etc/passwd" <<'EOF'
 root:x:0:0:root:/root:/bin/sh
 partition:x:999:999:partition VMM:/nonexistent:/bin/false
@@ -123,6 +126,10 @@ ip link set lo up 2>/dev/null
 for m in $(cat /lib/modules/load); do
     insmod /lib/modules/$m.ko || echo "rig: insmod $m failed" > /dev/console
 done
+# A cpuset cgroup and a VM that live as long as the machine: the kernel patches its code
+# when the first of either appears or the last goes (scripts/rig-holder.c says why).
+mkdir /sys/fs/cgroup/rig-hold
+kvm-holder &
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 dmesg -n 1
 out=/dev/ttyS1
@@ -192,7 +199,7 @@ truncate -s 64M "$run/nvme.img"
 out="$run/out"
 : > "$out"
 say "rig: booting the outer machine (console: $log)"
-qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=single
+qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=multi
     -cpu EPYC,+svm,+npt -smp 2 -m "$mem" -display none -no-reboot -nodefaults
     -kernel "$vmlinuz" -initrd "$run/initrd.cpio"
     -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet"

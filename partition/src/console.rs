@@ -54,6 +54,61 @@ impl Write for Capped {
     }
 }
 
+/// What a Linux guest's console says when one of its processes dies of a fatal signal
+/// (with `print-fatal-signals=1` for the second) or its kernel trips.
+pub const FAULT_LINES: [&str; 4] = [
+    "segfault at",
+    "potentially unexpected fatal signal",
+    "general protection fault",
+    "Oops:",
+];
+
+/// Passes everything to `inner` and counts the lines that contain one of [`FAULT_LINES`]
+/// (the vCPUs dump their SYSCALL repair's recent debug exits when it is not 0).
+pub struct FaultWatch {
+    inner: Box<dyn Write + Send>,
+    line: Vec<u8>,
+    seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FaultWatch {
+    /// Longest line kept for matching; longer ones are matched on their first bytes.
+    const LINE: usize = 512;
+
+    /// Watches what goes to `inner`, counting into `seen`.
+    pub fn new(
+        inner: Box<dyn Write + Send>,
+        seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
+        Self {
+            inner,
+            line: Vec::with_capacity(Self::LINE),
+            seen,
+        }
+    }
+}
+
+impl Write for FaultWatch {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        for &c in b {
+            if c == b'\n' {
+                let line = String::from_utf8_lossy(&self.line);
+                if FAULT_LINES.iter().any(|f| line.contains(f)) {
+                    self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                self.line.clear();
+            } else if self.line.len() < Self::LINE {
+                self.line.push(c);
+            }
+        }
+        self.inner.write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,5 +138,23 @@ mod tests {
         }
         assert_eq!(sink.0.lock().unwrap().as_slice(), b"hello worl");
         assert!(c.said);
+    }
+
+    #[test]
+    fn fault_lines_are_counted_across_writes() {
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut w = FaultWatch::new(Box::new(std::io::sink()), seen.clone());
+        w.write_all(b"[  1.0] dd[77]: segf").unwrap();
+        w.write_all(b"ault at 0 ip 0 sp 0 error 4\n[  1.1] ok\n")
+            .unwrap();
+        w.write_all(b"potentially unexpected fatal signal 11.\r\n")
+            .unwrap();
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 2);
+        // A line longer than the buffer still counts by its start.
+        let mut long = b"Oops: ".to_vec();
+        long.extend(vec![b'x'; 4000]);
+        long.push(b'\n');
+        w.write_all(&long).unwrap();
+        assert_eq!(seen.load(std::sync::atomic::Ordering::Relaxed), 3);
     }
 }

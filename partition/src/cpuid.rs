@@ -41,13 +41,19 @@ pub fn host_leaf5() -> Option<[u32; 4]> {
     Some([l5.eax, l5.ebx, l5.ecx, l5.edx])
 }
 
-/// CPUID for vCPU `apic_id` of `count`.
+/// CPUID leaf 1 ECX: the local APIC's TSC-deadline mode.
+pub const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
+
+/// CPUID for vCPU `apic_id` of `count`. `tsc_deadline`: KVM emulates the local APIC's
+/// TSC-deadline mode (KVM_CAP_TSC_DEADLINE_TIMER), which KVM_GET_SUPPORTED_CPUID never
+/// shows (the VMM must), so the guest may use it.
 pub fn for_vcpu(
     supported: &CpuId,
     apic_id: u32,
     count: u32,
     tsc_khz: Option<u32>,
     idle: IdleCpuid,
+    tsc_deadline: bool,
 ) -> CpuId {
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
     // MONITOR/MWAIT only when MWAIT exits are disabled; leaf 5 goes with it.
@@ -73,6 +79,9 @@ pub fn for_vcpu(
                     e.edx |= 1 << 28; // HTT: the count field is valid
                 }
                 e.ecx |= 1 << 31; // running under a hypervisor
+                if tsc_deadline {
+                    e.ecx |= LEAF1_ECX_TSC_DEADLINE;
+                }
                 if idle.mwait {
                     e.ecx |= LEAF1_ECX_MONITOR;
                 } else {
@@ -196,7 +205,7 @@ mod tests {
             entry(0x4000_0000, 0),
         ])
         .unwrap();
-        let c = for_vcpu(&sup, 3, 4, Some(2_596_000), IdleCpuid::default());
+        let c = for_vcpu(&sup, 3, 4, Some(2_596_000), IdleCpuid::default(), true);
         let e = |f, i| {
             *c.as_slice()
                 .iter()
@@ -206,6 +215,14 @@ mod tests {
         assert_eq!(e(1, 0).ebx >> 24, 3);
         assert_eq!((e(1, 0).ebx >> 16) & 0xff, 4);
         assert_ne!(e(1, 0).ecx & (1 << 31), 0);
+        assert_ne!(e(1, 0).ecx & LEAF1_ECX_TSC_DEADLINE, 0);
+        let without = for_vcpu(&sup, 3, 4, None, IdleCpuid::default(), false);
+        let l1 = without.as_slice().iter().find(|e| e.function == 1).unwrap();
+        assert_eq!(
+            l1.ecx & LEAF1_ECX_TSC_DEADLINE,
+            0,
+            "only where KVM emulates it"
+        );
         assert_eq!((e(0xb, 1).eax, e(0xb, 1).ebx, e(0xb, 1).edx), (2, 4, 3));
         assert_eq!(e(0xb, 0).flags & FLAG_INDEX, FLAG_INDEX);
         assert_eq!(e(TIMING_LEAF, 0).eax, 2_596_000);
@@ -217,7 +234,7 @@ mod tests {
         let mut l1 = entry(1, 0);
         l1.ecx = LEAF1_ECX_MONITOR;
         let sup = CpuId::from_entries(&[l1, entry(5, 0), entry(KVM_FEATURES_LEAF, 0)]).unwrap();
-        let hidden = for_vcpu(&sup, 0, 1, None, IdleCpuid::default());
+        let hidden = for_vcpu(&sup, 0, 1, None, IdleCpuid::default(), false);
         let get = |c: &CpuId, f| c.as_slice().iter().find(|e| e.function == f).copied();
         assert_eq!(get(&hidden, 1).unwrap().ecx & LEAF1_ECX_MONITOR, 0);
         assert!(get(&hidden, 5).is_none());
@@ -234,6 +251,7 @@ mod tests {
                 mwait: true,
                 hints_realtime: true,
             },
+            false,
         );
         assert_ne!(get(&shown, 1).unwrap().ecx & LEAF1_ECX_MONITOR, 0);
         assert_eq!(get(&shown, 5).is_some(), host_leaf5().is_some());

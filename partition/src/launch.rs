@@ -580,6 +580,9 @@ pub struct LaunchReport {
     pub engine: Option<crate::pci::EngineReport>,
     /// The passed-through function (`--device vfio=`): where its BARs are, what is mapped.
     pub passthrough: Option<crate::vfio::PassthroughReport>,
+    /// Lines of the guest's console reporting a process killed by a fatal signal or a
+    /// kernel Oops (`console::FAULT_LINES`).
+    pub guest_fault_lines: u64,
     /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
     pub sandbox: Option<Identity>,
 }
@@ -1055,6 +1058,9 @@ pub fn run(
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
         passthrough: devices.vfio.as_ref().map(|v| v.report.clone()),
+        guest_fault_lines: devices
+            .guest_faults
+            .load(std::sync::atomic::Ordering::Relaxed),
         sandbox: match &checked.sandbox {
             Sandbox::On(who) => Some(who.clone()),
             Sandbox::Off => None,
@@ -1099,6 +1105,9 @@ struct Devices {
     mmio: Arc<Bus>,
     serial: Arc<Mutex<SerialPort>>,
     first_byte: Arc<std::sync::OnceLock<Instant>>,
+    /// Lines of the guest's console that report a fatal signal or an Oops
+    /// (`console::FAULT_LINES`).
+    guest_faults: Arc<std::sync::atomic::AtomicU64>,
     disks: Vec<crate::disks::AttachedDisk>,
     /// The submission engine (`--device engine`), and its thread once started.
     engine: Option<crate::pci::AttachedEngine>,
@@ -1152,10 +1161,14 @@ fn attach_devices(
     let serial_irq = vm.irq_line(COM1_IRQ)?;
     let console = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
     let first_byte = Arc::new(std::sync::OnceLock::new());
+    let guest_faults = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let console = Box::new(FirstByte {
-        inner: Box::new(crate::console::Capped::new(
-            console,
-            checked.cfg.console_limit,
+        inner: Box::new(crate::console::FaultWatch::new(
+            Box::new(crate::console::Capped::new(
+                console,
+                checked.cfg.console_limit,
+            )),
+            guest_faults.clone(),
         )),
         at: first_byte.clone(),
     });
@@ -1201,6 +1214,7 @@ fn attach_devices(
         mmio: Arc::new(mmio),
         serial,
         first_byte,
+        guest_faults,
         disks,
         engine,
         engine_thread: Mutex::new(None),
@@ -1261,6 +1275,7 @@ fn create_vcpus(
             filter: None,
             pause: Arc::default(),
             syscall: kvm_vcpu::SyscallRepair::new(checked.cpu_model.syscall_repair),
+            guest_faults: devices.guest_faults.clone(),
         });
     }
     Ok(out)

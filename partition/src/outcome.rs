@@ -334,6 +334,9 @@ pub struct ReportDoc {
     /// The passed-through function: its BARs (placed where, how much mapped), vectors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passthrough: Option<crate::vfio::PassthroughReport>,
+    /// Lines of the guest's console that reported a process killed by a fatal signal or a
+    /// kernel Oops (a Linux guest's `segfault at`, `print-fatal-signals=1`'s line).
+    pub guest_fault_lines: u64,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
     /// Who the VMM ran as after setup (`null` with `--no-sandbox`: root, unfiltered).
@@ -376,6 +379,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         disks: r.disks.clone(),
         engine: r.engine.clone(),
         passthrough: r.passthrough.clone(),
+        guest_fault_lines: r.guest_fault_lines,
         pool: r.pool.as_ref().map(|p| PoolDoc {
             name: p.name.clone(),
             offset: p.offset,

@@ -185,6 +185,9 @@ pub struct VcpuContext {
     pub filter: Option<Arc<seccompiler::BpfProgram>>,
     /// The SYSCALL repair's state (armed when the guest writes IA32_LSTAR).
     pub syscall: SyscallRepair,
+    /// Fatal-signal and Oops lines the guest's console showed: when not 0 at the end, the
+    /// SYSCALL repair's recent debug exits are dumped.
+    pub guest_faults: Arc<std::sync::atomic::AtomicU64>,
     /// Paused by the local API.
     pub pause: Arc<PauseControl>,
 }
@@ -249,6 +252,15 @@ pub fn run(mut ctx: VcpuContext) -> StopReason {
             Some(unsafe { libc::pthread_self() });
     }
     let reason = run_loop(&mut ctx);
+    let faults = ctx.guest_faults.load(std::sync::atomic::Ordering::Relaxed);
+    if faults > 0 && ctx.syscall.enabled {
+        log::warn!(
+            "vcpu{}: the guest's console reported {faults} fatal signal or Oops line(s); this \
+             vCPU's last SYSCALL-repair debug exits: {}",
+            ctx.index,
+            ctx.syscall.recent()
+        );
+    }
     // Unregister before the VcpuFd (and its kvm_run mapping) goes away.
     *ctx.kicker
         .immediate_exit

@@ -416,8 +416,15 @@ impl Vm {
             .create_vcpu(index as u64)
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let tsc_khz = vcpu.get_tsc_khz().ok();
-        let mut cpuid =
-            crate::cpuid::for_vcpu(supported, index as u32, count as u32, tsc_khz, idle);
+        let deadline = self.kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
+        let mut cpuid = crate::cpuid::for_vcpu(
+            supported,
+            index as u32,
+            count as u32,
+            tsc_khz,
+            idle,
+            deadline,
+        );
         model.apply(cpuid.as_mut_slice());
         vcpu.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         // Read back: some hosts rewrite what we set.

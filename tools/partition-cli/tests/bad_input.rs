@@ -10,8 +10,14 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// The tests here run one at a time: the first compares snapshots of the host that list
+/// every `partition` process, and the other's would be in them (seen on the rig, where
+/// processes live longer).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("bad-input");
     let text = dir.file("notes.txt", b"this is not a kernel\n");
     let empty = dir.file("empty", b"");
@@ -260,6 +266,7 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
 /// as a Unix filter does, not with a panic and a backtrace.
 #[test]
 fn a_closed_pipe_ends_a_report_quietly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("closed-pipe");
     let state = dir.path("state");
     for args in [

@@ -250,10 +250,12 @@ const WRITE_TEXT: &str = "written-by-the-guest";
 const DISK_KNOWN: usize = 1 << 20;
 
 /// The init of the userspace test: mount, load the virtio modules, read the disk through
-/// Linux's virtio-blk driver and print the checksum, write to it, power off. Each step says
-/// how long the kernel has been up. Each disk step runs once, as one process (no
-/// pipelines, so its exit status is its own): a step that fails is a failure of the test,
-/// never tried again (docs/boot.md).
+/// Linux's virtio-blk driver and print the checksum, write to it, power off; meanwhile four
+/// processes check every register around their system calls under a 1 kHz SIGALRM with
+/// fork/exec churn (tests/guest/syscall-stress.c) and O_DIRECT reads keep the disk busy.
+/// Each step says how long the kernel has been up. Each disk step runs once, as one
+/// process (no pipelines, so its exit status is its own): a step that fails is a failure of
+/// the test, never tried again (docs/boot.md).
 const INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 up() { $B cut -d' ' -f1 /proc/uptime; }
@@ -268,6 +270,12 @@ $B echo PARTITION-MODULES-LOADED uptime=$(up)
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done
 $B echo PARTITION-CPUS $($B nproc)
+# The SYSCALL stress (tests/guest/syscall-stress.c) and O_DIRECT reads of the disk run
+# beside the disk steps; each stops by itself.
+/bin/syscall-stress 10 > /stress.out 2>&1 &
+S=$!
+( i=0; while [ $i -lt 40 ]; do $B dd if=/dev/vda of=/dev/null bs=4096 count=64 iflag=direct 2>/dev/null; i=$((i+1)); done ) &
+D=$!
 $B dd if=/dev/vda of=/known bs=65536 count=16 2>/dev/null
 $B echo PARTITION-READ rc=$?
 $B sha256sum /known > /sum
@@ -279,6 +287,10 @@ $B sync
 $B echo 3 > /proc/sys/vm/drop_caches
 $B dd if=/dev/vda of=/back bs=512 skip=4096 count=1 2>/dev/null
 $B echo PARTITION-READBACK $($B head -c 20 /back)
+wait $S
+$B echo PARTITION-STRESS-RC rc=$?
+$B cat /stress.out
+wait $D
 $B echo PARTITION-DONE uptime=$(up)
 $B poweroff -f
 "#;
@@ -297,6 +309,21 @@ const GUEST_FAULTS: [&str; 4] = [
 /// any process killed by a fatal signal.
 const USERSPACE_CMDLINE: &str = "console=ttyS0 print-fatal-signals=1";
 
+/// tests/guest/syscall-stress.c, built static with the host's gcc (scripts/test.sh
+/// installs it).
+fn syscall_stress() -> PathBuf {
+    let out = assets_dir().join("syscall-stress");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/guest/syscall-stress.c");
+    let st = Command::new("gcc")
+        .args(["-static", "-O2", "-Wall", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("gcc (to build tests/guest/syscall-stress.c; scripts/test.sh installs it)");
+    assert!(st.success(), "gcc failed on {}", src.display());
+    out
+}
+
 /// A busybox initramfs with `mods` (module files, in load order) and [`INIT`], cached as
 /// `name`.
 fn userspace_initramfs(name: &str, mods: &[PathBuf]) -> PathBuf {
@@ -312,6 +339,13 @@ fn userspace_initramfs(name: &str, mods: &[PathBuf]) -> PathBuf {
     }
     cpio_entry(&mut c, "dev/console", 0o020600, &[], (5, 1));
     cpio_entry(&mut c, "bin/busybox", 0o100755, &bb, (0, 0));
+    cpio_entry(
+        &mut c,
+        "bin/syscall-stress",
+        0o100755,
+        &std::fs::read(syscall_stress()).unwrap(),
+        (0, 0),
+    );
     let mut load = String::new();
     for m in mods {
         let name = m.file_name().unwrap().to_string_lossy().into_owned();
@@ -502,12 +536,13 @@ fn long_test_runs(name: &str, minutes: u32) -> bool {
 fn marker<'a>(log: &'a str, key: &str) -> Option<&'a str> {
     let k = format!("PARTITION-{key}");
     log.lines()
-        .find_map(|l| l.trim_end_matches('\r').strip_prefix(k.as_str()))
+        .filter_map(|l| l.trim_end_matches('\r').strip_prefix(k.as_str()))
+        .find(|rest| rest.is_empty() || rest.starts_with(' '))
         .map(str::trim)
 }
 
 /// The userspace initramfs's name in the assets directory.
-const DEBIAN_INITRAMFS: &str = "debian-userspace-4.cpio";
+const DEBIAN_INITRAMFS: &str = "debian-userspace-5.cpio";
 
 /// Debian's vmlinux and an initramfs with the virtio-mmio and virtio-blk modules of its
 /// package (those not built in). Once both are cached nothing else is read (the rig gets
@@ -553,7 +588,13 @@ fn the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules() {
     assert_eq!(&head[..4], b"\x7fELF", "{}", vmlinux.display());
     let cpio = std::fs::read(&initrd).unwrap();
     let names = cpio_names(&cpio);
-    for want in ["bin/busybox", "init", "lib/modules/load", "dev/console"] {
+    for want in [
+        "bin/busybox",
+        "bin/syscall-stress",
+        "init",
+        "lib/modules/load",
+        "dev/console",
+    ] {
         assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
     }
     assert_eq!(names.last().map(String::as_str), Some("TRAILER!!!"));
@@ -566,6 +607,15 @@ fn the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules() {
         mods.iter().any(|m| m.ends_with("virtio_blk.ko")),
         "{mods:?}"
     );
+    // What the rig needs of them (scripts/rig-suite.sh copies these in): relative to the
+    // assets directory.
+    let bz = debian_bzimage();
+    let bz = bz.strip_prefix(assets_dir()).unwrap();
+    let list = format!(
+        "vmlinux\n{DEBIAN_INITRAMFS}\nlinux-image/.done\n{}\n",
+        bz.display()
+    );
+    std::fs::write(assets_dir().join("rig.list"), list).unwrap();
 }
 
 /// A kernel, only `console=ttyS0` from us, our initramfs, a disk: it must reach its init,
@@ -647,6 +697,18 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
     // The guest's reads and write succeeded, it reads the write back from the device, and
     // the host sees it.
     assert_eq!(marker(&log, "READ"), Some("rc=0"), "{}", show());
+    // The stress beside the disk steps: four workers' system calls, each register and the
+    // red zone checked, none different.
+    assert_eq!(marker(&log, "STRESS-RC"), Some("rc=0"), "{}", show());
+    let stress = marker(&log, "STRESS").unwrap_or_else(|| panic!("no stress line\n{}", show()));
+    assert!(stress.contains(" mismatches=0 "), "{stress}\n{}", show());
+    let calls: u64 = stress
+        .strip_prefix("calls=")
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(calls > 0, "{stress}");
+    assert_eq!(r["guest_fault_lines"], 0, "{}", show());
     assert_eq!(marker(&log, "WRITE"), Some("rc=0"), "{}", show());
     assert_eq!(marker(&log, "READBACK"), Some(WRITE_TEXT), "{}", show());
     let img = std::fs::read(&disk).unwrap();
@@ -733,7 +795,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs("own-kernel-userspace-4.cpio", &[])
+        userspace_initramfs("own-kernel-userspace-5.cpio", &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }

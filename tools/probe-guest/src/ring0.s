@@ -569,15 +569,18 @@ sys_pingpong:
 
 # TSC-deadline timer: RDI = deadline, RSI = mode. Arms IA32_TSC_DEADLINE, waits for the
 # timer vector, returns the TSC at wake-up.
-sys_timer_wait:
+sys_timer_wait:                    # RDI = TSC deadline (0: ring 3 armed the timer)
     mov %rsi, %r9
     lea irq_counts + VEC_TIMER * 8(%rip), %r10
     mov (%r10), %rsi
+    test %rdi, %rdi
+    jz 1f
     mov $0x6e0, %ecx
     mov %rdi, %rax
     mov %rdi, %rdx
     shr $32, %rdx
     wrmsr
+1:
     mov %r10, %rdi
     call r0_wait
     jmp sys_ret

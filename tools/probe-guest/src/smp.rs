@@ -51,10 +51,38 @@ pub fn enable_lapic() {
     reg_write(REG_SVR, 0x1ff);
 }
 
-/// Puts the local APIC timer in TSC-deadline mode on `vector` (armed by writing
-/// IA32_TSC_DEADLINE).
-pub fn set_lvt_timer_deadline(vector: u8) {
-    reg_write(0x320, vector as u32 | (0b10 << 17));
+/// The local APIC timer as a one-shot alarm at a TSC value: in TSC-deadline mode when CPUID
+/// offers it (armed by writing IA32_TSC_DEADLINE), else in one-shot mode counting KVM's
+/// 1 GHz APIC bus (a CPU without TSC-deadline: QEMU TCG's, so the rig's guests).
+#[derive(Clone, Copy)]
+pub struct Alarm {
+    deadline: bool,
+    tsc_khz: u64,
+}
+
+impl Alarm {
+    /// Sets the timer up on `vector`.
+    pub fn new(vector: u8, tsc_khz: u64) -> Self {
+        let deadline = crate::sys::cpuid(1, 0)[2] & (1 << 24) != 0;
+        let mode = if deadline { 0b10 << 17 } else { 0 };
+        reg_write(0x320, vector as u32 | mode);
+        if !deadline {
+            reg_write(0x3e0, 0b1011);
+            say!("timer mode=one-shot (no TSC-deadline timer in CPUID)");
+        }
+        Self { deadline, tsc_khz }
+    }
+
+    /// Arms the alarm for TSC `at`. Returns the value to write to IA32_TSC_DEADLINE (the
+    /// caller writes it, in ring 3 or in `sys::timer_wait`), or 0 when it is armed already.
+    pub fn arm(&self, at: u64) -> u64 {
+        if self.deadline {
+            return at;
+        }
+        let ns = at.saturating_sub(crate::sys::rdtsc()) * 1_000_000 / self.tsc_khz.max(1);
+        reg_write(0x380, ns.clamp(1, u32::MAX as u64) as u32);
+        0
+    }
 }
 
 /// Puts the local APIC timer in periodic mode on `vector`, every `us` microseconds (KVM's

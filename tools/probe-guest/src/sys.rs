@@ -127,8 +127,8 @@ pub fn pingpong(n: u64, peer_apic: u32, mwait: bool, initiator: bool) {
     );
 }
 
-/// Arms the TSC-deadline timer for `deadline` and waits in ring 0; returns the TSC at
-/// wake-up.
+/// Arms the TSC-deadline timer for `deadline` (0: the caller armed the timer already, see
+/// `smp::Alarm`) and waits in ring 0; returns the TSC at wake-up.
 pub fn timer_wait(deadline: u64, mwait: bool) -> u64 {
     call(SYS_TIMER_WAIT, deadline, mwait as u64, 0)
 }

@@ -284,7 +284,7 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
     say!("wake start mode={} n={} warmup={}", m.name(), n, warm);
 
     // Timer lateness, on the BSP.
-    smp::set_lvt_timer_deadline(VEC_TIMER as u8);
+    let alarm = smp::Alarm::new(VEC_TIMER as u8, tsc_khz);
     let interval = arg("probe.timer_us", 1000) * tsc_khz / 1000;
     if m != Mode::Hlt && m != Mode::Mwait {
         sys::set_interrupts(true);
@@ -292,10 +292,13 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
     for s in buf.iter_mut().take(total) {
         let deadline = rdtsc() + interval;
         let woke = match m {
-            Mode::Hlt | Mode::Mwait => sys::timer_wait(deadline, m == Mode::Mwait),
+            Mode::Hlt | Mode::Mwait => sys::timer_wait(alarm.arm(deadline), m == Mode::Mwait),
             _ => {
                 let old = count(VEC_TIMER);
-                sys::wrmsr(0x6e0, deadline);
+                match alarm.arm(deadline) {
+                    0 => {}
+                    msr => sys::wrmsr(0x6e0, msr),
+                }
                 wait_word(count_addr(VEC_TIMER), old, m);
                 rdtsc()
             }
@@ -379,17 +382,20 @@ pub fn idle_window(bi: &BootInfo, tsc_khz: u64) {
         .arg("probe.idle_seconds")
         .and_then(|v| v.parse().ok())
         .unwrap_or(3u64);
-    smp::set_lvt_timer_deadline(VEC_TIMER as u8);
+    let alarm = smp::Alarm::new(VEC_TIMER as u8, tsc_khz);
     say!("idle start mode={} seconds={}", m.name(), secs);
     let end = rdtsc() + secs * tsc_khz * 1000;
     match m {
         Mode::Hlt | Mode::Mwait => {
-            sys::timer_wait(end, m == Mode::Mwait);
+            sys::timer_wait(alarm.arm(end), m == Mode::Mwait);
         }
         _ => {
             sys::set_interrupts(true);
             let old = count(VEC_TIMER);
-            sys::wrmsr(0x6e0, end);
+            match alarm.arm(end) {
+                0 => {}
+                msr => sys::wrmsr(0x6e0, msr),
+            }
             wait_word(count_addr(VEC_TIMER), old, m);
         }
     }
