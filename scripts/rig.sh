@@ -130,10 +130,13 @@ done
 # when the first of either appears or the last goes (scripts/rig-holder.c says why).
 mkdir /sys/fs/cgroup/rig-hold
 kvm-holder &
+# The second CPU only now (maxcpus=1): the kernel's boot-time code patching and the
+# modules' (kvm updates static calls in the core kernel) ran with one CPU.
+echo 1 > /sys/devices/system/cpu/cpu1/online
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 dmesg -n 1
 out=/dev/ttyS1
-echo "RIG-READY kernel=$(uname -r) kvm=$([ -e /dev/kvm ] && echo yes || echo no) iommu_groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
+echo "RIG-READY kernel=$(uname -r) cpus=$(nproc) kvm=$([ -e /dev/kvm ] && echo yes || echo no) iommu_groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
 cd /rig
 sh /rig/cmd > $out 2>&1 < /dev/null
 rc=$?
@@ -202,7 +205,7 @@ say "rig: booting the outer machine (console: $log)"
 qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=multi
     -cpu EPYC,+svm,+npt -smp 2 -m "$mem" -display none -no-reboot -nodefaults
     -kernel "$vmlinuz" -initrd "$run/initrd.cpio"
-    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet"
+    -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet maxcpus=1 tsc=reliable"
     -serial "file:$log" -serial "file:$out"
     -device intel-iommu,intremap=on
     -device edu,addr=03.0

@@ -1,10 +1,9 @@
-//! A partition's PCI functions (`--device`): the host bridge at 00.0 and the submission
-//! engine at 01.0 (`docs/pci.md`), and the KVM side of them ([`KvmPciHost`]): MSI-X
-//! routes in front of one irqfd per vector, and the doorbell BAR's memory slot or
-//! ioeventfd, which follow the BAR when the guest moves it.
-//!
-//! `--device vfio=BDF` is recognised and refused with a reason: VFIO passthrough is not
-//! built yet (and this kind of host has no IOMMU or VFIO to try it on).
+//! A partition's PCI functions (`--device`): the host bridge at 00.0, the submission
+//! engine at 01.0 (`docs/pci.md`) and a passed-through host function at 02.0
+//! (`--device vfio=BDF`, `crate::vfio`, `docs/passthrough.md`), and the KVM side of them
+//! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and the doorbell BAR's
+//! memory slot or ioeventfd and a passed-through BAR's memory slots, which follow the BAR
+//! when the guest moves it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

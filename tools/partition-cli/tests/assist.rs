@@ -243,3 +243,71 @@ fn the_syscall_canary_finds_every_register_as_it_was() {
     }
     println!("NOTE the_syscall_canary_finds_every_register_as_it_was: {line}");
 }
+
+/// The canary on the second vCPU while the first drives a virtio-blk disk (reads, with
+/// their interrupts), so the SYSCALL repair of one vCPU runs beside a busy queue and the
+/// other vCPU's exits. Every call checked, none different, the disk's reads complete.
+#[test]
+fn the_syscall_canary_on_an_ap_beside_a_busy_disk() {
+    let name = "the_syscall_canary_on_an_ap_beside_a_busy_disk";
+    if !kvm_available(name) {
+        return;
+    }
+    if host_cores() < 2 {
+        println!("SKIPPED {name}: needs two host cores");
+        return;
+    }
+    let dir = Scratch::new("canary-ap");
+    let img = dir.file("disk.img", &vec![0x5a; 1 << 20]);
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0,1",
+            "--memory",
+            "64M",
+            "--probe",
+            "--disk",
+            &format!("path={}", img.display()),
+            "--cmdline",
+            "probe.memtest=0 probe.canary=2000 probe.canary_on=ap probe.blk=read,lat probe.blk_n=300",
+            "--json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    assert!(
+        out.stdout.contains("probe: canary on the AP"),
+        "{}",
+        out.stdout
+    );
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("probe: canary calls="))
+        .unwrap_or_else(|| panic!("no canary line:\n{}", out.stdout));
+    assert!(
+        line.starts_with("probe: canary calls=2000 entries=2000 mismatches=0 bad_entries=0 "),
+        "{line}\n{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("probe: blk read "),
+        "the disk was not read:\n{}",
+        out.stdout
+    );
+    let rep = report(&out.stdout);
+    let requests = rep["disks"][0]["queues"][0]["requests"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(requests > 100, "the disk was not busy: {}", rep["disks"]);
+    let a = &rep["vcpus"][1]["assists"];
+    assert_eq!(a["syscall_unmatched"], 0, "{a}");
+    if nested_pvm() {
+        assert_eq!(
+            a["syscall"], 2000,
+            "the AP's SYSCALLs repaired on its vCPU: {a}"
+        );
+    }
+    println!("NOTE {name}: {line}");
+}

@@ -271,8 +271,13 @@ i=0
 while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done
 $B echo PARTITION-CPUS $($B nproc)
 # The SYSCALL stress (tests/guest/syscall-stress.c) and O_DIRECT reads of the disk run
-# beside the disk steps; each stops by itself.
-/bin/syscall-stress 10 > /stress.out 2>&1 &
+# beside the disk steps when the command line says partition.stress=SECONDS; each stops
+# by itself.
+T=0
+for w in $($B cat /proc/cmdline); do
+    case $w in partition.stress=*) T=${w#partition.stress=} ;; esac
+done
+/bin/syscall-stress $T > /stress.out 2>&1 &
 S=$!
 ( i=0; while [ $i -lt 40 ]; do $B dd if=/dev/vda of=/dev/null bs=4096 count=64 iflag=direct 2>/dev/null; i=$((i+1)); done ) &
 D=$!
@@ -308,6 +313,16 @@ const GUEST_FAULTS: [&str; 4] = [
 /// The command line the userspace tests give: the console, and the kernel's report of
 /// any process killed by a fatal signal.
 const USERSPACE_CMDLINE: &str = "console=ttyS0 print-fatal-signals=1";
+
+/// Seconds of the SYSCALL stress (`partition.stress=`, read by the init): where the VMM
+/// repairs SYSCALL (the nested kvm_pvm hosts) 10; elsewhere 0, the workers' checks then
+/// run once each. On the rig (real KVM under QEMU 7.2's TCG) ten seconds of it on two
+/// vCPUs ended once in a guest triple fault and once took the emulated machine itself
+/// down, in 3 runs (docs/testing.md); the stress exists to try our SYSCALL repair, which
+/// only the nested host needs.
+fn stress_seconds() -> u32 {
+    if nested_pvm() { 10 } else { 0 }
+}
 
 /// tests/guest/syscall-stress.c, built static with the host's gcc (scripts/test.sh
 /// installs it).
@@ -542,7 +557,7 @@ fn marker<'a>(log: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// The userspace initramfs's name in the assets directory.
-const DEBIAN_INITRAMFS: &str = "debian-userspace-5.cpio";
+const DEBIAN_INITRAMFS: &str = "debian-userspace-6.cpio";
 
 /// Debian's vmlinux and an initramfs with the virtio-mmio and virtio-blk modules of its
 /// package (those not built in). Once both are cached nothing else is read (the rig gets
@@ -636,7 +651,12 @@ fn userspace(name: &str, vmlinux: &Path, initrd: &Path, cores: &str) {
         .arg(vmlinux)
         .arg("--initrd")
         .arg(initrd)
-        .args(["--cmdline", USERSPACE_CMDLINE, "--json", "--console"])
+        .arg("--cmdline")
+        .arg(format!(
+            "{USERSPACE_CMDLINE} partition.stress={}",
+            stress_seconds()
+        ))
+        .args(["--json", "--console"])
         .arg(&console)
         .arg("--disk")
         .arg(format!("path={}", disk.display()))
@@ -795,7 +815,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs("own-kernel-userspace-5.cpio", &[])
+        userspace_initramfs("own-kernel-userspace-6.cpio", &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }

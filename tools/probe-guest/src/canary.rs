@@ -13,6 +13,10 @@
 //! every US microseconds (0: off; default 50) with interrupts on in ring 3, so interrupts
 //! land all around the calls.
 //!
+//! With `probe.canary_on=ap` it runs on the first AP while the BSP goes on with the rest
+//! (the virtio-blk tests, `probe.blk=...`), so a busy disk queue and its interrupts are
+//! beside it.
+//!
 //! Line: `canary calls=N entries=E mismatches=M bad_entries=B timer_irqs=T` and, for the
 //! first few mismatches, `canary mismatch call=I what=... want=... got=...`.
 
@@ -219,15 +223,95 @@ fn say_mismatch(n: &mut u32, call: u64, what: &str, want: u64, got: u64) {
     *n += 1;
 }
 
-/// Runs the canary if `probe.canary=N`; returns whether a check failed.
-pub fn run(bi: &crate::bootinfo::BootInfo) -> bool {
+/// What one CPU's canary found.
+#[derive(Clone, Copy, Default)]
+pub struct Outcome {
+    calls: u64,
+    entries: u64,
+    mismatches: u32,
+    bad_entries: u64,
+    irqs: u64,
+}
+
+/// The canary's result from the AP (`probe.canary_on=ap`), written before it says done.
+static mut AP_OUTCOME: Outcome = Outcome {
+    calls: 0,
+    entries: 0,
+    mismatches: 0,
+    bad_entries: 0,
+    irqs: 0,
+};
+
+/// Where the canary runs and what it is waiting for.
+pub enum Pending {
+    /// Not asked for.
+    Off,
+    /// Ran on this CPU already.
+    Done(Outcome),
+    /// Posted to the AP (`wake::post_canary`): its mailbox sequence number.
+    OnAp(u64),
+}
+
+/// Starts the canary if `probe.canary=N`: on this CPU at once, or with
+/// `probe.canary_on=ap` on the first AP (`ap`), so the BSP can drive the disk meanwhile
+/// (main.rs runs the blk tests between `start` and `finish`).
+pub fn start(bi: &crate::bootinfo::BootInfo, ap: Option<u32>) -> Pending {
     let Some(calls) = bi.arg("probe.canary").and_then(|v| v.parse::<u64>().ok()) else {
-        return false;
+        return Pending::Off;
     };
     let timer_us = bi
         .arg("probe.canary_timer")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(50);
+    match (bi.arg("probe.canary_on"), ap) {
+        (Some("ap"), Some(ap)) => {
+            say!("canary on the AP (apic {}) while the BSP goes on", ap);
+            Pending::OnAp(crate::wake::post_canary(ap, calls, timer_us))
+        }
+        (Some("ap"), None) => {
+            say!("canary FAILED: probe.canary_on=ap but there is no AP");
+            Pending::Done(Outcome {
+                mismatches: 1,
+                ..Outcome::default()
+            })
+        }
+        _ => Pending::Done(check(calls, timer_us)),
+    }
+}
+
+/// The AP's side of `probe.canary_on=ap` (called from its mailbox loop).
+pub fn on_ap(calls: u64, timer_us: u64) {
+    let o = check(calls, timer_us);
+    // SAFETY: only the AP writes it, before it marks the command done; the BSP reads it
+    // after seeing that.
+    unsafe { write_volatile(addr_of_mut!(AP_OUTCOME), o) };
+}
+
+/// Waits for the canary (if it runs on the AP), says what it found; whether it failed.
+pub fn finish(p: Pending) -> bool {
+    let o = match p {
+        Pending::Off => return false,
+        Pending::Done(o) => o,
+        Pending::OnAp(seq) => {
+            crate::wake::wait_posted(seq);
+            // SAFETY: the AP wrote it before marking the command done.
+            unsafe { read_volatile(addr_of!(AP_OUTCOME)) }
+        }
+    };
+    say!(
+        "canary calls={} entries={} mismatches={} bad_entries={} timer_irqs={}",
+        o.calls,
+        o.entries,
+        o.mismatches,
+        o.bad_entries,
+        o.irqs
+    );
+    o.mismatches != 0 || o.bad_entries != 0 || o.entries != o.calls
+}
+
+/// `calls` system calls on this CPU, each checked; a periodic local APIC timer every
+/// `timer_us` (0: none) with interrupts on in ring 3 meanwhile.
+fn check(calls: u64, timer_us: u64) -> Outcome {
     sys::wrmsr(MSR_STAR, STAR);
     sys::wrmsr(MSR_SFMASK, SFMASK);
     sys::wrmsr(MSR_EFER, sys::rdmsr(MSR_EFER) | 1);
@@ -245,7 +329,8 @@ pub fn run(bi: &crate::bootinfo::BootInfo) -> bool {
     let entries_before = unsafe { read_volatile(addr_of!(canary_seen))[2] };
     for call in 0..calls {
         let want = fresh(&mut x);
-        // SAFETY: the statics are only touched here and by canary_call, on this CPU.
+        // SAFETY: the statics are only touched here and by canary_call, on this CPU (one
+        // CPU runs the canary).
         let got = unsafe {
             write_volatile(addr_of_mut!(canary_in), want);
             canary_call();
@@ -300,14 +385,11 @@ pub fn run(bi: &crate::bootinfo::BootInfo) -> bool {
     }
     // SAFETY: as above.
     let entries = unsafe { read_volatile(addr_of!(canary_seen))[2] } - entries_before;
-    let irqs = crate::wake::irq_count(VEC_CANARY_TIMER) - irqs_before;
-    say!(
-        "canary calls={} entries={} mismatches={} bad_entries={} timer_irqs={}",
+    Outcome {
         calls,
         entries,
-        bad,
+        mismatches: bad,
         bad_entries,
-        irqs
-    );
-    bad != 0 || bad_entries != 0 || entries != calls
+        irqs: crate::wake::irq_count(VEC_CANARY_TIMER) - irqs_before,
+    }
 }

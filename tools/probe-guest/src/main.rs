@@ -16,7 +16,8 @@
 //! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
 //! the first virtio-blk device (blk.rs); `probe.assist=1` checks the instructions a VMM
 //! must assist where ring 0 is emulated (assist.rs); `probe.canary=N` makes N system calls
-//! through SYSCALL, each checked for everything it must leave alone (canary.rs);
+//! through SYSCALL, each checked for everything it must leave alone, with
+//! `probe.canary_on=ap` on the first AP while the BSP drives the disk (canary.rs);
 //! `probe.engine=...` enumerates PCI and drives the VMM's submission engine (engine.rs).
 #![no_std]
 #![no_main]
@@ -185,8 +186,9 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         None => {}
     }
     failed |= assist::run(&bi);
-    failed |= canary::run(&bi);
+    let canary = canary::start(&bi, first_ap);
     failed |= blk::run(&bi, tsc_khz);
+    failed |= canary::finish(canary);
     failed |= engine::run(&bi, tsc_khz, bsp);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);

@@ -164,16 +164,19 @@ struct Mailbox {
     seq: AtomicU64,
     op: AtomicU64,
     arg: AtomicU64,
+    arg2: AtomicU64,
     done: AtomicU64,
 }
 
 const OP_PINGPONG: u64 = 1;
 const OP_SHM: u64 = 2;
+const OP_CANARY: u64 = 3;
 
 static MAILBOX: Mailbox = Mailbox {
     seq: AtomicU64::new(0),
     op: AtomicU64::new(0),
     arg: AtomicU64::new(0),
+    arg2: AtomicU64::new(0),
     done: AtomicU64::new(0),
 };
 
@@ -203,6 +206,7 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
         let n = MAILBOX.arg.load(Ordering::Acquire);
         match MAILBOX.op.load(Ordering::Acquire) {
             OP_PINGPONG => respond(n, bsp_apic, m),
+            OP_CANARY => crate::canary::on_ap(n, MAILBOX.arg2.load(Ordering::Acquire)),
             OP_SHM => {
                 for i in 1..=n {
                     while SHM_A.0.load(Ordering::Acquire) != i {
@@ -240,6 +244,18 @@ fn post(ap_apic: u32, op: u64, arg: u64) -> u64 {
     let seq = MAILBOX.seq.fetch_add(1, Ordering::AcqRel) + 1;
     smp::send_ipi(ap_apic, 0x4000 | VEC_KICK as u32);
     seq
+}
+
+/// Posts the SYSCALL canary (`calls`, a timer every `timer_us`) to AP 1; returns the
+/// sequence number to wait for with [`wait_posted`].
+pub fn post_canary(ap_apic: u32, calls: u64, timer_us: u64) -> u64 {
+    MAILBOX.arg2.store(timer_us, Ordering::Release);
+    post(ap_apic, OP_CANARY, calls)
+}
+
+/// Waits until AP 1 finished command `seq`.
+pub fn wait_posted(seq: u64) {
+    wait_done(seq)
 }
 
 fn wait_done(seq: u64) {

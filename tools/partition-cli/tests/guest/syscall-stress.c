@@ -5,7 +5,7 @@
  *
  *   syscall-stress SECONDS
  *
- * Four workers each make system calls for SECONDS: before each one RBX, RBP, R12-R15,
+ * Four workers each make system calls for SECONDS (at least one each): before each one RBX, RBP, R12-R15,
  * XMM0-15, MXCSR, the x87 control word and the 128-byte red zone below RSP get a fresh
  * pattern and DF is set; after it every one must be as it was. A 1 kHz SIGALRM interrupts
  * them all along (its handler makes a system call of its own), and a fifth process forks
@@ -114,7 +114,7 @@ static void worker(int id, double seconds, int out)
     struct itimerval it = { { 0, 1000 }, { 0, 1000 } };
     setitimer(ITIMER_REAL, &it, NULL);
     double end = now() + seconds;
-    while (now() < end) {
+    do {
         struct state want;
         memset(&want, 0, sizeof want);
         for (int i = 0; i < 6; i++)
@@ -139,7 +139,7 @@ static void worker(int id, double seconds, int out)
                 fprintf(stderr, "PARTITION-STRESS-MISMATCH worker=%d call=%lu\n", id, calls);
             bad++;
         }
-    }
+    } while (now() < end);
     struct itimerval off = { { 0, 0 }, { 0, 0 } };
     setitimer(ITIMER_REAL, &off, NULL);
     dprintf(out, "%lu %lu %lu\n", calls, bad, (unsigned long)signals);
