@@ -265,7 +265,9 @@ fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
         let state = std::fs::read_to_string(path.join("cpuset.cpus.partition")).unwrap();
         assert!(state.starts_with("isolated"), "{}: {state}", path.display());
         assert_eq!(
-            std::fs::read_to_string(path.join("cpuset.cpus")).unwrap().trim(),
+            std::fs::read_to_string(path.join("cpuset.cpus"))
+                .unwrap()
+                .trim(),
             "1"
         );
         println!(
