@@ -17,7 +17,13 @@
 //! (the virtio-blk tests, `probe.blk=...`), so a busy disk queue and its interrupts are
 //! beside it.
 //!
-//! Line: `canary calls=N entries=E mismatches=M bad_entries=B timer_irqs=T` and, for the
+//! Between the calls ring 3 takes 16 ordinary page faults (a read of a supervisor-only
+//! page, which the #PF handler turns into a return): a VMM that repairs SYSCALL at the
+//! handler's entry must pass those to the guest, stepping over the handler's first
+//! instruction (not a no-op here).
+//!
+//! Line: `canary calls=N entries=E mismatches=M bad_entries=B timer_irqs=T page_faults=F`
+//! and, for the
 //! first few mismatches, `canary mismatch call=I what=... want=... got=...`.
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
@@ -84,7 +90,17 @@ unsafe extern "C" {
     static canary_entry: u8;
     /// Written by the entry: RFLAGS and CS it ran with, and how many times it ran.
     static canary_seen: [u64; 3];
+    /// Reads a u64, or returns -1 when the read faults (ring0.s).
+    fn pf_try_read(addr: u64) -> u64;
+    /// Page faults at pf_try_read, recovered.
+    static pf_seen: u64;
 }
+
+/// Ordinary page faults taken between the calls: ring 3 reads the supervisor-only alias
+/// (a protection fault that is not a SYSCALL's), which the handler turns into a return.
+/// Where the VMM repairs SYSCALL it must let each through to the guest's handler past its
+/// breakpoint, stepping over the handler's first instruction (here not a no-op).
+const PAGE_FAULTS: u64 = 16;
 
 core::arch::global_asm!(
     r#"
@@ -231,6 +247,7 @@ pub struct Outcome {
     mismatches: u32,
     bad_entries: u64,
     irqs: u64,
+    page_faults: u64,
 }
 
 /// The canary's result from the AP (`probe.canary_on=ap`), written before it says done.
@@ -240,6 +257,7 @@ static mut AP_OUTCOME: Outcome = Outcome {
     mismatches: 0,
     bad_entries: 0,
     irqs: 0,
+    page_faults: 0,
 };
 
 /// Where the canary runs and what it is waiting for.
@@ -299,14 +317,16 @@ pub fn finish(p: Pending) -> bool {
         }
     };
     say!(
-        "canary calls={} entries={} mismatches={} bad_entries={} timer_irqs={}",
+        "canary calls={} entries={} mismatches={} bad_entries={} timer_irqs={} page_faults={}",
         o.calls,
         o.entries,
         o.mismatches,
         o.bad_entries,
-        o.irqs
+        o.irqs,
+        o.page_faults
     );
-    o.mismatches != 0 || o.bad_entries != 0 || o.entries != o.calls
+    let want_faults = o.calls.div_ceil((o.calls / PAGE_FAULTS).max(1));
+    o.mismatches != 0 || o.bad_entries != 0 || o.entries != o.calls || o.page_faults != want_faults
 }
 
 /// `calls` system calls on this CPU, each checked; a periodic local APIC timer every
@@ -325,9 +345,19 @@ fn check(calls: u64, timer_us: u64) -> Outcome {
     let mut x = 0x5359_5343_414c_4c21u64 ^ calls;
     let mut bad = 0u32;
     let mut bad_entries = 0u64;
+    // SAFETY: a plain load of a static ring 0 writes.
+    let pf_before = unsafe { read_volatile(addr_of!(pf_seen)) };
+    let pf_every = (calls / PAGE_FAULTS).max(1);
     // SAFETY: a plain load of a static the entry writes.
     let entries_before = unsafe { read_volatile(addr_of!(canary_seen))[2] };
     for call in 0..calls {
+        if call % pf_every == 0 {
+            // SAFETY: the read faults (a supervisor page) and returns -1 from the fixup.
+            let v = unsafe { pf_try_read(SUPER_ALIAS) };
+            if v != u64::MAX {
+                say_mismatch(&mut bad, call, "page_fault_read", u64::MAX, v);
+            }
+        }
         let want = fresh(&mut x);
         // SAFETY: the statics are only touched here and by canary_call, on this CPU (one
         // CPU runs the canary).
@@ -385,11 +415,14 @@ fn check(calls: u64, timer_us: u64) -> Outcome {
     }
     // SAFETY: as above.
     let entries = unsafe { read_volatile(addr_of!(canary_seen))[2] } - entries_before;
+    // SAFETY: as above.
+    let faults = unsafe { read_volatile(addr_of!(pf_seen)) } - pf_before;
     Outcome {
         calls,
         entries,
         mismatches: bad,
         bad_entries,
         irqs: crate::wake::irq_count(VEC_CANARY_TIMER) - irqs_before,
+        page_faults: faults,
     }
 }

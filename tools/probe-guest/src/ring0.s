@@ -304,6 +304,19 @@ exc_common:
     add $16, %rsp
     iretq
 3:
+    cmpq $14, (%rsp)               # #PF at pf_try_insn (canary.rs: an ordinary user page
+    jne 4f                         # fault) resumes at pf_try_fixup, and is counted
+    push %rax
+    lea pf_try_insn(%rip), %rax
+    cmp %rax, 24(%rsp)
+    jne 2f
+    lea pf_try_fixup(%rip), %rax
+    mov %rax, 24(%rsp)
+    incq pf_seen(%rip)
+    pop %rax
+    add $16, %rsp
+    iretq
+4:
     cmpq $13, (%rsp)
     jne 1f
     push %rax
@@ -626,6 +639,17 @@ pio_try_fixup:
     mov $-1, %eax
     ret
 
+# Ring 3: read the u64 at RDI, returning it, or -1 if that page faults (exc_common turns
+# the #PF at pf_try_insn into a return from pf_try_fixup and counts it in pf_seen).
+    .global pf_try_read
+pf_try_read:
+pf_try_insn:
+    mov (%rdi), %rax
+    ret
+pf_try_fixup:
+    mov $-1, %rax
+    ret
+
 # ---------------------------------------------------------------------------------------
 # Ring-3 entry stubs.
     .section .text, "ax"
@@ -736,6 +760,9 @@ assist_rips:
     .global syscall_seen
 syscall_seen:                      # CS in the entry, RCX (return address), entries
     .skip 3 * 8
+    .global pf_seen
+pf_seen:                           # page faults at pf_try_insn, recovered
+    .skip 8
     .global canary_seen
 canary_seen:                       # RFLAGS and CS in the canary's entry, entries
     .skip 3 * 8
