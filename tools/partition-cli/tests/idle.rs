@@ -131,6 +131,31 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
                 assert_eq!(v["halt_exits"], 0, "{policy}: a polling guest halted: {v}");
             }
         }
+        if resolved == "mwait" {
+            // MWAIT and HLT exits disabled, MONITOR/MWAIT shown as set, and no vCPU's
+            // halt reached KVM while the guest idled with MONITOR/MWAIT.
+            let de = r["idle"]["disable_exits"].as_u64().unwrap_or(0);
+            assert_eq!(
+                de & 0b11,
+                0b11,
+                "{policy}: MWAIT|HLT not disabled: {}",
+                r["idle"]
+            );
+            assert_eq!(back["cpuid"]["mwait"]["got"], true, "{policy}: {back}");
+            for v in vcpus {
+                assert_eq!(v["hlt"], "no_hlt_exits", "{policy}: {v}");
+                assert_eq!(v["halt_exits"], 0, "{policy}: {v}");
+            }
+        }
+        let halts: Vec<String> = vcpus.iter().map(|v| v["halt_exits"].to_string()).collect();
+        println!(
+            "NOTE every_offered_policy_runs_and_the_others_are_refused: {policy} -> {resolved}: \
+             disable_exits={:#x}, MONITOR/MWAIT shown {}, guest idle mode {mode}, KVM halt \
+             exits per vCPU [{}]",
+            r["idle"]["disable_exits"].as_u64().unwrap_or(0),
+            back["cpuid"]["mwait"]["got"],
+            halts.join(", ")
+        );
         // The same facts in the sentences the launch prints.
         assert!(
             out.stderr.contains("read back: KVM_GET_CPUID2: ")

@@ -151,6 +151,11 @@ fn launch_with(bdf: &str) -> serde_json::Value {
         "{bdf} lost its driver"
     );
     let p = r["passthrough"].clone();
+    println!(
+        "NOTE vfio: {bdf} passed through, launch and teardown exit 0 under the sandbox (uid \
+         {}): {p}",
+        r["sandbox"]["uid"]
+    );
     assert_eq!(p["bdf"], bdf, "{r}");
     assert_eq!(p["iommu"], "container", "{p}");
     assert!(p["dma_regions"].as_u64().unwrap() >= 1, "{p}");
