@@ -886,7 +886,7 @@ fn confine(
         worker: Arc::new(crate::sandbox::filter(Role::BlockWorker, &[])?),
         engine: Arc::new(crate::sandbox::filter(Role::Engine, &[])?),
         api: Arc::new(crate::sandbox::filter(Role::Api, &[])?),
-        main: crate::sandbox::launcher_filter(passthrough)?,
+        main: crate::vfio::launcher_filter(passthrough)?,
     };
     crate::sandbox::install_violation_handler()?;
     crate::sandbox::drop_privileges(who)?;

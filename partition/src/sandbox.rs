@@ -485,21 +485,6 @@ pub fn filter_with(
         .map_err(|e: seccompiler::BackendError| err(e.to_string()))
 }
 
-/// The launcher thread's filter ([`Role::Main`]). With a passed-through function it also
-/// gives the device back at the end ([`crate::vfio::TEARDOWN_IOCTLS`], and readlink:
-/// vfio-ioctls finds the device's IOMMU group from its sysfs link).
-pub fn launcher_filter(passthrough: bool) -> Result<BpfProgram, SandboxError> {
-    if passthrough {
-        filter_with(
-            Role::Main,
-            &crate::vfio::TEARDOWN_IOCTLS,
-            &[libc::SYS_readlink],
-        )
-    } else {
-        filter(Role::Main, &[])
-    }
-}
-
 /// Environment variable naming a thread kind (`vcpu`, `blk-worker`, `main`) that makes a
 /// forbidden system call right after installing its filter, so tests can watch a
 /// violation end the VMM. Only debug builds (the test builds) have the hook.
@@ -661,6 +646,31 @@ pub fn threads_of(pid: u32) -> Vec<ThreadConfinement> {
         .collect()
 }
 
+/// Test support: runs `calls` in a forked child confined by `prog` as `role`.
+#[cfg(test)]
+/// Runs `calls` in a child confined by `prog` as `role`; its exit status (0: every
+/// call was let through, whatever it returned).
+pub(crate) fn confined_child(role: Role, prog: &BpfProgram, calls: impl Fn()) -> i32 {
+    // SAFETY: the child only makes raw system calls and seccomp before it exits; the
+    // test harness's other threads are not touched.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: closing stderr in the child (the handler's message is not read here).
+        unsafe { libc::close(2) };
+        install_violation_handler().unwrap();
+        apply(role, prog).unwrap();
+        calls();
+        // SAFETY: ending the child.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status), "{status:#x}");
+    libc::WEXITSTATUS(status)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,54 +760,6 @@ mod tests {
     fn unsafe_not_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() != 0 }
-    }
-
-    /// Runs `calls` in a child confined by `prog` as `role`; its exit status (0: every
-    /// call was let through, whatever it returned).
-    fn confined_child(role: Role, prog: &BpfProgram, calls: impl Fn()) -> i32 {
-        // SAFETY: the child only makes raw system calls and seccomp before it exits; the
-        // test harness's other threads are not touched.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            // SAFETY: closing stderr in the child (the handler's message is not read here).
-            unsafe { libc::close(2) };
-            install_violation_handler().unwrap();
-            apply(role, prog).unwrap();
-            calls();
-            // SAFETY: ending the child.
-            unsafe { libc::_exit(0) };
-        }
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "{status:#x}");
-        libc::WEXITSTATUS(status)
-    }
-
-    #[test]
-    fn the_launcher_may_give_a_passed_through_device_back_and_only_then() {
-        // What the teardown of a VFIO device calls (seen on the rig: ioctl and readlink
-        // from the launcher's thread after the guest powered off).
-        let teardown = || {
-            for nr in crate::vfio::TEARDOWN_IOCTLS {
-                // SAFETY: an ioctl on fd -1 fails with EBADF once the filter lets it by.
-                unsafe { libc::ioctl(-1, nr as _, 0usize) };
-            }
-            let mut buf = [0u8; 64];
-            // SAFETY: readlink of a path that does not exist, into a local buffer.
-            unsafe { libc::readlink(c"/nonexistent".as_ptr(), buf.as_mut_ptr().cast(), 64) };
-        };
-        let with = launcher_filter(true).unwrap();
-        assert_eq!(confined_child(Role::Main, &with, teardown), 0);
-        let without = launcher_filter(false).unwrap();
-        assert_eq!(confined_child(Role::Main, &without, teardown), EXIT_SECCOMP);
-        // Other ioctls stay forbidden even with passthrough (KVM_RUN here).
-        let run = || {
-            // SAFETY: as above.
-            unsafe { libc::ioctl(-1, 0xae80 as _, 0usize) };
-        };
-        assert_eq!(confined_child(Role::Main, &with, run), EXIT_SECCOMP);
     }
 
     #[test]

@@ -125,6 +125,20 @@ pub const TEARDOWN_IOCTLS: [u64; 5] = [
     vfio_io(5),
 ];
 
+/// The launcher thread's seccomp filter (`Role::Main`). With a passed-through function it
+/// also gives the device back at the end ([`TEARDOWN_IOCTLS`], and readlink: vfio-ioctls
+/// finds the device's IOMMU group from its sysfs link); without, nothing of it.
+pub fn launcher_filter(
+    passthrough: bool,
+) -> Result<seccompiler::BpfProgram, crate::sandbox::SandboxError> {
+    use crate::sandbox::{Role, filter, filter_with};
+    if passthrough {
+        filter_with(Role::Main, &TEARDOWN_IOCTLS, &[libc::SYS_readlink])
+    } else {
+        filter(Role::Main, &[])
+    }
+}
+
 /// `_IO(VFIO_TYPE, VFIO_BASE + nr)`.
 const fn vfio_io(nr: u64) -> u64 {
     ((b';' as u64) << 8) | (100 + nr)
@@ -407,6 +421,41 @@ mod tests {
         assert!(why.contains("in no IOMMU group"), "{why}");
         std::fs::create_dir_all(dev.join("iommu_group")).unwrap();
         assert_eq!(missing(r, "0000:41:00.0"), None);
+    }
+
+    #[test]
+    fn the_launcher_may_give_a_passed_through_device_back_and_only_then() {
+        use crate::sandbox::Role;
+        // What the teardown of a VFIO device calls (seen on the rig: ioctl and readlink
+        // from the launcher's thread after the guest powered off).
+        let teardown = || {
+            for nr in TEARDOWN_IOCTLS {
+                // SAFETY: an ioctl on fd -1 fails with EBADF once the filter lets it by.
+                unsafe { libc::ioctl(-1, nr as _, 0usize) };
+            }
+            let mut buf = [0u8; 64];
+            // SAFETY: readlink of a path that does not exist, into a local buffer.
+            unsafe { libc::readlink(c"/nonexistent".as_ptr(), buf.as_mut_ptr().cast(), 64) };
+        };
+        let with = launcher_filter(true).unwrap();
+        assert_eq!(
+            crate::sandbox::confined_child(Role::Main, &with, teardown),
+            0
+        );
+        let without = launcher_filter(false).unwrap();
+        assert_eq!(
+            crate::sandbox::confined_child(Role::Main, &without, teardown),
+            crate::sandbox::EXIT_SECCOMP
+        );
+        // Other ioctls stay forbidden even with passthrough (KVM_RUN here).
+        let run = || {
+            // SAFETY: as above.
+            unsafe { libc::ioctl(-1, 0xae80 as _, 0usize) };
+        };
+        assert_eq!(
+            crate::sandbox::confined_child(Role::Main, &with, run),
+            crate::sandbox::EXIT_SECCOMP
+        );
     }
 
     #[test]
