@@ -118,7 +118,8 @@ export PATH=/usr/bin:/usr/sbin:/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
-mount -t tmpfs tmp /tmp
+# /tmp stays the initramfs's own (writable) directory: a checkout under /tmp has its test
+# binaries there.
 mount -t tmpfs run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo +cpuset > /sys/fs/cgroup/cgroup.subtree_control
