@@ -29,7 +29,9 @@ suite=(idle assist teardown pool vfio linux_kernel)
 [ $# -gt 0 ] && suite=("$@")
 
 say "rig suite: building the test binaries"
-json=$(cargo test -p partition-cli --no-run --message-format=json --quiet 2>/dev/null)
+# The workspace's build, as `cargo test --workspace` (scripts/test.sh) makes it: the same
+# binaries, not a second build with other features.
+json=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null)
 exe_of() {
     python3 -c '
 import json, sys
@@ -40,7 +42,8 @@ for line in sys.stdin:
     except ValueError:
         continue
     t = m.get("target", {})
-    if m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and t.get("name") == name and m.get("executable"):
+    if (m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and t.get("name") == name
+            and m.get("executable") and "tools/partition-cli" in m.get("manifest_path", "")):
         print(m["executable"])
 ' "$1" <<< "$json"
 }
