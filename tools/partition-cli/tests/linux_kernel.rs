@@ -271,15 +271,15 @@ i=0
 while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done
 $B echo PARTITION-CPUS $($B nproc)
 # The SYSCALL stress (tests/guest/syscall-stress.c) and O_DIRECT reads of the disk run
-# beside the disk steps when the command line says partition.stress=SECONDS; each stops
-# by itself.
+# beside the disk steps when the command line says partition.stress=SECONDS; the reads
+# stop when the stress does.
 T=0
 for w in $($B cat /proc/cmdline); do
     case $w in partition.stress=*) T=${w#partition.stress=} ;; esac
 done
 /bin/syscall-stress $T > /stress.out 2>&1 &
 S=$!
-( i=0; while [ $i -lt 40 ]; do $B dd if=/dev/vda of=/dev/null bs=4096 count=64 iflag=direct 2>/dev/null; i=$((i+1)); done ) &
+( while $B kill -0 $S 2>/dev/null; do $B dd if=/dev/vda of=/dev/null bs=4096 count=64 iflag=direct 2>/dev/null; done ) &
 D=$!
 $B dd if=/dev/vda of=/known bs=65536 count=16 2>/dev/null
 $B echo PARTITION-READ rc=$?
@@ -557,7 +557,7 @@ fn marker<'a>(log: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// The userspace initramfs's name in the assets directory.
-const DEBIAN_INITRAMFS: &str = "debian-userspace-6.cpio";
+const DEBIAN_INITRAMFS: &str = "debian-userspace-7.cpio";
 
 /// Debian's vmlinux and an initramfs with the virtio-mmio and virtio-blk modules of its
 /// package (those not built in). Once both are cached nothing else is read (the rig gets
@@ -815,7 +815,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs("own-kernel-userspace-6.cpio", &[])
+        userspace_initramfs("own-kernel-userspace-7.cpio", &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }
