@@ -17,16 +17,8 @@
 
 use core::arch::asm;
 
-use crate::sys;
+use crate::sys::{self, MSR_EFER, MSR_LSTAR, MSR_SFMASK, MSR_STAR, STAR, SUPER_ALIAS};
 
-const MSR_EFER: u32 = 0xc000_0080;
-const MSR_STAR: u32 = 0xc000_0081;
-const MSR_LSTAR: u32 = 0xc000_0082;
-const MSR_SFMASK: u32 = 0xc000_0084;
-/// Supervisor-only alias of the first GiB (ring0.s `SUPER_ALIAS`).
-const SUPER_ALIAS: u64 = 0x80_0000_0000;
-/// STAR: SYSCALL loads CS 0x08 (SS 0x10); SYSRET loads CS 0x2b (SS 0x23).
-const STAR: u64 = (0x1b << 48) | (0x08 << 32);
 /// SFMASK: TF, IF, DF, NT cleared on entry.
 const SFMASK: u64 = 0x4700;
 /// Kernel code selector (ring0.s `SEL_KCODE`).
