@@ -286,6 +286,15 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
                     e = internal_error(&mut ctx.fd);
                 }
                 ctx.counters.count(&e);
+                // A single step over the #PF handler's first instruction ends in a debug
+                // exit and nothing else (a signal's EINTR below is not an exit).
+                if ctx.syscall.stepping && !matches!(e, Exit::Debug { .. }) {
+                    return StopReason::RunError(format!(
+                        "SYSCALL repair: a single step over the #PF handler's first \
+                         instruction ended in {e:?}, not a debug exit; the last debug exits: {}",
+                        ctx.syscall.recent()
+                    ));
+                }
                 handle_exit(e, &ctx.pio, &ctx.mmio)
             }
             Err(err) if err.errno() == libc::EINTR || err.errno() == libc::EAGAIN => {
@@ -295,13 +304,6 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
             }
             Err(err) => return StopReason::RunError(format!("KVM_RUN: {err}")),
         };
-        if ctx.syscall.stepping && !matches!(action, Action::Debug { .. }) {
-            return StopReason::RunError(format!(
-                "SYSCALL repair: a single step over the #PF handler's first instruction ended \
-                 in {action:?}, not a debug exit; the last debug exits: {}",
-                ctx.syscall.recent()
-            ));
-        }
         match action {
             Action::Continue => {}
             Action::Assist(bytes) => {
@@ -574,7 +576,8 @@ struct DebugEvent {
     cs: u64,
     rflags: u64,
     cr2: u64,
-    /// What was done: `repair`, `unmatched`, `skip`, `step`, `stepped`, `guest-db`.
+    /// What was done: `repair`, `unmatched`, `ordinary` (skipped or stepped over),
+    /// `stepped`, `step-failed`, `guest-db`.
     what: &'static str,
 }
 
