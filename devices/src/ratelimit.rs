@@ -17,6 +17,8 @@ struct State {
     window_start: Option<Instant>,
     sent: u32,
     dropped: u64,
+    /// Every message dropped over the limiter's life.
+    dropped_total: u64,
 }
 
 impl RateLimiter {
@@ -27,6 +29,7 @@ impl RateLimiter {
                 window_start: None,
                 sent: 0,
                 dropped: 0,
+                dropped_total: 0,
             }),
             burst,
             window,
@@ -51,8 +54,17 @@ impl RateLimiter {
             Some(d)
         } else {
             s.dropped += 1;
+            s.dropped_total += 1;
             None
         }
+    }
+
+    /// How many messages it has dropped in all (for reports).
+    pub fn dropped_total(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dropped_total
     }
 }
 

@@ -630,6 +630,9 @@ pub struct DiskReport {
     pub gsi: u32,
     /// Each queue's counters.
     pub queues: Vec<devices::virtio::QueueCounters>,
+    /// Messages the guest made the VMM log about this disk that the rate limits dropped
+    /// (5 a second each for the window and the queue workers, for the VMM's whole life).
+    pub log_suppressed: u64,
 }
 
 impl std::fmt::Display for DiskReport {
@@ -1131,6 +1134,7 @@ impl Devices {
                     base: d.base,
                     gsi: d.gsi,
                     queues: t.device().stats(),
+                    log_suppressed: t.log_suppressed(),
                 }
             })
             .collect();

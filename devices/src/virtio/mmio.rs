@@ -85,6 +85,12 @@ impl MmioTransport {
         }
     }
 
+    /// Guest-triggered messages dropped by the rate limits of the window and its device,
+    /// over the VMM's life.
+    pub fn log_suppressed(&self) -> u64 {
+        self.log.dropped_total() + self.device.log_suppressed()
+    }
+
     /// The device.
     pub fn device(&self) -> &dyn VirtioDevice {
         self.device.as_ref()
@@ -182,7 +188,8 @@ impl MmioTransport {
             match q.start(&self.mem, event_idx, indirect) {
                 Ok(q) => queues.push(Some(q)),
                 Err(_) => {
-                    log::error!(
+                    warn_ratelimited!(
+                        self.log,
                         "virtio-mmio: queue {i} is set up outside guest memory or badly sized"
                     );
                     self.status |= STATUS_NEEDS_RESET;

@@ -105,6 +105,10 @@ pub trait VirtioDevice: Send {
     fn needs_reset(&self) -> bool;
     /// Each queue's counters, for teardown.
     fn stats(&self) -> Vec<QueueCounters>;
+    /// Guest-triggered messages its rate limit dropped over its life.
+    fn log_suppressed(&self) -> u64 {
+        0
+    }
 }
 
 /// One queue's counters as a device read them at teardown.

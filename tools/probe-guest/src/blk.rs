@@ -6,7 +6,9 @@
 //! - `lat`: 4 KiB random reads at depth 1, completed by polling the used ring and by
 //!   interrupt (median, p99);
 //! - `qd32`: 4 KiB random reads with 32 in flight (IOPS, MB/s);
-//! - `fence`: GET_ID round trips that move no data, polled and by interrupt.
+//! - `fence`: GET_ID round trips that move no data, polled and by interrupt;
+//! - `flood`: a hostile driver activating the device with a bad queue size
+//!   `probe.blk_flood` times (default 5000), for the VMM's log rate limits; run it last.
 //!
 //! Devices are found as Linux finds them: `virtio_mmio.device=SIZE@ADDR:IRQ` on the command
 //! line. Options: `probe.blk_n` (default 1000), `probe.blk_event_idx=0`,
@@ -529,6 +531,33 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
                         tsc_khz,
                     );
                 }
+            }
+            "flood" => {
+                // A hostile driver, over and over: reset, features, queue 0 of size 3 (not
+                // a power of two), ready, DRIVER_OK. Each activation is refused, and would
+                // be a line in the VMM's log without its rate limit. Leaves the device
+                // reset: run it last.
+                let rounds: u64 = bi
+                    .arg("probe.blk_flood")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(5000);
+                for _ in 0..rounds {
+                    wr(base, 0x70, 0);
+                    wr(base, 0x70, ST_ACK | ST_DRIVER);
+                    wr(base, 0x24, 1);
+                    wr(base, 0x20, (F_VERSION_1 >> 32) as u32);
+                    wr(base, 0x70, ST_ACK | ST_DRIVER | ST_FEATURES_OK);
+                    wr(base, 0x30, 0);
+                    wr(base, 0x38, 3);
+                    wr(base, 0x44, 1);
+                    wr(
+                        base,
+                        0x70,
+                        ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK,
+                    );
+                }
+                wr(base, 0x70, 0);
+                say!("blk flood rounds={}", rounds);
             }
             "fence" => {
                 let warm = n / 10;

@@ -105,16 +105,29 @@ struct QueueThread {
     serving: bool,
 }
 
-/// The queue thread: pin, confine (`hook`), then serve activations one after another.
-fn queue_thread(
+/// What a queue thread keeps of its device, for the device's life.
+struct DeviceParts {
     disk: Arc<Disk>,
     lim: Limits,
     cfg: WorkerConfig,
+    /// The device's rate limit for guest-triggered messages.
+    log: Arc<crate::ratelimit::RateLimiter>,
+}
+
+/// The queue thread: pin, confine (`hook`), then serve activations one after another.
+fn queue_thread(
+    dev: DeviceParts,
     stop: Arc<EventFd>,
     jobs: Receiver<Job>,
     acks: Sender<Result<(), String>>,
     hook: ThreadHook,
 ) {
+    let DeviceParts {
+        disk,
+        lim,
+        cfg,
+        log,
+    } = dev;
     if let Some(c) = cfg.core {
         if !worker::pin(c) {
             log::warn!("virtio-blk worker: pinning to core {c} failed");
@@ -139,7 +152,8 @@ fn queue_thread(
             s.interrupt,
             s.shared,
             cfg,
-        );
+        )
+        .map(|w| w.with_log(log.clone()));
         match w {
             Ok(w) => {
                 let _ = acks.send(Ok(()));
@@ -164,6 +178,8 @@ pub struct VirtioBlock {
     /// Counters of activations that ended (a driver resets and re-activates; the guest
     /// may do so without end), folded in per queue so nothing grows with them.
     totals: Vec<QueueCounters>,
+    /// The rate limit of its queue workers' guest-triggered messages, for its whole life.
+    log: Arc<crate::ratelimit::RateLimiter>,
 }
 
 impl VirtioBlock {
@@ -184,6 +200,10 @@ impl VirtioBlock {
             workers: Vec::new(),
             shared: Vec::new(),
             totals: Vec::new(),
+            log: Arc::new(crate::ratelimit::RateLimiter::new(
+                5,
+                std::time::Duration::from_secs(1),
+            )),
         })
     }
 
@@ -263,10 +283,16 @@ impl VirtioDevice for VirtioBlock {
             let (jobs, job_rx) = channel();
             let (ack_tx, acks) = channel();
             let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?);
-            let (disk, lim, st, hook) = (self.disk.clone(), self.lim, stop.clone(), hook.clone());
+            let dev = DeviceParts {
+                disk: self.disk.clone(),
+                lim: self.lim,
+                cfg,
+                log: self.log.clone(),
+            };
+            let (st, hook) = (stop.clone(), hook.clone());
             let t = std::thread::Builder::new()
                 .name(format!("blk-q{i}"))
-                .spawn(move || queue_thread(disk, lim, cfg, st, job_rx, ack_tx, hook))
+                .spawn(move || queue_thread(dev, st, job_rx, ack_tx, hook))
                 .map_err(|e| e.to_string())?;
             self.workers.push(QueueThread {
                 jobs,
@@ -335,6 +361,10 @@ impl VirtioDevice for VirtioBlock {
         self.shared
             .iter()
             .any(|(_, s)| s.needs_reset.load(Ordering::Acquire))
+    }
+
+    fn log_suppressed(&self) -> u64 {
+        self.log.dropped_total()
     }
 
     fn stats(&self) -> Vec<QueueCounters> {

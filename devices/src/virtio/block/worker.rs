@@ -91,7 +91,9 @@ pub struct Worker {
     cfg: WorkerConfig,
     used_since_signal: bool,
     stopping: bool,
-    log: RateLimiter,
+    /// Rate limit of its guest-triggered messages: the device's, so it lasts across
+    /// activations (a guest may reset and re-activate without end).
+    log: Arc<RateLimiter>,
 }
 
 // SAFETY: the raw pointers in `slots` point into guest memory, which outlives the worker
@@ -153,8 +155,14 @@ impl Worker {
             cfg,
             used_since_signal: false,
             stopping: false,
-            log: RateLimiter::new(5, Duration::from_secs(1)),
+            log: Arc::new(RateLimiter::new(5, Duration::from_secs(1))),
         })
+    }
+
+    /// Shares `log` as its rate limit (the device's, which outlives this activation).
+    pub fn with_log(mut self, log: Arc<RateLimiter>) -> Self {
+        self.log = log;
+        self
     }
 
     fn push(&mut self, e: &squeue::Entry) -> bool {
