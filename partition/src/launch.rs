@@ -489,13 +489,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     };
     let console: Box<dyn Write + Send> = match &cfg.console {
         Console::Stdout => Box::new(std::io::stdout()),
-        Console::File(p) => Box::new(std::io::LineWriter::new(std::fs::File::create(p).map_err(
-            |source| LaunchError::File {
-                what: "--console",
-                path: p.clone(),
-                source,
-            },
-        )?)),
+        Console::File(p) => Box::new(std::io::LineWriter::new(open_console(p)?)),
     };
     Ok(Checked {
         disks,
@@ -894,6 +888,36 @@ fn confine(
     crate::sandbox::install_violation_handler()?;
     crate::sandbox::drop_privileges(who)?;
     Ok(Some(f))
+}
+
+/// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a
+/// reader came) and refuses anything but a regular file.
+fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| LaunchError::File {
+        what: "--console",
+        path: p.to_path_buf(),
+        source,
+    };
+    let not_regular = || err(std::io::Error::other("not a regular file"));
+    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
+        return Err(not_regular());
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(p)
+        .map_err(|e| match e.raw_os_error() {
+            // A FIFO put there since: O_NONBLOCK without a reader.
+            Some(libc::ENXIO) => not_regular(),
+            _ => err(e),
+        })?;
+    if !f.metadata().map_err(err)?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(f)
 }
 
 /// Starts the devices' threads (the disks' queue workers), each installing the worker

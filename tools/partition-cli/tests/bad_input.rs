@@ -295,3 +295,56 @@ fn a_closed_pipe_ends_a_report_quietly() {
         );
     }
 }
+
+/// A FIFO given as any input (kernel, initrd, console, a read-only disk, a host plan) is
+/// refused as bad input (exit 2): opening one for reading or writing waits for its other
+/// end, which never comes (issue 24: each hung the command forever). No reader or writer
+/// is ever attached here; a hang fails the test at its limit.
+#[test]
+fn a_fifo_as_any_input_is_refused_without_waiting() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("fifo-inputs");
+    let fifo = dir.path("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let kernel = dir.file("plain-kernel", &tiny_kernel(&[0xf4], 0));
+    let f = fifo.to_str().unwrap();
+    let k = kernel.to_str().unwrap();
+    let base = ["launch", "--cores", "0", "--memory", "16M"];
+    let disk = format!("path={f},readonly=on");
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("--kernel", [&base[..], &["--kernel", f]].concat()),
+        (
+            "--initrd",
+            [&base[..], &["--kernel", k, "--initrd", f]].concat(),
+        ),
+        (
+            "--console",
+            [&base[..], &["--probe", "--console", f]].concat(),
+        ),
+        (
+            "--disk readonly",
+            [&base[..], &["--probe", "--disk", &disk]].concat(),
+        ),
+        ("--plan", vec!["reserve", "--plan", f]),
+    ];
+    let state = dir.path("state");
+    for (what, args) in cases {
+        let out = partition()
+            .env("PARTITION_STATE_DIR", &state)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_output(out, Duration::from_secs(30), what);
+        assert_eq!(out.code(), 2, "{what}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("not a regular file") || out.stderr.contains("regular"),
+            "{what}: {}",
+            out.stderr
+        );
+    }
+}

@@ -113,7 +113,9 @@ impl Disk {
                 .custom_flags(flags | libc::O_CLOEXEC)
                 .open(path)
         };
-        let file = open(0).map_err(io("open"))?;
+        // O_NONBLOCK: a FIFO's open would wait for its other end forever; for the regular
+        // file or block device it must be, it changes nothing.
+        let file = open(libc::O_NONBLOCK).map_err(io("open"))?;
         let meta = file.metadata().map_err(io("stat"))?;
         let block_device = meta.file_type().is_block_device();
         if !meta.is_file() && !block_device {
