@@ -191,6 +191,40 @@ fn cpu_model_host_leaves_cpuid_and_the_command_line_alone() {
     );
 }
 
+/// What every canary run must show: exit 0; 2000 calls, 2000 entries, no mismatch and no bad
+/// entry; the timer firing; 16 ordinary page faults reaching the guest's handler (on the
+/// nested host past the repair's breakpoint, by a single step); on vCPU `vcpu`, no
+/// unmatched fault at LSTAR and, on the nested host, each call repaired exactly once
+/// (natively elsewhere). Returns the canary's line.
+fn check_canary(out: &Output, vcpu: usize) -> String {
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    let line = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("probe: canary calls="))
+        .unwrap_or_else(|| panic!("no canary line:\n{}", out.stdout))
+        .to_string();
+    assert!(
+        line.starts_with("probe: canary calls=2000 entries=2000 mismatches=0 bad_entries=0 "),
+        "{line}\n{}",
+        out.stdout
+    );
+    let irqs: u64 = line
+        .split("timer_irqs=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(irqs > 0, "the timer never fired: {line}");
+    assert!(line.ends_with(" page_faults=16"), "{line}");
+    let rep = report(&out.stdout);
+    let a = &rep["vcpus"][vcpu]["assists"];
+    assert_eq!(a["syscall_unmatched"], 0, "{a}");
+    let want = if nested_pvm() { 2000 } else { 0 };
+    assert_eq!(a["syscall"], want, "SYSCALLs repaired on vcpu{vcpu}: {a}");
+    line
+}
+
 /// The SYSCALL canary (probe.canary, tools/probe-guest/src/canary.rs): 2000 system calls
 /// from ring 3 with a 50 us local APIC timer firing around them, each checked in the guest
 /// for every register, the red zone and the flags a SYSCALL/SYSRET pair must leave alone,
@@ -217,35 +251,7 @@ fn the_syscall_canary_finds_every_register_as_it_was() {
         ],
         LIMIT,
     );
-    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("probe: canary calls="))
-        .unwrap_or_else(|| panic!("no canary line:\n{}", out.stdout));
-    assert!(
-        line.starts_with("probe: canary calls=2000 entries=2000 mismatches=0 bad_entries=0 "),
-        "{line}\n{}",
-        out.stdout
-    );
-    let irqs: u64 = line
-        .split("timer_irqs=")
-        .nth(1)
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    assert!(irqs > 0, "the timer never fired: {line}");
-    // 16 ordinary page faults between the calls reached the guest's handler (on the
-    // nested host: past the repair's breakpoint, by a single step).
-    assert!(line.ends_with(" page_faults=16"), "{line}");
-    let rep = report(&out.stdout);
-    let a = &rep["vcpus"][0]["assists"];
-    assert_eq!(a["syscall_unmatched"], 0, "{a}");
-    if nested_pvm() {
-        assert_eq!(a["syscall"], 2000, "every SYSCALL repaired once: {a}");
-    } else {
-        assert_eq!(a["syscall"], 0, "{a}");
-    }
+    let line = check_canary(&out, 0);
     println!("NOTE the_syscall_canary_finds_every_register_as_it_was: {line}");
 }
 
@@ -280,23 +286,12 @@ fn the_syscall_canary_on_an_ap_beside_a_busy_disk() {
         ],
         LIMIT,
     );
-    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
     assert!(
         out.stdout.contains("probe: canary on the AP"),
         "{}",
         out.stdout
     );
-    let line = out
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("probe: canary calls="))
-        .unwrap_or_else(|| panic!("no canary line:\n{}", out.stdout));
-    assert!(
-        line.starts_with("probe: canary calls=2000 entries=2000 mismatches=0 bad_entries=0 "),
-        "{line}\n{}",
-        out.stdout
-    );
-    assert!(line.ends_with(" page_faults=16"), "{line}");
+    let line = check_canary(&out, 1);
     assert!(
         out.stdout.contains("probe: blk read "),
         "the disk was not read:\n{}",
@@ -307,13 +302,5 @@ fn the_syscall_canary_on_an_ap_beside_a_busy_disk() {
         .as_u64()
         .unwrap_or(0);
     assert!(requests > 100, "the disk was not busy: {}", rep["disks"]);
-    let a = &rep["vcpus"][1]["assists"];
-    assert_eq!(a["syscall_unmatched"], 0, "{a}");
-    if nested_pvm() {
-        assert_eq!(
-            a["syscall"], 2000,
-            "the AP's SYSCALLs repaired on its vCPU: {a}"
-        );
-    }
     println!("NOTE {name}: {line}");
 }
