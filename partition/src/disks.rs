@@ -139,6 +139,34 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     if configs.len() > MAX_DISKS {
         return Err(DiskError::TooMany);
     }
+    // One file attached twice with either read-write: two devices' writes would race over
+    // the same bytes behind the guest's back (issue 24). By device and inode, so a second
+    // path or a symlink to the same file counts too.
+    let ids: Vec<Option<(u64, u64)>> = configs
+        .iter()
+        .map(|c| {
+            std::fs::metadata(&c.path).ok().map(|m| {
+                (
+                    std::os::unix::fs::MetadataExt::dev(&m),
+                    std::os::unix::fs::MetadataExt::ino(&m),
+                )
+            })
+        })
+        .collect();
+    for (i, a) in configs.iter().enumerate() {
+        for (j, b) in configs.iter().enumerate().skip(i + 1) {
+            if ids[i].is_some() && ids[i] == ids[j] && !(a.read_only && b.read_only) {
+                return Err(DiskError::Spec {
+                    spec: format!("path={}", b.path.display()),
+                    why: format!(
+                        "the same file as {} is already attached, and read-write: attach it \
+                         once, or readonly=on both times",
+                        a.path.display()
+                    ),
+                });
+            }
+        }
+    }
     configs
         .iter()
         .map(|c| VirtioBlock::new(c.clone()).map_err(DiskError::from))

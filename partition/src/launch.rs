@@ -469,6 +469,9 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         });
     }
     let idle = crate::idle::resolve(cfg.idle, &crate::kvm::idle_caps()?)?;
+    if let Some(p) = &cfg.api_socket {
+        check_api_socket(p)?;
+    }
     let disks = crate::disks::open(&cfg.disks)?;
     let cpu_model = crate::cpumodel::resolve(cfg.cpu_model, crate::cpumodel::host_is_kvm_pvm());
     // The CPU model's words go first, so the user's own can override them (see
@@ -888,6 +891,28 @@ fn confine(
     crate::sandbox::install_violation_handler()?;
     crate::sandbox::drop_privileges(who)?;
     Ok(Some(f))
+}
+
+/// `--api-socket PATH` must fit a Unix socket address and be in a directory that exists;
+/// found before anything is built (the bind itself comes later, as root).
+fn check_api_socket(p: &std::path::Path) -> Result<(), LaunchError> {
+    let err = |why: &str| LaunchError::File {
+        what: "--api-socket",
+        path: p.to_path_buf(),
+        source: std::io::Error::other(why.to_string()),
+    };
+    // sun_path holds 108 bytes with the terminating zero.
+    if p.as_os_str().len() > 107 {
+        return Err(err("longer than the 107 bytes a Unix socket address holds"));
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(err("its directory does not exist"));
+    }
+    Ok(())
 }
 
 /// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a

@@ -29,6 +29,9 @@ pub const EXIT_SECCOMP: i32 = 5;
 /// Errors setting up the sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    /// 4294967295, which is `(uid_t)-1`: "no change" to the kernel, nobody to run as.
+    #[error("{0} 4294967295 is (uid_t)-1, which names nobody: give a real user or group")]
+    InvalidId(&'static str),
     /// The user to run as does not exist.
     #[error(
         "no user {0:?} to run the VMM as: create it (useradd --system --no-create-home \
@@ -70,7 +73,11 @@ impl SandboxError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            Self::NoSuchUser(_) | Self::NoSuchGroup(_) | Self::Root(_) | Self::NotRoot(_)
+            Self::NoSuchUser(_)
+                | Self::NoSuchGroup(_)
+                | Self::Root(_)
+                | Self::NotRoot(_)
+                | Self::InvalidId(_)
         )
     }
 }
@@ -151,6 +158,8 @@ fn unsafe_zeroed_passwd() -> libc::passwd {
 pub fn resolve(uid: Option<&str>, gid: Option<&str>) -> Result<Identity, SandboxError> {
     let spec = uid.unwrap_or(DEFAULT_USER);
     let (uid_n, user_gid, user) = match spec.parse::<u32>() {
+        // (uid_t)-1 is "no change" to setresuid, never an id to run as.
+        Ok(u32::MAX) => return Err(SandboxError::InvalidId("--uid")),
         Ok(n) => lookup_uid(n).unwrap_or((n, n, format!("uid {n}"))),
         Err(_) => lookup_user(spec).ok_or_else(|| SandboxError::NoSuchUser(spec.to_string()))?,
     };
@@ -160,6 +169,7 @@ pub fn resolve(uid: Option<&str>, gid: Option<&str>) -> Result<Identity, Sandbox
     let gid_n = match gid {
         None => user_gid,
         Some(g) => match g.parse::<u32>() {
+            Ok(u32::MAX) => return Err(SandboxError::InvalidId("--gid")),
             Ok(n) => n,
             Err(_) => lookup_group(g).ok_or_else(|| SandboxError::NoSuchGroup(g.to_string()))?,
         },
@@ -740,6 +750,14 @@ mod tests {
         assert!(matches!(
             resolve(Some("root"), None),
             Err(SandboxError::Root(_))
+        ));
+        assert!(matches!(
+            resolve(Some("4294967295"), None),
+            Err(SandboxError::InvalidId("--uid"))
+        ));
+        assert!(matches!(
+            resolve(Some("65534"), Some("4294967295")),
+            Err(SandboxError::InvalidId("--gid"))
         ));
         assert!(matches!(
             resolve(Some("65534"), Some("no-such-group-xyz")),

@@ -133,7 +133,70 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     ];
     let nowhere = dir.path("never-created");
     let nowhere = nowhere.to_str().unwrap();
+    let twice = dir.file("twice.img", &vec![0u8; 1 << 20]);
+    let twice_spec = format!("path={}", twice.display());
+    let twice_ro = format!("{twice_spec},readonly=on");
+    let long_socket = format!("{}/{}", dir.0.display(), "s".repeat(120));
+    let socket_nowhere = format!("{nowhere}/api.sock");
     let other: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "(uid_t)-1 as --uid",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "16M",
+                "--probe",
+                "--uid",
+                "4294967295",
+            ],
+            "names nobody",
+        ),
+        (
+            "an API socket path longer than a Unix socket address",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "16M",
+                "--probe",
+                "--api-socket",
+                &long_socket,
+            ],
+            "longer than the 107 bytes",
+        ),
+        (
+            "an API socket in a directory that does not exist",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "16M",
+                "--probe",
+                "--api-socket",
+                &socket_nowhere,
+            ],
+            "its directory does not exist",
+        ),
+        (
+            "the same disk twice, read-write",
+            vec![
+                "launch",
+                "--cores",
+                "0",
+                "--memory",
+                "16M",
+                "--probe",
+                "--disk",
+                &twice_spec,
+                "--disk",
+                &twice_ro,
+            ],
+            "already attached, and read-write",
+        ),
         (
             "endless plan file",
             vec!["reserve", "--plan", "/dev/zero", "--state-dir", nowhere],
