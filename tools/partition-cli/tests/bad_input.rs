@@ -10,6 +10,9 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// An ad hoc launch of the probe on core 0 with 16 MiB, before the argument under test.
+const PROBE_16M: [&str; 6] = ["launch", "--cores", "0", "--memory", "16M", "--probe"];
+
 /// The tests here run one at a time: the first compares snapshots of the host that list
 /// every `partition` process, and the other's would be in them (seen on the rig, where
 /// processes live longer).
@@ -43,7 +46,7 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     let sealed_spec = format!("path={}", sealed.display());
     let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
     let long_cmdline = "a".repeat(3000);
-    let base = ["launch", "--cores", "0", "--memory", "16M"];
+    let base = &PROBE_16M[..5];
 
     let cases: Vec<(&str, Vec<String>, &str)> = vec![
         (
@@ -141,60 +144,26 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     let other: Vec<(&str, Vec<&str>, &str)> = vec![
         (
             "(uid_t)-1 as --uid",
-            vec![
-                "launch",
-                "--cores",
-                "0",
-                "--memory",
-                "16M",
-                "--probe",
-                "--uid",
-                "4294967295",
-            ],
+            [&PROBE_16M[..], &["--uid", "4294967295"]].concat(),
             "names nobody",
         ),
         (
             "an API socket path longer than a Unix socket address",
-            vec![
-                "launch",
-                "--cores",
-                "0",
-                "--memory",
-                "16M",
-                "--probe",
-                "--api-socket",
-                &long_socket,
-            ],
+            [&PROBE_16M[..], &["--api-socket", &long_socket]].concat(),
             "longer than the 107 bytes",
         ),
         (
             "an API socket in a directory that does not exist",
-            vec![
-                "launch",
-                "--cores",
-                "0",
-                "--memory",
-                "16M",
-                "--probe",
-                "--api-socket",
-                &socket_nowhere,
-            ],
+            [&PROBE_16M[..], &["--api-socket", &socket_nowhere]].concat(),
             "its directory does not exist",
         ),
         (
             "the same disk twice, read-write",
-            vec![
-                "launch",
-                "--cores",
-                "0",
-                "--memory",
-                "16M",
-                "--probe",
-                "--disk",
-                &twice_spec,
-                "--disk",
-                &twice_ro,
-            ],
+            [
+                &PROBE_16M[..],
+                &["--disk", &twice_spec, "--disk", &twice_ro],
+            ]
+            .concat(),
             "already attached, and read-write",
         ),
         (
@@ -374,21 +343,15 @@ fn a_fifo_as_any_input_is_refused_without_waiting() {
     let kernel = dir.file("plain-kernel", &tiny_kernel(&[0xf4], 0));
     let f = fifo.to_str().unwrap();
     let k = kernel.to_str().unwrap();
-    let base = ["launch", "--cores", "0", "--memory", "16M"];
+    let base = &PROBE_16M[..5];
     let disk = format!("path={f},readonly=on");
     let cases: Vec<(&str, Vec<&str>)> = vec![
-        ("--kernel", [&base[..], &["--kernel", f]].concat()),
-        (
-            "--initrd",
-            [&base[..], &["--kernel", k, "--initrd", f]].concat(),
-        ),
-        (
-            "--console",
-            [&base[..], &["--probe", "--console", f]].concat(),
-        ),
+        ("--kernel", [base, &["--kernel", f]].concat()),
+        ("--initrd", [base, &["--kernel", k, "--initrd", f]].concat()),
+        ("--console", [&PROBE_16M[..], &["--console", f]].concat()),
         (
             "--disk readonly",
-            [&base[..], &["--probe", "--disk", &disk]].concat(),
+            [&PROBE_16M[..], &["--disk", &disk]].concat(),
         ),
         ("--plan", vec!["reserve", "--plan", f]),
     ];
