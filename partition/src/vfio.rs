@@ -9,13 +9,15 @@
 //!    IOMMU group (anything missing: exit 2 with what is missing);
 //! 2. the KVM VFIO pseudo-device, a container with it, the device opened in it;
 //! 3. its configuration space (256 bytes) and BAR regions read; the guest's view built
-//!    (`virtual_function`: BARs placed in the BAR window, MSI hidden, MSI-X emulated);
+//!    (`virtual_function`: BARs placed in the BAR window, MSI-X emulated, MSI hidden
+//!    beside MSI-X and emulated without it);
 //! 4. guest memory mapped for DMA (`dma_plan`: a pool extent of hugepages is one mapping);
 //! 5. each mappable BAR mmapped from the device and made a KVM memory slot, except the
 //!    pages holding the MSI-X table and PBA (`mappable`), which trap;
-//! 6. one irqfd per MSI-X vector, given to the device (VFIO_DEVICE_SET_IRQS); the guest's
-//!    table entries become KVM MSI routes in front of them (the root's `PciHost`);
-//! 7. at teardown ([`AttachedVfio`]'s drop): MSI-X off, the device reset, DMA unmapped, the
+//! 6. one irqfd per MSI-X vector (or one for MSI), given to the device
+//!    (VFIO_DEVICE_SET_IRQS); the guest's table entries (or MSI capability) become KVM MSI
+//!    routes in front of them (the root's `PciHost`);
+//! 7. at teardown ([`AttachedVfio`]'s drop): MSI-X (or MSI) off, the device reset, DMA unmapped, the
 //!    BAR mappings unmapped.
 
 use std::os::fd::AsRawFd;
@@ -210,6 +212,9 @@ pub struct PassthroughReport {
     pub bars: Vec<PassthroughBar>,
     /// MSI-X vectors routed to the guest (0: the function has no MSI-X).
     pub msix_vectors: usize,
+    /// The guest sees an emulated MSI capability with one message (the function has MSI
+    /// and no MSI-X).
+    pub msi: bool,
     /// Capabilities hidden from the guest: (offset, id).
     pub hidden_capabilities: Vec<(usize, u8)>,
     /// Guest memory regions mapped for the device's DMA.
@@ -224,7 +229,7 @@ pub struct AttachedVfio {
     container: Arc<VfioContainer>,
     dma: Vec<DmaMap>,
     pieces: Vec<(usize, Piece)>,
-    /// One irqfd per MSI-X vector, with its GSI.
+    /// One irqfd per MSI-X vector (one for MSI), with its GSI.
     pub vectors: Vec<(u32, Arc<EventFd>)>,
 }
 
@@ -237,7 +242,11 @@ impl AttachedVfio {
 
 impl Drop for AttachedVfio {
     fn drop(&mut self) {
-        let _ = self.device.disable_msix();
+        if self.report.msi {
+            let _ = self.device.disable_msi();
+        } else {
+            let _ = self.device.disable_msix();
+        }
         self.device.reset();
         for m in &self.dma {
             let _ = self.container.vfio_dma_unmap(m.iova, m.len as usize);
@@ -342,15 +351,25 @@ pub fn attach(
             slot += 1;
         }
     }
-    // MSI-X: one irqfd per vector, signalled by the device.
+    // MSI-X: one irqfd per vector, signalled by the device; MSI (a device without MSI-X):
+    // one. The guest's programming only moves the KVM routes in front of them.
     let mut vectors = Vec::new();
-    for v in 0..function.vectors() as u32 {
+    let lines = if function.has_msi() {
+        1
+    } else {
+        function.vectors() as u32
+    };
+    for v in 0..lines {
         let evt = Arc::new(vm.irq_line(gsi_base + v)?);
         vectors.push((gsi_base + v, evt));
     }
     if !vectors.is_empty() {
         let fds: Vec<&EventFd> = vectors.iter().map(|(_, e)| e.as_ref()).collect();
-        device.enable_msix(fds).map_err(vfio("enabling MSI-X"))?;
+        if function.has_msi() {
+            device.enable_msi(fds).map_err(vfio("enabling MSI"))?;
+        } else {
+            device.enable_msix(fds).map_err(vfio("enabling MSI-X"))?;
+        }
     }
     let report = PassthroughReport {
         bdf: bdf.to_string(),
@@ -372,7 +391,8 @@ pub fn attach(
                     .sum(),
             })
             .collect(),
-        msix_vectors: vectors.len(),
+        msix_vectors: function.vectors(),
+        msi: function.has_msi(),
         hidden_capabilities: function.hidden().to_vec(),
         dma_regions: dma.len(),
     };

@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod msi;
 pub mod msix;
 pub mod passthrough;
 pub mod submit;
@@ -39,7 +40,7 @@ pub const SLOTS: usize = 32;
 pub struct ConfigEffects {
     /// BARs that moved or started or stopped decoding.
     pub bars: Vec<BarChange>,
-    /// MSI-X vectors whose route changed.
+    /// MSI-X vectors (or the one MSI message, vector 0) whose route changed.
     pub msix: Vec<RouteChange>,
 }
 

@@ -11,16 +11,18 @@
 //!   has its page to itself and is trapped); I/O BARs and the expansion ROM are not
 //!   offered;
 //! - capabilities in the standard list keep their offsets and bytes (read-only snapshots),
-//!   except MSI (hidden: the chain skips it, so a driver uses MSI-X) and MSI-X (emulated:
-//!   the same vector count and table/PBA location as the device's, its table trapped, each
-//!   vector routed through KVM to an irqfd the device's VFIO interrupt signals);
+//!   except MSI-X (emulated: the same vector count and table/PBA location as the device's,
+//!   its table trapped, each vector routed through KVM to an irqfd the device's VFIO
+//!   interrupt signals) and MSI: hidden when the device also has MSI-X (the chain skips
+//!   it, so a driver uses MSI-X), else emulated with one message (`super::msi`) routed the
+//!   same way;
 //! - no INTx (interrupt pin 0); PCIe extended capabilities are not offered.
 
 use super::config::{Bar, BarKind, CAP_MSIX, ConfigError, ConfigSpace};
+pub use super::msi::CAP_MSI;
+use super::msi::Msi;
 use super::msix::{Msix, MsixError, MsixLayout};
 
-/// MSI's capability id.
-pub const CAP_MSI: u8 = 0x05;
 /// Bytes of the standard configuration header and capability list.
 pub const STANDARD_CONFIG: usize = 256;
 
@@ -47,6 +49,9 @@ pub enum PassthroughError {
     /// The MSI-X capability names a BAR the device does not have, or is malformed.
     #[error("MSI-X: {0}")]
     Msix(String),
+    /// The MSI capability is cut short by the next one.
+    #[error("MSI: the capability at {0:#x} is cut short")]
+    Msi(usize),
     /// The configuration space refused a definition.
     #[error("{0}")]
     Config(#[from] ConfigError),
@@ -220,6 +225,9 @@ pub struct VirtualFunction {
     pub config: ConfigSpace,
     /// The emulated MSI-X state and the capability's offset, if the device has MSI-X.
     pub msix: Option<(Msix, usize)>,
+    /// The emulated MSI state and the capability's offset, if the device has MSI and no
+    /// MSI-X.
+    pub msi: Option<(Msi, usize)>,
     /// Each offered BAR and where the VMM placed it.
     pub bars: Vec<(PhysicalBar, u64)>,
     /// Capabilities hidden from the guest: (offset, id).
@@ -262,8 +270,10 @@ pub fn virtual_function(
         offered.push((*b, addr));
     }
     let caps = capabilities(config);
+    let has_msix = caps.iter().any(|c| c.1 == CAP_MSIX);
     let mut hidden = Vec::new();
     let mut msix = None;
+    let mut msi = None;
     // Each capability's bytes run to the next capability above it (or the end of the
     // standard space), at most as far as its own kind is long.
     let mut starts: Vec<usize> = caps.iter().map(|c| c.0).collect();
@@ -275,7 +285,16 @@ pub fn virtual_function(
             .find(|&o| o > at)
             .unwrap_or(STANDARD_CONFIG);
         match id {
-            CAP_MSI => hidden.push((at, id)),
+            CAP_MSI if has_msix => hidden.push((at, id)),
+            CAP_MSI => {
+                let m = Msi::new(u16_at(config, at + 2));
+                if end - at < m.len() {
+                    return Err(PassthroughError::Msi(at));
+                }
+                let (body, mask) = m.capability();
+                let cap = space.add_capability_at(at, CAP_MSI, &body, &mask)?;
+                msi = Some((m, cap));
+            }
             CAP_MSIX => {
                 if end - at < 12 {
                     return Err(PassthroughError::Msix(format!(
@@ -318,6 +337,7 @@ pub fn virtual_function(
     Ok(VirtualFunction {
         config: space,
         msix,
+        msi,
         bars: offered,
         hidden,
     })
@@ -459,6 +479,12 @@ impl PassthroughFunction {
         self.view.msix.as_ref().map_or(0, |(m, _)| m.count())
     }
 
+    /// Whether the guest sees an MSI capability (the device has MSI and no MSI-X): one
+    /// interrupt line, vector 0 of the route changes.
+    pub fn has_msi(&self) -> bool {
+        self.view.msi.is_some()
+    }
+
     fn in_range(r: BarRange, bar: usize, offset: u64) -> Option<u64> {
         (bar == r.0 && offset >= r.1 && offset < r.1 + r.2).then(|| offset - r.1)
     }
@@ -484,6 +510,13 @@ impl super::PciFunction for PassthroughFunction {
             if offset < control_at + 2 && end > control_at {
                 let b = self.view.config.bytes(control_at as usize, 2);
                 msix = m.write_control(u16::from_le_bytes([b[0], b[1]]));
+            }
+        }
+        if let Some((m, cap)) = self.view.msi.as_mut() {
+            let (at, len) = (*cap as u64, m.len() as u64);
+            if offset < at + len && end > at {
+                let bytes = self.view.config.bytes(*cap, m.len());
+                msix.extend(m.update(bytes));
             }
         }
         super::ConfigEffects { bars, msix }
@@ -832,6 +865,70 @@ mod tests {
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
         let e = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).err();
         assert!(matches!(e, Some(PassthroughError::Msix(_))), "{e:?}");
+    }
+
+    /// QEMU's edu as the rig shows it: 1234:11e8, BAR 0 32-bit 1 MiB, one capability: MSI at
+    /// 0x40 (64-bit, one message, no per-vector masking).
+    fn edu() -> (Vec<u8>, [u64; 6]) {
+        let mut c = vec![0u8; 256];
+        c[0..4].copy_from_slice(&0x11e8_1234u32.to_le_bytes());
+        c[0x06] = 1 << 4;
+        c[0x09..0x0c].copy_from_slice(&[0x00, 0xff, 0x00]);
+        c[0x34] = 0x40;
+        c[0x40] = CAP_MSI;
+        c[0x42..0x44].copy_from_slice(&0x0080u16.to_le_bytes());
+        (c, [1 << 20, 0, 0, 0, 0, 0])
+    }
+
+    #[test]
+    fn an_msi_only_device_gets_its_msi_emulated_and_routed_never_written() {
+        use super::super::PciFunction;
+        let (c, sizes) = edu();
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
+        assert!(v.hidden.is_empty());
+        assert!(v.msix.is_none());
+        let s = &v.config;
+        assert_eq!(read(s, 0x34, 1), 0x40);
+        assert_eq!(read(s, 0x40, 2), u32::from(CAP_MSI));
+        assert_eq!(read(s, 0x42, 2), 0x0080);
+        let fake = Fake::default();
+        let mut f = PassthroughFunction::new(v, Box::new(fake.clone()));
+        assert!(f.has_msi());
+        assert_eq!(f.vectors(), 0);
+        // The driver's order: address, data, then enable (Multiple Message Enable 0).
+        assert!(
+            f.write_config(0x44, &0xfee0_0000u32.to_le_bytes())
+                .msix
+                .is_empty()
+        );
+        assert!(f.write_config(0x48, &0u32.to_le_bytes()).msix.is_empty());
+        assert!(f.write_config(0x4c, &0x61u16.to_le_bytes()).msix.is_empty());
+        let on = f.write_config(0x40, &0x0001_0005u32.to_le_bytes()).msix;
+        assert_eq!(on.len(), 1);
+        assert_eq!(on[0].vector, 0);
+        assert_eq!(
+            on[0].route,
+            Some(super::super::msix::MsiMessage {
+                address: 0xfee0_0000,
+                data: 0x61
+            })
+        );
+        // Multiple Message Enable and the read-only bits did not stick.
+        f.write_config(0x42, &0xffffu16.to_le_bytes());
+        assert_eq!(read(f.config(), 0x42, 2), 0x0081);
+        let off = f.write_config(0x42, &0x0080u16.to_le_bytes()).msix;
+        assert_eq!(off.len(), 1);
+        assert_eq!(off[0].route, None);
+        // The device saw none of it: its MSI belongs to the host's VFIO driver.
+        assert!(fake.0.lock().unwrap().is_empty());
+        // An MSI capability cut short by the next one is refused.
+        let (mut c, sizes) = edu();
+        c[0x41] = 0x48;
+        c[0x48] = 0x09;
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let e = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).err();
+        assert_eq!(e, Some(PassthroughError::Msi(0x40)));
     }
 
     #[derive(Clone, Default)]

@@ -83,7 +83,7 @@ impl Ecam {
 
 /// The ECAM base for bus 0: `probe.ecam=ADDR` (hex) if given (QEMU's microvm describes its
 /// ECAM only in the DSDT), else the MCFG table's.
-fn ecam(bi: &BootInfo) -> Option<Ecam> {
+pub fn ecam(bi: &BootInfo) -> Option<Ecam> {
     if let Some(a) = bi.arg("probe.ecam") {
         let a = u64::from_str_radix(a.trim_start_matches("0x"), 16).ok()?;
         return (a != 0 && a % (1 << 20) == 0 && a < 1 << 36).then_some(Ecam(a));

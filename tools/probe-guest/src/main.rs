@@ -18,7 +18,9 @@
 //! must assist where ring 0 is emulated (assist.rs); `probe.canary=N` makes N system calls
 //! through SYSCALL, each checked for everything it must leave alone, with
 //! `probe.canary_on=ap` on the first AP while the BSP drives the disk (canary.rs);
-//! `probe.engine=...` enumerates PCI and drives the VMM's submission engine (engine.rs).
+//! `probe.engine=...` enumerates PCI and drives the VMM's submission engine (engine.rs);
+//! `probe.nvme=N` drives a passed-through NVMe controller (nvme.rs); `probe.bigbar=V:D`
+//! reads and writes a large BAR above 4 GiB (bigbar.rs).
 #![no_std]
 #![no_main]
 
@@ -27,12 +29,14 @@ mod clock;
 #[macro_use]
 mod console;
 mod assist;
+mod bigbar;
 mod blk;
 mod canary;
 mod engine;
 mod firmware;
 mod libc;
 mod memtest;
+mod nvme;
 mod paths;
 mod peers;
 mod smp;
@@ -190,6 +194,8 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     failed |= blk::run(&bi, tsc_khz);
     failed |= canary::finish(canary);
     failed |= engine::run(&bi, tsc_khz, bsp);
+    failed |= nvme::run(&bi, tsc_khz, bsp);
+    failed |= bigbar::run(&bi);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);
     }

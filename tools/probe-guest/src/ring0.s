@@ -713,7 +713,8 @@ idtr:
     .word 256 * 16 - 1
     .quad idt
 
-# Identity map of 0..64 GiB with 2 MiB user-accessible pages; the 3..4 GiB MMIO hole uncached.
+# Identity map of 0..64 GiB with 2 MiB user-accessible pages, the 3..4 GiB MMIO hole uncached;
+# 64..128 GiB with 1 GiB pages, uncached.
 # PML4 entry 1 maps the first GiB again at SUPER_ALIAS, supervisor only (the syscall check).
     .section .data.pagetables, "aw"
     .balign 4096
@@ -737,7 +738,13 @@ pdpt:
     .quad pd + i * 4096 + 0x7
     .set i, i + 1
     .endr
-    .fill 448, 8, 0
+    # 64..128 GiB, the VMM's 64-bit BAR window: 1 GiB pages, uncached (bigbar.rs checks
+    # CPUID for 1 GiB pages before touching them).
+    .rept 64
+    .quad (i << 30) | 0x9f
+    .set i, i + 1
+    .endr
+    .fill 384, 8, 0
 pd:
     .set i, 0
     .rept 64 * 512
