@@ -1109,7 +1109,7 @@ pub fn run(
             .engine
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
-        passthrough: devices.vfio.as_ref().map(|v| v.report.clone()),
+        passthrough: devices.vfio.as_ref().map(|v| v.final_report()),
         guest_fault_lines: devices
             .guest_faults
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -1249,7 +1249,14 @@ fn attach_devices(
     )?;
     let mut mmio = Bus::new("mmio");
     // The PCI root: with no --device, empty on CF8/CFC only (a guest finds no PCI).
-    let (engine, vfio) = crate::pci::attach(vm, memory, &mut pio, &mut mmio, &checked.cfg.devices)?;
+    let (engine, vfio) = crate::pci::attach(
+        vm,
+        memory,
+        &mut pio,
+        &mut mmio,
+        &checked.cfg.devices,
+        &checked.cores,
+    )?;
     // Queue workers go to a core the partition does not use, when there is one.
     let worker_core = crate::cores::available()
         .into_iter()

@@ -387,6 +387,7 @@ pub fn attach(
     pio: &mut Bus,
     mmio: &mut Bus,
     specs: &[DeviceSpec],
+    cores: &[usize],
 ) -> Result<(Option<AttachedEngine>, Option<crate::vfio::AttachedVfio>), PciError> {
     let os = |what| move |source| PciError::Os { what, source };
     let mut engine = None;
@@ -414,7 +415,18 @@ pub fn attach(
             high: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
         };
         let gsi_base = IOAPIC_PINS + u32::from(VFIO_SLOT) * VECTORS as u32 + 64;
-        let (f, attached) = crate::vfio::attach(vm, memory, bdf, VFIO_SLOT, 1, gsi_base, &windows)?;
+        let (f, attached) = crate::vfio::attach(
+            vm,
+            memory,
+            crate::vfio::Target {
+                bdf,
+                guest_slot: VFIO_SLOT,
+                first_slot: 1,
+                gsi_base,
+                irq_cores: cores,
+            },
+            &windows,
+        )?;
         for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
             host.vectors
                 .insert((VFIO_SLOT, v as u16), (*gsi, evt.clone()));

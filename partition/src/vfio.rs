@@ -219,6 +219,14 @@ pub struct PassthroughReport {
     pub hidden_capabilities: Vec<(usize, u8)>,
     /// Guest memory regions mapped for the device's DMA.
     pub dma_regions: usize,
+    /// The host IRQs of its vectors (each an interrupt KVM turns into the guest's).
+    pub host_irqs: Vec<u32>,
+    /// Where the host delivers them: the partition's cores, as `/proc/irq/N/
+    /// smp_affinity_list` reads back after the VMM set it, or why it could not.
+    pub irq_affinity: Option<String>,
+    /// Interrupts the device raised during the run (the host's count over its IRQs, read
+    /// before teardown; None where the host does not show it).
+    pub interrupts: Option<u64>,
 }
 
 /// What a passthrough keeps for the life of the VM; dropping it gives the device back.
@@ -231,9 +239,18 @@ pub struct AttachedVfio {
     pieces: Vec<(usize, Piece)>,
     /// One irqfd per MSI-X vector (one for MSI), with its GSI.
     pub vectors: Vec<(u32, Arc<EventFd>)>,
+    irqs: HostIrqs,
 }
 
 impl AttachedVfio {
+    /// The launch report's section, with the interrupts the device raised up to now.
+    pub fn final_report(&self) -> PassthroughReport {
+        PassthroughReport {
+            interrupts: self.irqs.count(),
+            ..self.report.clone()
+        }
+    }
+
     /// Each mapped piece, by BAR index.
     pub fn pieces(&self) -> &[(usize, Piece)] {
         &self.pieces
@@ -259,19 +276,36 @@ impl Drop for AttachedVfio {
     }
 }
 
-/// Passes `bdf` through as the function in guest slot `guest_slot`: returns the function for the
-/// root and what must live as long as the VM. `first_slot` is the first device memory slot
-/// index it may use; `gsi_base` the
-/// first GSI for its vectors; `window` the BAR window it may place BARs in.
+/// What [`attach`] passes through and where.
+pub struct Target<'a> {
+    /// The host function, `DDDD:BB:DD.F`.
+    pub bdf: &'a str,
+    /// Its slot on the guest's bus 0.
+    pub guest_slot: u8,
+    /// The first device memory slot index it may use.
+    pub first_slot: u32,
+    /// The first GSI for its vectors.
+    pub gsi_base: u32,
+    /// The host cores its interrupts are steered to (the partition's).
+    pub irq_cores: &'a [usize],
+}
+
+/// Passes `t.bdf` through as the function in guest slot `t.guest_slot`: returns the function
+/// for the root and what must live as long as the VM; `windows` are the BAR windows it may
+/// place BARs in.
 pub fn attach(
     vm: &Vm,
     memory: &GuestMemory,
-    bdf: &str,
-    guest_slot: u8,
-    first_slot: u32,
-    gsi_base: u32,
+    t: Target,
     windows: &Windows,
 ) -> Result<(PassthroughFunction, AttachedVfio), VfioError> {
+    let Target {
+        bdf,
+        guest_slot,
+        first_slot,
+        gsi_base,
+        irq_cores,
+    } = t;
     let sysfs = check_host(bdf)?;
     let vfio = |what| move |source| VfioError::Vfio { what, source };
     let kvm_dev = vm.vfio_device()?;
@@ -371,7 +405,11 @@ pub fn attach(
             device.enable_msix(fds).map_err(vfio("enabling MSI-X"))?;
         }
     }
+    let irqs = HostIrqs::steer(&sysfs, irq_cores);
     let report = PassthroughReport {
+        host_irqs: irqs.numbers.clone(),
+        irq_affinity: irqs.affinity.clone(),
+        interrupts: None,
         bdf: bdf.to_string(),
         slot: guest_slot,
         iommu: "container",
@@ -405,8 +443,77 @@ pub fn attach(
             dma,
             pieces,
             vectors,
+            irqs,
         },
     ))
+}
+
+/// The host's interrupts of a passed-through function (`msi_irqs/` in its sysfs directory,
+/// one per MSI-X vector or MSI message VFIO enabled): steered to the partition's cores and
+/// counted. Their affinity needs no restoring: the IRQs are freed when VFIO turns MSI-X
+/// off at teardown, and the next user of those numbers starts from the default.
+struct HostIrqs {
+    numbers: Vec<u32>,
+    /// What `/proc/irq/N/smp_affinity_list` reads after steering (the first IRQ's), or why
+    /// it could not be set.
+    affinity: Option<String>,
+    /// `/sys/kernel/irq/N/per_cpu_count` of each, opened while the VMM may still open files.
+    counts: Vec<std::fs::File>,
+}
+
+impl HostIrqs {
+    fn steer(sysfs: &Path, cores: &[usize]) -> Self {
+        let mut numbers: Vec<u32> = std::fs::read_dir(sysfs.join("msi_irqs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        numbers.sort_unstable();
+        let list = cores
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut affinity = None;
+        for n in &numbers {
+            let at = format!("/proc/irq/{n}/smp_affinity_list");
+            let r = std::fs::write(&at, &list)
+                .and_then(|()| std::fs::read_to_string(&at))
+                .map(|s| s.trim().to_string());
+            if affinity.is_none() {
+                affinity = Some(r.unwrap_or_else(|e| format!("not set ({at}: {e})")));
+            }
+        }
+        let counts = numbers
+            .iter()
+            .filter_map(|n| std::fs::File::open(format!("/sys/kernel/irq/{n}/per_cpu_count")).ok())
+            .collect();
+        Self {
+            numbers,
+            affinity,
+            counts,
+        }
+    }
+
+    /// Interrupts the device raised so far, all its IRQs on all CPUs (None: unreadable).
+    fn count(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        if self.counts.is_empty() {
+            return None;
+        }
+        let mut total = 0;
+        for f in &self.counts {
+            let mut buf = [0u8; 4096];
+            let n = f.read_at(&mut buf, 0).ok()?;
+            total += String::from_utf8_lossy(&buf[..n])
+                .trim()
+                .split(',')
+                .filter_map(|c| c.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        Some(total)
+    }
 }
 
 #[cfg(test)]

@@ -280,6 +280,10 @@ fn edu_with_msi_only_interrupts_the_guest_through_emulated_msi() {
     assert_eq!(p["msix_vectors"], 0, "{p}");
     assert_eq!(p["msi"], true, "{p}");
     assert_eq!(p["hidden_capabilities"], serde_json::json!([]), "{p}");
+    assert_eq!(p["host_irqs"].as_array().map(Vec::len), Some(1), "{p}");
+    assert_eq!(p["irq_affinity"], "1", "{p}");
+    // 55 factorials by MSI (50 timed after 5 warm-up).
+    assert!(p["interrupts"].as_u64().unwrap() >= 55, "{p}");
     let b = bar(p, 0);
     assert_eq!(b["size"], 1 << 20, "{b}");
     assert_eq!(b["mapped_bytes"], 1 << 20, "{b}");
