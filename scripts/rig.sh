@@ -99,8 +99,11 @@ if [ ! -e "$base" ] || [ "$0" -nt "$base" ] || [ scripts/rig-holder.c -nt "$base
     }
     for m in kvm-amd vfio-pci vfio_iommu_type1; do add_module "$m"; done
     printf '%s\n' "${order[@]}" > "$root/lib/modules/load"
-    # nvme is there for commands that give a device back to its host driver; not loaded.
+    # nvme is there for commands that give a device back to its host driver; not loaded
+    # (/lib/modules/host-nvme: its modules in load order).
+    loaded=${#order[@]}
     for m in nvme; do add_module "$m"; done
+    printf '%s\n' "${order[@]:$loaded}" > "$root/lib/modules/host-nvme"
     # The holder (scripts/rig-holder.c): a VM that lives as long as the machine.
     gcc -static -Os -o "$root/bin/kvm-holder" scripts/rig-holder.c
     cat > "$root/etc/passwd" <<'EOF'

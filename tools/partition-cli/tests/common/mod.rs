@@ -2,6 +2,8 @@
 //! parsing the probe guest's report, host facts, tiny hand-made kernels.
 #![allow(dead_code)]
 
+pub mod vfio;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
