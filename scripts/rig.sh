@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The second proving ground: real KVM (kvm_amd on QEMU TCG's emulated AMD SVM with nested
 # paging), an emulated Intel IOMMU with interrupt remapping, and real PCI functions
-# (QEMU's NVMe, edu, and ivshmem-plain with a 1 GiB 64-bit prefetchable BAR). Boots an
+# (QEMU's NVMe, edu, ivshmem-plain with a 1 GiB 64-bit prefetchable BAR, and e1000e for
+# its PCIe extended capabilities). Boots an
 # outer Linux (Debian's generic 6.12 kernel) from an initramfs holding our binary, runs one
 # command inside as root and returns its exit status; the command's output comes back on
 # a serial line of its own (the outer kernel's log goes to a file). docs/testing.md.
@@ -20,7 +21,8 @@
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
 # the files asked for; the command runs in /rig with PATH=/usr/bin:/bin. The rig's PCI
-# functions: 00:03.0 edu, 00:04.0 NVMe (a 64 MiB namespace), 00:05.0 ivshmem-plain.
+# functions: 00:03.0 edu, 00:04.0 NVMe (a 64 MiB namespace), 00:05.0 ivshmem-plain,
+# 00:06.0 e1000e (no network behind it; AER, serial number and ARI extended capabilities).
 # Everything is downloaded with apt-get download and cached under target/rig/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -216,7 +218,8 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=mul
     -drive "file=$run/nvme.img,if=none,id=nv,format=raw"
     -device nvme,serial=rig-nvme,drive=nv,addr=04.0
     -object memory-backend-ram,id=vram,size=1G,share=on
-    -device ivshmem-plain,memdev=vram,addr=05.0)
+    -device ivshmem-plain,memdev=vram,addr=05.0
+    -device e1000e,addr=06.0)
 # QEMU's own warnings (TCG lacks some of EPYC's features) go to a file beside the log.
 "${qemu[@]}" 2> "$log.qemu" &
 qpid=$!

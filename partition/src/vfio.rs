@@ -8,17 +8,19 @@
 //! 1. [`check_host`]: `/dev/vfio/vfio`, the function in sysfs, bound to `vfio-pci`, in an
 //!    IOMMU group (anything missing: exit 2 with what is missing);
 //! 2. the KVM VFIO pseudo-device, a container with it, the device opened in it;
-//! 3. its configuration space (256 bytes) and BAR regions read; the guest's view built
-//!    (`virtual_function`: BARs placed in the BAR window, MSI-X emulated, MSI hidden
-//!    beside MSI-X and emulated without it);
+//! 3. its configuration space (256 bytes, 4 KiB for PCIe) and BAR regions read; the
+//!    guest's view built (`virtual_function`: BARs placed in the BAR window, MSI-X
+//!    emulated, MSI hidden beside MSI-X and emulated without it, extended capabilities
+//!    shown or hidden);
 //! 4. guest memory mapped for DMA (`dma_plan`: a pool extent of hugepages is one mapping);
 //! 5. each mappable BAR mmapped from the device and made a KVM memory slot, except the
 //!    pages holding the MSI-X table and PBA (`mappable`), which trap;
 //! 6. one irqfd per MSI-X vector (or one for MSI), given to the device
 //!    (VFIO_DEVICE_SET_IRQS); the guest's table entries (or MSI capability) become KVM MSI
 //!    routes in front of them (the root's `PciHost`);
-//! 7. at teardown ([`AttachedVfio`]'s drop): MSI-X (or MSI) off, the device reset, DMA unmapped, the
-//!    BAR mappings unmapped.
+//! 7. its host IRQs steered to the partition's cores and counted (`HostIrqs`);
+//! 8. at teardown ([`AttachedVfio`]'s drop): MSI-X (or MSI) off, the device reset, DMA
+//!    unmapped, the BAR mappings unmapped.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -217,6 +219,10 @@ pub struct PassthroughReport {
     pub msi: bool,
     /// Capabilities hidden from the guest: (offset, id).
     pub hidden_capabilities: Vec<(usize, u8)>,
+    /// PCIe extended capabilities the guest sees (read-only): (offset, id).
+    pub extended_capabilities: Vec<(usize, u16)>,
+    /// PCIe extended capabilities hidden from it: (offset, id).
+    pub hidden_extended_capabilities: Vec<(usize, u16)>,
     /// Guest memory regions mapped for the device's DMA.
     pub dma_regions: usize,
     /// The host IRQs of its vectors (each an interrupt KVM turns into the guest's).
@@ -316,7 +322,12 @@ pub fn attach(
     let ops: Arc<dyn VfioOps> = container.clone();
     let device = Arc::new(VfioDevice::new(&sysfs, ops, false).map_err(vfio("opening the device"))?);
     // Configuration space and BARs.
-    let mut config = vec![0u8; devices::pci::passthrough::STANDARD_CONFIG];
+    // 256 bytes, or 4 KiB for a PCIe function (its extended capabilities).
+    let config_len = (device.get_region_size(VFIO_PCI_CONFIG_REGION_INDEX) as usize).clamp(
+        devices::pci::passthrough::STANDARD_CONFIG,
+        devices::pci::config::CONFIG_SIZE,
+    );
+    let mut config = vec![0u8; config_len];
     device.region_read(VFIO_PCI_CONFIG_REGION_INDEX, &mut config, 0);
     let mut sizes = [0u64; 6];
     let mut mmap = [false; 6];
@@ -432,6 +443,8 @@ pub fn attach(
         msix_vectors: function.vectors(),
         msi: function.has_msi(),
         hidden_capabilities: function.hidden().to_vec(),
+        extended_capabilities: function.extended().0.to_vec(),
+        hidden_extended_capabilities: function.extended().1.to_vec(),
         dma_regions: dma.len(),
     };
     Ok((

@@ -9,6 +9,8 @@
 
 /// Bytes of a PCIe function's configuration space (ECAM); CF8/CFC reaches the first 256.
 pub const CONFIG_SIZE: usize = 4096;
+/// Where PCIe extended capabilities start.
+pub const EXTENDED_START: usize = 0x100;
 /// Where the capability list starts (the first capability we add).
 pub const FIRST_CAPABILITY: usize = 0x40;
 
@@ -86,6 +88,8 @@ pub struct BarChange {
 pub struct ConfigSpace {
     bytes: Box<[u8; CONFIG_SIZE]>,
     writable: Box<[u8; CONFIG_SIZE]>,
+    /// Extended capabilities put so far: [start, end).
+    extended: Vec<(usize, usize)>,
     bars: [Option<Bar>; 6],
     /// Where [`ConfigSpace::add_capability`] puts the next one: past every capability.
     next_cap: usize,
@@ -113,6 +117,7 @@ impl ConfigSpace {
         let mut c = Self {
             bytes: Box::new([0; CONFIG_SIZE]),
             writable: Box::new([0; CONFIG_SIZE]),
+            extended: Vec::new(),
             bars: [None; 6],
             next_cap: FIRST_CAPABILITY,
             last_cap: None,
@@ -276,6 +281,34 @@ impl ConfigSpace {
         self.caps.push((at, end));
         self.next_cap = self.next_cap.max((end + 3) & !3);
         Ok(at)
+    }
+
+    /// Puts a read-only PCIe extended capability at `at` (4-byte aligned, 0x100..0x1000):
+    /// its header (`id`, `version`, the next capability's offset, 0 for the last) and the
+    /// body after it. Overlaps with what was put before are refused.
+    pub fn put_extended(
+        &mut self,
+        at: usize,
+        id: u16,
+        version: u8,
+        next: usize,
+        body: &[u8],
+    ) -> Result<(), ConfigError> {
+        let end = at + 4 + body.len();
+        let next_ok = next == 0 || (next % 4 == 0 && (EXTENDED_START..CONFIG_SIZE).contains(&next));
+        if at % 4 != 0
+            || at < EXTENDED_START
+            || end > CONFIG_SIZE
+            || !next_ok
+            || self.extended.iter().any(|&(s, e)| at < e && s < end)
+        {
+            return Err(ConfigError::NoRoom(end.saturating_sub(at)));
+        }
+        let header = u32::from(id) | u32::from(version & 0xf) << 16 | (next as u32) << 20;
+        self.bytes[at..at + 4].copy_from_slice(&header.to_le_bytes());
+        self.bytes[at + 4..end].copy_from_slice(body);
+        self.extended.push((at, end));
+        Ok(())
     }
 
     /// The current bytes at `offset` (for a device's own use of its capabilities).

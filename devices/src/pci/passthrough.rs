@@ -16,15 +16,31 @@
 //!   interrupt signals) and MSI: hidden when the device also has MSI-X (the chain skips
 //!   it, so a driver uses MSI-X), else emulated with one message (`super::msi`) routed the
 //!   same way;
-//! - no INTx (interrupt pin 0); PCIe extended capabilities are not offered.
+//! - PCIe extended capabilities (past 0x100, where the device has 4 KiB of configuration
+//!   space): those in [`EXTENDED_SHOWN`] (serial number, vendor-specific) as read-only
+//!   snapshots at their own offsets, chained in the device's order; every other one (AER,
+//!   ACS, ATS, PRI, PASID, SR-IOV, resizable BAR, ...: controls the host owns or the VMM
+//!   does not emulate) hidden, a placeholder header at 0x100 when the first is;
+//! - no INTx (interrupt pin 0).
 
-use super::config::{Bar, BarKind, CAP_MSIX, ConfigError, ConfigSpace};
+use super::config::{
+    Bar, BarKind, CAP_MSIX, CONFIG_SIZE, ConfigError, ConfigSpace, EXTENDED_START,
+};
 pub use super::msi::CAP_MSI;
 use super::msi::Msi;
 use super::msix::{Msix, MsixError, MsixLayout};
 
 /// Bytes of the standard configuration header and capability list.
 pub const STANDARD_CONFIG: usize = 256;
+/// Extended capability: Device Serial Number.
+pub const EXT_DSN: u16 = 0x0003;
+/// Extended capability: Vendor-Specific.
+pub const EXT_VSEC: u16 = 0x000b;
+/// Extended capability: Designated Vendor-Specific.
+pub const EXT_DVSEC: u16 = 0x0023;
+/// The extended capabilities a guest is shown, read-only: what drivers read to identify a
+/// device and its features; none has a control the guest could turn against the host.
+pub const EXTENDED_SHOWN: [u16; 3] = [EXT_DSN, EXT_VSEC, EXT_DVSEC];
 
 /// Errors building a passthrough function's view (the device's or the VMM's limits).
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -232,10 +248,82 @@ pub struct VirtualFunction {
     pub bars: Vec<(PhysicalBar, u64)>,
     /// Capabilities hidden from the guest: (offset, id).
     pub hidden: Vec<(usize, u8)>,
+    /// PCIe extended capabilities the guest sees.
+    pub extended: Vec<ExtendedCap>,
+    /// PCIe extended capabilities hidden from it.
+    pub hidden_extended: Vec<ExtendedCap>,
+}
+
+/// A PCIe extended capability: (offset, id).
+pub type ExtendedCap = (usize, u16);
+
+/// The device's PCIe extended capabilities in chain order from 0x100: (offset, id,
+/// version). The walk stops at an empty or all-ones header, a pointer below 0x100 or past
+/// `config`, or a capability seen before (a loop). Placeholders (id 0) are skipped.
+pub fn extended_capabilities(config: &[u8]) -> Vec<(usize, u16, u8)> {
+    let mut out: Vec<(usize, u16, u8)> = Vec::new();
+    let mut seen = Vec::new();
+    let mut at = EXTENDED_START;
+    while at >= EXTENDED_START && at + 4 <= config.len().min(CONFIG_SIZE) && !seen.contains(&at) {
+        let h = u32_at(config, at);
+        if h == 0 || h == u32::MAX {
+            break;
+        }
+        seen.push(at);
+        if h as u16 != 0 {
+            out.push((at, h as u16, (h >> 16 & 0xf) as u8));
+        }
+        at = (h >> 20) as usize & !3;
+    }
+    out
+}
+
+/// The bytes after the header of extended capability `id` at `at` that the guest may see,
+/// or None to hide it: a kind in [`EXTENDED_SHOWN`] whose length (fixed, or the
+/// vendor-specific header's) ends before `limit` (the next capability or the end).
+fn extended_body(config: &[u8], at: usize, id: u16, limit: usize) -> Option<&[u8]> {
+    let len = match id {
+        EXT_DSN => 12,
+        EXT_VSEC | EXT_DVSEC if at + 8 <= limit => (u32_at(config, at + 4) >> 20) as usize,
+        _ => return None,
+    };
+    (len >= 8 && at + len <= limit).then(|| &config[at + 4..at + len])
+}
+
+/// Puts the extended capabilities of `config` the guest may see into `space`, chained in
+/// the device's order; returns (shown, hidden), each (offset, id).
+fn virtual_extended(
+    config: &[u8],
+    space: &mut ConfigSpace,
+) -> Result<(Vec<ExtendedCap>, Vec<ExtendedCap>), PassthroughError> {
+    let caps = extended_capabilities(config);
+    let end = config.len().min(CONFIG_SIZE);
+    let mut starts: Vec<usize> = caps.iter().map(|c| c.0).collect();
+    starts.sort_unstable();
+    let mut shown = Vec::new();
+    let mut hidden = Vec::new();
+    for &(at, id, version) in &caps {
+        let limit = starts.iter().copied().find(|&o| o > at).unwrap_or(end);
+        match extended_body(config, at, id, limit) {
+            Some(body) => shown.push((at, id, version, body)),
+            None => hidden.push((at, id)),
+        }
+    }
+    if let Some(first) = shown.first()
+        && first.0 != EXTENDED_START
+    {
+        space.put_extended(EXTENDED_START, 0, 0, first.0, &[])?;
+    }
+    for (i, &(at, id, version, body)) in shown.iter().enumerate() {
+        let next = shown.get(i + 1).map_or(0, |n| n.0);
+        space.put_extended(at, id, version, next, body)?;
+    }
+    Ok((shown.iter().map(|c| (c.0, c.1)).collect(), hidden))
 }
 
 /// Builds the guest's view of a device from its configuration space (at least the first
-/// 256 bytes, as VFIO's config region reads them), its BARs, and the BAR windows.
+/// 256 bytes, 4 KiB for a PCIe device, as VFIO's config region reads them), its BARs, and
+/// the BAR windows.
 pub fn virtual_function(
     config: &[u8],
     bars: &[PhysicalBar],
@@ -334,12 +422,15 @@ pub fn virtual_function(
             }
         }
     }
+    let (extended, hidden_extended) = virtual_extended(config, &mut space)?;
     Ok(VirtualFunction {
         config: space,
         msix,
         msi,
         bars: offered,
         hidden,
+        extended,
+        hidden_extended,
     })
 }
 
@@ -467,6 +558,11 @@ impl PassthroughFunction {
     /// Capabilities hidden from the guest: (offset, id).
     pub fn hidden(&self) -> &[(usize, u8)] {
         &self.view.hidden
+    }
+
+    /// PCIe extended capabilities: (shown, hidden), each (offset, id).
+    pub fn extended(&self) -> (&[ExtendedCap], &[ExtendedCap]) {
+        (&self.view.extended, &self.view.hidden_extended)
     }
 
     /// Each offered BAR and where the VMM placed it.
@@ -929,6 +1025,102 @@ mod tests {
         let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
         let e = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).err();
         assert_eq!(e, Some(PassthroughError::Msi(0x40)));
+    }
+
+    fn ext(c: &mut [u8], at: usize, id: u16, version: u32, next: usize) {
+        let h = u32::from(id) | version << 16 | (next as u32) << 20;
+        c[at..at + 4].copy_from_slice(&h.to_le_bytes());
+    }
+
+    /// A PCIe function's 4 KiB: AER at 0x100 -> DSN at 0x140 -> ARI at 0x150 -> VSEC at 0x160
+    /// (24 bytes) -> end.
+    fn pcie_with_extended() -> (Vec<u8>, [u64; 6]) {
+        let (mut c, sizes) = edu();
+        c.resize(4096, 0);
+        ext(&mut c, 0x100, 0x0001, 2, 0x140);
+        c[0x104..0x108].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+        ext(&mut c, 0x140, EXT_DSN, 1, 0x150);
+        c[0x144..0x14c].copy_from_slice(&0x0011_2233_4455_6677u64.to_le_bytes());
+        ext(&mut c, 0x150, 0x000e, 1, 0x160);
+        ext(&mut c, 0x160, EXT_VSEC, 1, 0);
+        c[0x164..0x168].copy_from_slice(&(0x018u32 << 20 | 0x0001_0042).to_le_bytes());
+        c[0x168..0x178].fill(0x5a);
+        (c, sizes)
+    }
+
+    #[test]
+    fn extended_capabilities_we_know_are_shown_read_only_and_the_rest_hidden() {
+        use super::super::PciFunction;
+        let (c, sizes) = pcie_with_extended();
+        assert_eq!(
+            extended_capabilities(&c),
+            [
+                (0x100, 1, 2),
+                (0x140, EXT_DSN, 1),
+                (0x150, 0x0e, 1),
+                (0x160, EXT_VSEC, 1)
+            ]
+        );
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
+        assert_eq!(v.extended, [(0x140, EXT_DSN), (0x160, EXT_VSEC)]);
+        assert_eq!(v.hidden_extended, [(0x100, 1), (0x150, 0x0e)]);
+        let s = &v.config;
+        // 0x100: a placeholder (id 0, version 0) leading to DSN; none of AER's bytes.
+        assert_eq!(read(s, 0x100, 4), 0x140 << 20);
+        assert_eq!(read(s, 0x104, 4), 0);
+        // DSN -> VSEC -> end, bodies the device's.
+        assert_eq!(
+            read(s, 0x140, 4),
+            u32::from(EXT_DSN) | 1 << 16 | 0x160 << 20
+        );
+        assert_eq!(read(s, 0x144, 4), 0x4455_6677);
+        assert_eq!(read(s, 0x148, 4), 0x0011_2233);
+        assert_eq!(read(s, 0x160, 4), u32::from(EXT_VSEC) | 1 << 16);
+        assert_eq!(read(s, 0x164, 4), 0x0180_0042 | 0x0001_0000);
+        assert_eq!(read(s, 0x174, 4), 0x5a5a_5a5a);
+        // ARI's bytes are not there, and nothing past 0x100 is writable.
+        assert_eq!(read(s, 0x150, 4), 0);
+        let mut f = PassthroughFunction::new(v, Box::new(Fake::default()));
+        f.write_config(0x144, &u32::MAX.to_le_bytes());
+        f.write_config(0x100, &u32::MAX.to_le_bytes());
+        assert_eq!(read(f.config(), 0x144, 4), 0x4455_6677);
+        assert_eq!(read(f.config(), 0x100, 4), 0x140 << 20);
+        assert_eq!(f.extended().1, [(0x100, 1), (0x150, 0x0e)]);
+    }
+
+    #[test]
+    fn the_extended_walk_survives_loops_bad_pointers_and_short_lengths() {
+        let (mut c, _) = pcie_with_extended();
+        // VSEC points back at DSN: a loop, walked once.
+        ext(&mut c, 0x160, EXT_VSEC, 1, 0x140);
+        assert_eq!(extended_capabilities(&c).len(), 4);
+        // A pointer below 0x100 ends the list; so does a 256-byte configuration space.
+        ext(&mut c, 0x150, 0x000e, 1, 0x40);
+        assert_eq!(extended_capabilities(&c).len(), 3);
+        assert!(extended_capabilities(&c[..256]).is_empty());
+        // A vendor-specific length that runs past the next capability, or under its own
+        // header, is hidden rather than shown cut.
+        let (mut c, sizes) = pcie_with_extended();
+        ext(&mut c, 0x140, EXT_VSEC, 1, 0x150);
+        c[0x144..0x148].copy_from_slice(&(0x020u32 << 20).to_le_bytes());
+        let bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
+        assert_eq!(v.extended, [(0x160, EXT_VSEC)]);
+        c[0x144..0x148].copy_from_slice(&(0x004u32 << 20).to_le_bytes());
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
+        assert!(v.hidden_extended.contains(&(0x140, EXT_VSEC)));
+        // No extended capability at all (QEMU's NVMe: zeros at 0x100): nothing put there.
+        let (mut c, sizes) = edu();
+        c.resize(4096, 0);
+        let v = virtual_function(&c, &bars_of(&c, sizes), &low(0xc000_0000, 0x1_0000_0000));
+        let v = v.unwrap();
+        assert!(v.extended.is_empty() && v.hidden_extended.is_empty());
+        assert_eq!(read(&v.config, 0x100, 4), 0);
+    }
+
+    fn bars_of(c: &[u8], sizes: [u64; 6]) -> Vec<PhysicalBar> {
+        physical_bars(c, sizes, [true; 6]).unwrap()
     }
 
     #[derive(Clone, Default)]

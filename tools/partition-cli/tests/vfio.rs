@@ -355,3 +355,40 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
         "NOTE vfio bigbar: the guest wrote three pages of the 1 GiB BAR at {addr:#x}; the host read the same bytes"
     );
 }
+
+/// QEMU's e1000e is a PCIe function with extended capabilities: AER at 0x100 (hidden: its
+/// controls are the host's) and the device serial number at 0x140 (shown, read-only). The
+/// probe walks the chain through ECAM and finds a placeholder at 0x100 leading to the
+/// serial number, and nothing of AER.
+#[test]
+fn a_pcie_functions_extended_capabilities_are_shown_or_hidden() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "a_pcie_functions_extended_capabilities_are_shown_or_hidden";
+    let Some(dev) = passthrough_target(name, 0x8086, 0x10d3, "QEMU e1000e") else {
+        return;
+    };
+    let (r, out) = launch_with(&dev.bdf, "probe.engine=list");
+    let p = &r["passthrough"];
+    assert_eq!(
+        p["extended_capabilities"],
+        serde_json::json!([[0x140, 3]]),
+        "{p}"
+    );
+    assert_eq!(
+        p["hidden_extended_capabilities"],
+        serde_json::json!([[0x100, 1]]),
+        "{p}"
+    );
+    let caps: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("probe: pci 00:02.0 ext_cap "))
+        .collect();
+    assert_eq!(
+        caps,
+        [
+            "probe: pci 00:02.0 ext_cap at=0x100 id=0x0000 version=0",
+            "probe: pci 00:02.0 ext_cap at=0x140 id=0x0003 version=1",
+        ],
+        "{out}"
+    );
+}

@@ -2,8 +2,8 @@
 //! comma-separated):
 //!
 //! - `list`: enumerate bus 0 through ECAM (the ACPI MCFG table gives its base, as Linux
-//!   finds it) and print every function, and for the engine its BARs (sized by the BAR
-//!   protocol) and MSI-X vectors;
+//!   finds it) and print every function with its PCIe extended capabilities, and for the
+//!   engine its BARs (sized by the BAR protocol) and MSI-X vectors;
 //! - `lat`: submit one fence command at a time and time submit-to-fence in ring 3, the
 //!   driver polling the fence (`poll`) and waiting for the MSI-X interrupt in the idle mode
 //!   in force (`irq`): median and p99 over `probe.engine_n` submissions;
@@ -184,6 +184,25 @@ pub fn enumerate(e: Ecam) -> Found {
             id >> 16,
             class
         );
+        // The PCIe extended capabilities past 0x100, as the chain links them.
+        let mut at = 0x100;
+        for _ in 0..64 {
+            let h = e.read(slot, at);
+            if h == 0 || h == u32::MAX {
+                break;
+            }
+            say!(
+                "pci 00:{:02x}.0 ext_cap at={:#x} id={:#06x} version={}",
+                slot,
+                at,
+                h & 0xffff,
+                (h >> 16) & 0xf
+            );
+            at = u64::from(h >> 20) & !3;
+            if at < 0x100 {
+                break;
+            }
+        }
         f.items[f.len] = (slot, id as u16, (id >> 16) as u16);
         f.len += 1;
     }
