@@ -88,6 +88,18 @@ if printf '%s\n' "${suite[@]}" | grep -q '^linux_kernel'; then
     done < "$assets/rig.list"
 fi
 
+# The vfio tests' QEMU peer (QEMU microvm with vfio-pci, the submit-vfio section): QEMU,
+# its microvm firmware and SeaBIOS's microvm build, where this host has them.
+if printf '%s\n' "${suite[@]}" | grep -q '^vfio' && command -v qemu-system-x86_64 >/dev/null; then
+    qemu=$(command -v qemu-system-x86_64)
+    files+=(--file "$qemu:$qemu")
+    for f in /usr/share/qemu/bios-microvm.bin /usr/share/qemu/qboot.rom /usr/share/qemu/pvh.bin \
+        /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin \
+        /usr/share/seabios/bios-microvm.bin; do
+        [ -e "$f" ] && files+=(--file "$(readlink -f "$f"):$f")
+    done
+fi
+
 say "rig suite: ${suite[*]}"
 run_rig() {
     scripts/rig.sh "${files[@]}" --file "$script:/rig/suite.sh" --timeout "${RIG_TIMEOUT:-2400}" \

@@ -146,6 +146,8 @@ pub enum SectionDoc {
     MemSetup(Box<crate::memsetup::MemSetupSection>),
     /// `submit`.
     Submit(Box<crate::submit::SubmitSection>),
+    /// `submit-vfio`.
+    SubmitVfio(Box<crate::submit_vfio::SubmitVfioSection>),
     /// `sandbox` and `builds`.
     Compare(Box<crate::compare::CompareSection>),
 }
@@ -162,6 +164,7 @@ impl SectionDoc {
             Self::Blk(s) => &s.head,
             Self::MemSetup(s) => &s.head,
             Self::Submit(s) => &s.head,
+            Self::SubmitVfio(s) => &s.head,
             Self::Compare(s) => &s.head,
         }
     }
@@ -171,6 +174,7 @@ impl SectionDoc {
     pub fn impossible_here(&self) -> bool {
         match self {
             Self::Guest(g) => !g.head.completed && g.host_limitation && g.limitation.is_none(),
+            Self::SubmitVfio(s) => !s.head.completed && s.host_limitation,
             _ => false,
         }
     }
@@ -192,6 +196,7 @@ impl SectionDoc {
             "blk" => Self::Blk(serde_json::from_value(v)?),
             "memsetup" => Self::MemSetup(serde_json::from_value(v)?),
             "submit" => Self::Submit(serde_json::from_value(v)?),
+            "submit-vfio" => Self::SubmitVfio(serde_json::from_value(v)?),
             _ => Self::Compare(serde_json::from_value(v)?),
         })
     }

@@ -10,6 +10,7 @@ pub mod crosscheck;
 pub mod doc;
 pub mod hotpaths;
 pub mod memsetup;
+pub mod nvmecore;
 pub mod probe;
 pub mod quick;
 pub mod report;
@@ -17,7 +18,9 @@ pub mod results;
 pub mod sections;
 pub mod stats;
 pub mod submit;
+pub mod submit_vfio;
 pub mod supervisor;
+pub mod vfio_nvme;
 pub mod wake;
 
 use std::io::Read;
@@ -53,6 +56,8 @@ pub struct Env {
     pub lmbench: Option<PathBuf>,
     /// A baseline build of `partition` to compare this one with (the builds section).
     pub baseline: Option<Baseline>,
+    /// A host NVMe function bound to vfio-pci for the submit-vfio section, `DDDD:BB:DD.F`.
+    pub vfio: Option<String>,
 }
 
 /// A baseline build of `partition`.
@@ -557,6 +562,7 @@ mod tests {
             guest_image: None,
             lmbench: None,
             baseline: None,
+            vfio: None,
         };
         let c = Launch::new(&env, Path::new("/w/s"), "1,0", "64M")
             .probe()
@@ -642,6 +648,7 @@ mod tests {
             guest_image: None,
             lmbench: None,
             baseline: None,
+            vfio: None,
         };
         let probe = Path::new("/p.elf");
         let args = |c: &Command| {

@@ -463,6 +463,7 @@ mod tests {
             guest_image: None,
             lmbench: None,
             baseline: None,
+            vfio: None,
         };
         let dir = Path::new("/mnt/h");
         let c = launch_cmd(

@@ -172,6 +172,7 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
         "wake",
         "blk",
         "submit",
+        "submit-vfio",
         "memsetup",
         "crosscheck",
         "sandbox",
@@ -398,6 +399,9 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
     if let Some(rows) = s["submit"]["guest"].as_array() {
         submit_rows(&mut o, &s["submit"], rows);
     }
+    if let Some(rows) = s["submit-vfio"]["rows"].as_array() {
+        submit_vfio_rows(&mut o, &s["submit-vfio"], rows);
+    }
     if let Some(rows) = s["memsetup"]["rows"].as_array() {
         let _ = writeln!(
             o,
@@ -522,6 +526,51 @@ fn cell_us(c: &Value) -> String {
     ) {
         (Some(m), Some(a), Some(b)) => format!("{:.2} ({:.2}-{:.2})", m / 1e3, a / 1e3, b / 1e3),
         _ => "—".into(),
+    }
+}
+
+/// The `submit-vfio` table: the partition, the bare-host twin and QEMU on one
+/// passed-through controller.
+fn submit_vfio_rows(o: &mut String, sub: &Value, rows: &[Value]) {
+    let meaningful = sub["timings_meaningful"].as_bool() == Some(true);
+    let _ = writeln!(
+        o,
+        "\n## Submission through a passed-through device (`submit-vfio`): submit to completion, µs\n\n\
+         {} on {} ({}), one-block reads, {} per completion mode per run, {} runs; the \
+         partition's exits to the VMM per submission: {}; interrupts the host counted in its \
+         last run: {}.{}\n\n| driver | completion | submit to completion | p99 | / bare-host twin |\n|---|---|---|---|---|",
+        sub["device"].as_str().unwrap_or("no device"),
+        sub["machine"].as_str().unwrap_or("?"),
+        if meaningful {
+            "timings are the hardware's"
+        } else {
+            "an emulated machine: the timings describe the emulator, the exits and \
+             interrupts do not"
+        },
+        sub["samples_per_run"],
+        sub["runs"],
+        sub["exits_per_submission"]
+            .as_f64()
+            .map_or("not measured".into(), |v| format!("{v:.3}")),
+        sub["host_interrupts"]
+            .as_u64()
+            .map_or("not measured".into(), |v| v.to_string()),
+        sub["reason"]
+            .as_str()
+            .map_or(String::new(), |r| format!(" Not complete: {r}."))
+    );
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} |",
+            r["who"].as_str().unwrap_or("?"),
+            r["completion"].as_str().unwrap_or("?"),
+            cell_us(&r["latency"]),
+            cell_us(&r["p99"]),
+            r["ratio_to_twin"]
+                .as_f64()
+                .map_or("—".into(), |v| format!("{v:.2}x"))
+        );
     }
 }
 

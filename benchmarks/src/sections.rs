@@ -204,21 +204,37 @@ impl Section for Sandboxing {
 
 impl Section for Submit {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
-        &[(
-            "submit",
-            "GPU-style submission: submit-to-fence through the PCI submission engine for every doorbell mode (trap, ioeventfd, mapped page) x completion (polled fence, MSI-X) x idle policy, against bare-host twins running the engine's own code on the same two cores and QEMU's edu and pci-testdev on microvm (PCIe) in the same run",
-        )]
+        &[
+            (
+                "submit",
+                "GPU-style submission: submit-to-fence through the PCI submission engine for every doorbell mode (trap, ioeventfd, mapped page) x completion (polled fence, MSI-X) x idle policy, against bare-host twins running the engine's own code on the same two cores and QEMU's edu and pci-testdev on microvm (PCIe) in the same run",
+            ),
+            (
+                "submit-vfio",
+                "GPU-style submission through a passed-through NVMe controller (--vfio BDF): one-block reads polled and by MSI-X from the probe in a partition, the same driver on the bare host through VFIO, and QEMU microvm with vfio-pci; the partition's exits per submission",
+            ),
+        ]
     }
     fn run(
         &self,
         env: &Env,
         _: &Options,
-        _: &dyn Fn(&str) -> bool,
+        wanted: &dyn Fn(&str) -> bool,
     ) -> Vec<(&'static str, SectionDoc)> {
-        vec![(
-            "submit",
-            SectionDoc::Submit(Box::new(crate::submit::run(env))),
-        )]
+        let mut out = Vec::new();
+        if wanted("submit") {
+            out.push((
+                "submit",
+                SectionDoc::Submit(Box::new(crate::submit::run(env))),
+            ));
+        }
+        if wanted("submit-vfio") {
+            out.push((
+                "submit-vfio",
+                SectionDoc::SubmitVfio(Box::new(crate::submit_vfio::run(env))),
+            ));
+        }
+        out
     }
 }
 
@@ -254,7 +270,8 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 10);
+        assert_eq!(seen.len(), 11);
         assert!(known("guest") && known("memsetup") && known("submit") && !known("gpu"));
+        assert!(known("submit-vfio"));
     }
 }

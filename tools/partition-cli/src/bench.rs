@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// runs only with it).
     #[arg(long, value_name = "BIN")]
     baseline: Option<PathBuf>,
+    /// An NVMe controller bound to vfio-pci for the `submit-vfio` section (DDDD:BB:DD.F):
+    /// the partition, the bare host and QEMU drive it in turn.
+    #[arg(long, value_name = "BDF")]
+    vfio: Option<String>,
     /// What the baseline is, for the results (default: its path).
     #[arg(long, value_name = "TEXT", requires = "baseline")]
     baseline_label: Option<String>,
@@ -154,6 +158,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             label: a.baseline_label.unwrap_or_else(|| p.display().to_string()),
             partition: std::fs::canonicalize(&p).unwrap_or(p),
         }),
+        vfio: a.vfio,
     };
     if a.quick {
         let r = benchmarks::quick::run(&env);

@@ -392,3 +392,52 @@ fn a_pcie_functions_extended_capabilities_are_shown_or_hidden() {
         "{out}"
     );
 }
+
+/// The submit-vfio benchmark section, one round: the probe's NVMe driver in a partition,
+/// the same driver on the bare host through VFIO, and QEMU microvm with vfio-pci, each
+/// polled and by MSI-X; every row measured and the partition's exits per submission 0.
+/// (No timing is asserted: only that each figure exists.)
+#[test]
+fn the_submit_vfio_section_measures_the_partition_its_twin_and_qemu() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "the_submit_vfio_section_measures_the_partition_its_twin_and_qemu";
+    let Some(dev) = passthrough_target(name, 0x1b36, 0x0010, "QEMU NVMe") else {
+        return;
+    };
+    if find_in_path("qemu-system-x86_64").is_none() {
+        println!("SKIPPED {name}: qemu-system-x86_64 is not installed");
+        return;
+    }
+    let dir = Scratch::new("submit-vfio");
+    let results = dir.path("rig.json");
+    let out = run(
+        &[
+            "bench",
+            "--only",
+            "submit-vfio",
+            "--vfio",
+            &dev.bdf,
+            "--runs",
+            "1",
+            "--results",
+            results.to_str().unwrap(),
+        ],
+        Duration::from_secs(900),
+    );
+    let ctx = format!("{}\n{}", tail(&out.stderr, 4000), tail(&out.stdout, 2000));
+    assert_eq!(out.code(), 0, "{ctx}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    let s = &doc["sections"]["submit-vfio"];
+    assert_eq!(s["completed"], true, "{s}");
+    let rows = s["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "{s}");
+    for r in rows {
+        assert!(r["latency"]["median_ns"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let per = s["exits_per_submission"].as_f64().unwrap();
+    assert!(per.abs() < 0.05, "{per} exits per submission: {s}");
+    let md = std::fs::read_to_string(results.with_extension("md")).unwrap();
+    assert!(md.contains("| QEMU vfio-pci | irq |"), "{md}");
+    println!("NOTE submit-vfio: {s}");
+}
