@@ -4,7 +4,7 @@
 //!
 //! The file format is what these types serialize to, unchanged from the `json!` documents
 //! they replaced: `tests::the_committed_results_round_trip` reads
-//! `benchmarks/results/vm.json` through them and must get the same JSON back.
+//! `benchmarks/results/vm.json` and `rig.json` through them and must get the same JSON back.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -208,23 +208,28 @@ mod tests {
 
     #[test]
     fn the_committed_results_round_trip() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/vm.json");
-        let text = std::fs::read_to_string(&path).expect("benchmarks/results/vm.json");
-        let file: Value = serde_json::from_str(&text).unwrap();
-        let sections = file["sections"].as_object().expect("sections");
-        assert!(sections.len() >= 8, "{:?}", sections.keys());
-        for (name, v) in sections {
-            let doc = SectionDoc::parse(name, v.clone())
-                .unwrap_or_else(|e| panic!("{name}: does not parse: {e}"));
-            let back = doc.to_value();
-            if &back != v {
-                let (a, b) = (v.as_object().unwrap(), back.as_object().unwrap());
-                let diff: Vec<_> = a
-                    .keys()
-                    .chain(b.keys())
-                    .filter(|k| a.get(*k) != b.get(*k))
-                    .collect();
-                panic!("{name}: differs at {diff:?}");
+        // vm.json: this development host, every section; rig.json: the rig's submit-vfio.
+        for (file, at_least) in [("vm.json", 8), ("rig.json", 1)] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("results")
+                .join(file);
+            let text = std::fs::read_to_string(&path).expect("benchmarks/results/<file>");
+            let file_doc: Value = serde_json::from_str(&text).unwrap();
+            let sections = file_doc["sections"].as_object().expect("sections");
+            assert!(sections.len() >= at_least, "{file}: {:?}", sections.keys());
+            for (name, v) in sections {
+                let doc = SectionDoc::parse(name, v.clone())
+                    .unwrap_or_else(|e| panic!("{file} {name}: does not parse: {e}"));
+                let back = doc.to_value();
+                if &back != v {
+                    let (a, b) = (v.as_object().unwrap(), back.as_object().unwrap());
+                    let diff: Vec<_> = a
+                        .keys()
+                        .chain(b.keys())
+                        .filter(|k| a.get(*k) != b.get(*k))
+                        .collect();
+                    panic!("{file} {name}: differs at {diff:?}");
+                }
             }
         }
     }

@@ -210,6 +210,8 @@ pub struct PassthroughReport {
     pub slot: u8,
     /// How the VMM reached the IOMMU: `container` (the legacy VFIO container and group).
     pub iommu: &'static str,
+    /// Why that way ([`iommu_reason`]).
+    pub iommu_reason: String,
     /// Its memory BARs.
     pub bars: Vec<PassthroughBar>,
     /// MSI-X vectors routed to the guest (0: the function has no MSI-X).
@@ -279,6 +281,27 @@ impl Drop for AttachedVfio {
             // (its memory slot went with the VM, which is torn down before this drop).
             unsafe { libc::munmap(p.host as *mut libc::c_void, p.len as usize) };
         }
+    }
+}
+
+/// Why the legacy container reaches the IOMMU for the function at `sysfs`, given whether
+/// the kernel offers iommufd (`/dev/iommu`). The iommufd / VFIO cdev path is not built: no
+/// platform this project tests on has it (Debian's 6.12 kernel, the rig's host, is built
+/// without CONFIG_IOMMUFD), so a kernel that offers it still gets the container, and the
+/// report says so.
+pub fn iommu_reason(iommufd: bool, sysfs: &Path) -> String {
+    let cdev = sysfs.join("vfio-dev").is_dir();
+    match (iommufd, cdev) {
+        (true, true) => "the kernel offers iommufd (/dev/iommu) and the function's VFIO cdev \
+                         (vfio-dev/); the VMM's iommufd path is not built, so the legacy \
+                         container (VFIO_TYPE1v2)"
+            .into(),
+        (true, false) => "the kernel offers iommufd but no VFIO cdev for the function \
+                          (CONFIG_VFIO_DEVICE_CDEV off): the legacy container (VFIO_TYPE1v2)"
+            .into(),
+        (false, _) => "the kernel offers no iommufd (/dev/iommu absent: CONFIG_IOMMUFD off): \
+                       the legacy container (VFIO_TYPE1v2)"
+            .into(),
     }
 }
 
@@ -418,6 +441,7 @@ pub fn attach(
     }
     let irqs = HostIrqs::steer(&sysfs, irq_cores);
     let report = PassthroughReport {
+        iommu_reason: iommu_reason(Path::new("/dev/iommu").exists(), &sysfs),
         host_irqs: irqs.numbers.clone(),
         irq_affinity: irqs.affinity.clone(),
         interrupts: None,
@@ -532,6 +556,24 @@ impl HostIrqs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_iommu_path_is_reported_with_what_the_kernel_offers() {
+        let root = vmm_sys_util::tempdir::TempDir::new_with_prefix(
+            std::env::temp_dir().join("vfio-iommu-"),
+        )
+        .unwrap();
+        let dev = root.as_path().join("0000:41:00.0");
+        std::fs::create_dir_all(&dev).unwrap();
+        assert!(iommu_reason(false, &dev).contains("no iommufd"));
+        assert!(iommu_reason(true, &dev).contains("no VFIO cdev"));
+        std::fs::create_dir_all(dev.join("vfio-dev/vfio0")).unwrap();
+        let both = iommu_reason(true, &dev);
+        assert!(
+            both.contains("not built") && both.contains("legacy container"),
+            "{both}"
+        );
+    }
 
     #[test]
     fn a_host_without_vfio_or_a_bound_function_is_told_what_is_missing() {
