@@ -95,9 +95,11 @@ impl Harness {
                 core: None,
                 sqpoll: false,
             },
-        )
-        .unwrap();
-        let thread = Some(std::thread::spawn(move || w.run()));
+            devices::virtio::block::worker::ring(QSIZE, false).unwrap(),
+        );
+        let thread = Some(std::thread::spawn(move || {
+            w.run();
+        }));
         Self {
             mem,
             bell,

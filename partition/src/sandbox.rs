@@ -382,12 +382,10 @@ fn extra(role: Role) -> &'static [i64] {
     match role {
         // KVM_RUN and friends are ioctls (checked by number below); the kick is a signal.
         Role::Vcpu => &[],
-        Role::BlockWorker => &[
-            libc::SYS_io_uring_setup,
-            libc::SYS_io_uring_enter,
-            libc::SYS_io_uring_register,
-            libc::SYS_pwrite64,
-        ],
+        // Its ring was made before the filter (devices' `worker::ring`, restricted to the
+        // worker's operations): no io_uring_setup or io_uring_register after it, so no
+        // ring without those restrictions.
+        Role::BlockWorker => &[libc::SYS_io_uring_enter, libc::SYS_pwrite64],
         Role::Main => &[
             libc::SYS_poll,
             libc::SYS_ppoll,
@@ -778,6 +776,36 @@ mod tests {
     fn unsafe_not_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() != 0 }
+    }
+
+    #[test]
+    fn a_confined_block_worker_cannot_make_or_change_an_io_uring() {
+        // io_uring_setup (a fresh ring without the worker's restrictions) and
+        // io_uring_register (changing a ring's) end a confined worker; io_uring_enter on
+        // the ring it already has is its job.
+        let prog = filter(Role::BlockWorker, &[]).unwrap();
+        let setup = || {
+            let mut params = [0u8; 120];
+            // SAFETY: io_uring_setup with a local parameter block; refused by the filter.
+            unsafe { libc::syscall(libc::SYS_io_uring_setup, 8u32, params.as_mut_ptr()) };
+        };
+        assert_eq!(
+            confined_child(Role::BlockWorker, &prog, setup),
+            EXIT_SECCOMP
+        );
+        let register = || {
+            // SAFETY: io_uring_register on fd -1; refused by the filter before EBADF.
+            unsafe { libc::syscall(libc::SYS_io_uring_register, -1, 0u32, 0usize, 0u32) };
+        };
+        assert_eq!(
+            confined_child(Role::BlockWorker, &prog, register),
+            EXIT_SECCOMP
+        );
+        let enter = || {
+            // SAFETY: io_uring_enter on fd -1 fails with EBADF once the filter lets it by.
+            unsafe { libc::syscall(libc::SYS_io_uring_enter, -1, 0u32, 0u32, 0u32, 0usize) };
+        };
+        assert_eq!(confined_child(Role::BlockWorker, &prog, enter), 0);
     }
 
     #[test]

@@ -104,9 +104,23 @@ fn every_mode_reads_the_image_exactly() {
         let refs: Vec<&str> = extra.iter().map(String::as_str).collect();
         let out = launch(
             &refs,
-            &format!("probe.blk=read,fence probe.blk_n=20 {opts}"),
+            &format!("probe.blk=read,again,read,again,read,fence probe.blk_n=20 {opts}"),
         );
         assert_eq!(out.code(), 0, "{what}: {}\n{}", out.stderr, out.stdout);
+        // Three activations (the device reset and set up again twice), each reading the
+        // whole image right: the queue workers' rings are made once and reused.
+        let reads: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("probe: blk read "))
+            .collect();
+        assert_eq!(reads.len(), 3, "{what}: {}", out.stdout);
+        assert!(
+            reads
+                .iter()
+                .all(|l| l.contains(&format!("checksum={want}"))),
+            "{what}: {reads:?}"
+        );
         assert_eq!(
             field(&out.stdout, "probe: blk read ", "bytes"),
             SIZE.to_string(),

@@ -7,6 +7,8 @@
 //!   interrupt (median, p99);
 //! - `qd32`: 4 KiB random reads with 32 in flight (IOPS, MB/s);
 //! - `fence`: GET_ID round trips that move no data, polled and by interrupt;
+//! - `again`: reset the device and set it up again (the tests after it use the new
+//!   activation);
 //! - `flood`: a hostile driver activating the device with a bad queue size
 //!   `probe.blk_flood` times (default 5000), for the VMM's log rate limits; run it last.
 //!
@@ -192,6 +194,13 @@ impl Blk {
             return Err("queue 0 too small");
         }
         wr(base, 0x38, QSIZE as u32);
+        // Fresh rings, as a driver allocates them (this one may be set up again).
+        // SAFETY: our own static rings; the device is reset, so nothing reads them now.
+        unsafe {
+            (&raw mut RINGS.desc).write_bytes(0, 1);
+            (&raw mut RINGS.avail).write_bytes(0, 1);
+            (&raw mut RINGS.used).write_bytes(0, 1);
+        }
         let r = addr_of_rings();
         // SAFETY: field offsets of our own static.
         let (desc, avail, used) = unsafe {
@@ -530,6 +539,21 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
                         &mut buf[warm..n + warm],
                         tsc_khz,
                     );
+                }
+            }
+            "again" => {
+                // Reset and set the device up again, as a driver that reloads does: the
+                // VMM's queue workers serve the new activation on the rings they keep.
+                match Blk::init(base, irq, bi) {
+                    Ok(again) => {
+                        d = again;
+                        say!("blk again: reset and set up again");
+                    }
+                    Err(e) => {
+                        say!("blk FAILED: setting up again: {}", e);
+                        failed = true;
+                        break;
+                    }
                 }
             }
             "flood" => {

@@ -95,8 +95,9 @@ struct Session {
     shared: Arc<Shared>,
 }
 
-/// A queue's thread, started once (before the guest runs) and handed each activation: the
-/// vCPU thread that activates or resets the device never creates a thread or an io_uring.
+/// A queue's thread, started once (before the guest runs) with its io_uring, and handed
+/// each activation: the vCPU thread that activates or resets the device never creates a
+/// thread or an io_uring, and the queue thread makes its ring only before it is confined.
 struct QueueThread {
     jobs: Sender<Job>,
     acks: Receiver<Result<(), String>>,
@@ -133,6 +134,10 @@ fn queue_thread(
             log::warn!("virtio-blk worker: pinning to core {c} failed");
         }
     }
+    // The ring is made before the thread is confined: its filter denies io_uring_setup
+    // and io_uring_register, so a thread taken over by a guest cannot make a ring the
+    // restrictions do not cover. Each activation borrows it and gives it back empty.
+    let mut ring = worker::ring(MAX_QUEUE_SIZE, cfg.sqpoll).map_err(|e| e.to_string());
     let confined = hook("blk-worker");
     while let Ok(job) = jobs.recv() {
         let Job::Serve(s) = job else { break };
@@ -140,6 +145,14 @@ fn queue_thread(
             let _ = acks.send(Err(format!("the queue thread is not confined: {e}")));
             continue;
         }
+        let r = match std::mem::replace(&mut ring, Err("in use".into())) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = acks.send(Err(format!("io_uring: {e}")));
+                ring = Err(e);
+                continue;
+            }
+        };
         // A stop left over from the last session must not end this one.
         let _ = stop.read();
         let w = Worker::new(
@@ -152,18 +165,12 @@ fn queue_thread(
             s.interrupt,
             s.shared,
             cfg,
+            r,
         )
-        .map(|w| w.with_log(log.clone()));
-        match w {
-            Ok(w) => {
-                let _ = acks.send(Ok(()));
-                w.run();
-                let _ = acks.send(Ok(()));
-            }
-            Err(e) => {
-                let _ = acks.send(Err(format!("io_uring: {e}")));
-            }
-        }
+        .with_log(log.clone());
+        let _ = acks.send(Ok(()));
+        ring = Ok(w.run());
+        let _ = acks.send(Ok(()));
     }
 }
 

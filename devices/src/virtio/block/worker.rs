@@ -25,6 +25,7 @@ use crate::warn_ratelimited;
 
 const TOKEN_NOTIFY: u64 = u64::MAX;
 const TOKEN_STOP: u64 = u64::MAX - 1;
+const TOKEN_CANCEL: u64 = u64::MAX - 2;
 
 /// How a queue is served.
 #[derive(Clone, Copy, Debug)]
@@ -106,8 +107,38 @@ fn max_ops(lim: &Limits) -> usize {
     lim.max_segments.max(1) as usize
 }
 
+/// The io_uring operations a worker issues; nothing else is allowed on its ring. io_uring
+/// requests bypass seccomp, so this is the filter for them: no open, socket, connect,
+/// nothing that reaches a file the worker does not already hold.
+pub const RING_OPS: [u8; 6] = [
+    opcode::Readv::CODE,
+    opcode::Writev::CODE,
+    opcode::Fsync::CODE,
+    opcode::Fallocate::CODE,
+    opcode::PollAdd::CODE,
+    opcode::AsyncCancel::CODE,
+];
+
+/// A queue thread's ring, made once before the thread is confined (its seccomp filter
+/// then denies `io_uring_setup` and `io_uring_register`): created disabled, restricted to
+/// [`RING_OPS`], then enabled. Sized for the largest queue of `queue_size` entries.
+pub fn ring(queue_size: u16, sqpoll: bool) -> std::io::Result<IoUring> {
+    let entries = (queue_size as u32).max(8).next_power_of_two() * 2;
+    let mut b = IoUring::builder();
+    b.setup_r_disabled();
+    if sqpoll {
+        b.setup_sqpoll(50);
+    }
+    let ring = b.build(entries)?;
+    let mut allowed = RING_OPS.map(Restriction::sqe_op);
+    ring.submitter().register_restrictions(&mut allowed)?;
+    ring.submitter().register_enable_rings()?;
+    Ok(ring)
+}
+
 impl Worker {
-    /// A worker for `queue`.
+    /// A worker for `queue` on `ring` (made by [`ring`] before the thread was confined;
+    /// [`Worker::run`] gives it back for the next activation).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         queue: Queue,
@@ -119,28 +150,10 @@ impl Worker {
         interrupt: Arc<VirtioInterrupt>,
         shared: Arc<Shared>,
         cfg: WorkerConfig,
-    ) -> std::io::Result<Self> {
-        let entries = (queue.size() as u32).max(8).next_power_of_two() * 2;
-        // The ring starts disabled and is restricted to the five operations the worker
-        // issues before it is enabled: io_uring requests bypass seccomp, so this is the
-        // filter for them.
-        let mut b = IoUring::builder();
-        b.setup_r_disabled();
-        if cfg.sqpoll {
-            b.setup_sqpoll(50);
-        }
-        let ring = b.build(entries)?;
-        let mut allowed = [
-            Restriction::sqe_op(opcode::Readv::CODE),
-            Restriction::sqe_op(opcode::Writev::CODE),
-            Restriction::sqe_op(opcode::Fsync::CODE),
-            Restriction::sqe_op(opcode::Fallocate::CODE),
-            Restriction::sqe_op(opcode::PollAdd::CODE),
-        ];
-        ring.submitter().register_restrictions(&mut allowed)?;
-        ring.submitter().register_enable_rings()?;
+        ring: IoUring,
+    ) -> Self {
         let n = queue.size() as usize;
-        Ok(Self {
+        Self {
             queue,
             mem,
             disk,
@@ -156,7 +169,7 @@ impl Worker {
             used_since_signal: false,
             stopping: false,
             log: Arc::new(RateLimiter::new(5, Duration::from_secs(1))),
-        })
+        }
     }
 
     /// Shares `log` as its rate limit (the device's, which outlives this activation).
@@ -182,8 +195,9 @@ impl Worker {
         }
     }
 
-    /// Runs until stopped. (The thread was pinned to `cfg.core` when it started.)
-    pub fn run(mut self) {
+    /// Runs until stopped, then gives the ring back with nothing left in it for the next
+    /// activation. (The thread was pinned to `cfg.core` when it started.)
+    pub fn run(mut self) -> IoUring {
         use std::os::fd::AsRawFd;
         let (nfd, sfd) = (self.notify.as_raw_fd(), self.stop.as_raw_fd());
         self.arm(nfd, TOKEN_NOTIFY);
@@ -249,6 +263,37 @@ impl Worker {
             self.reap(nfd);
         }
         self.signal();
+        self.cancel_doorbell_poll();
+        self.ring
+    }
+
+    /// Takes the doorbell's poll out of the ring (the stop's has completed: that is how
+    /// the worker stopped), so the next activation starts from an empty ring.
+    fn cancel_doorbell_poll(&mut self) {
+        let e = opcode::AsyncCancel::new(TOKEN_NOTIFY)
+            .build()
+            .user_data(TOKEN_CANCEL);
+        if !self.push(&e) {
+            let _ = self.ring.submit();
+            let _ = self.push(&e);
+        }
+        // The cancel's own completion, and the poll's (cancelled, or fired before the
+        // cancel reached it), whichever order they come in; at most a few seconds.
+        let (mut cancel, mut poll) = (None::<i32>, false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while (cancel.is_none() || (cancel == Some(0) && !poll)) && Instant::now() < deadline {
+            let _ = self.ring.submit_and_wait(1);
+            for c in self.ring.completion() {
+                match c.user_data() {
+                    TOKEN_CANCEL => cancel = Some(c.result()),
+                    TOKEN_NOTIFY => poll = true,
+                    _ => {}
+                }
+            }
+        }
+        if cancel.is_none() || (cancel == Some(0) && !poll) {
+            log::warn!("virtio-blk worker: the doorbell poll did not leave the ring");
+        }
     }
 
     fn inflight(&self) -> usize {
@@ -540,4 +585,61 @@ fn write_zeroes(disk: &Disk, segs: &[Segment]) -> bool {
 /// Pins the calling thread to `core` (core_affinity: `sched_setaffinity` on this thread).
 pub fn pin(core: usize) -> bool {
     core_affinity::set_for_current(core_affinity::CoreId { id: core })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the kernel answers for `e` on `ring`.
+    fn answer(ring: &mut IoUring, e: squeue::Entry) -> i32 {
+        // SAFETY: the entry's buffers (a static path, none for a socket) outlive the call,
+        // which waits for its completion.
+        unsafe { ring.submission().push(&e).unwrap() };
+        ring.submit_and_wait(1).unwrap();
+        ring.completion().next().unwrap().result()
+    }
+
+    #[test]
+    fn a_workers_ring_refuses_open_and_socket_and_runs_its_own_operations() {
+        let mut ring = match ring(MAX_QUEUE_SIZE_FOR_TEST, false) {
+            Ok(r) => r,
+            Err(e) => {
+                println!("SKIPPED: this kernel gives no io_uring ({e})");
+                return;
+            }
+        };
+        // OPENAT of /etc/passwd and SOCKET: refused by the ring's restrictions.
+        let open = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), c"/etc/passwd".as_ptr())
+            .flags(libc::O_RDONLY)
+            .build();
+        assert_eq!(answer(&mut ring, open), -libc::EACCES);
+        let socket = opcode::Socket::new(libc::AF_INET, libc::SOCK_STREAM, 0).build();
+        assert_eq!(answer(&mut ring, socket), -libc::EACCES);
+        // Its own: a poll on an eventfd, cancelled.
+        let e = EventFd::new(0).unwrap();
+        use std::os::fd::AsRawFd;
+        let poll = opcode::PollAdd::new(types::Fd(e.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(TOKEN_NOTIFY);
+        // SAFETY: the eventfd outlives the poll (cancelled below).
+        unsafe { ring.submission().push(&poll).unwrap() };
+        ring.submit().unwrap();
+        let cancel = opcode::AsyncCancel::new(TOKEN_NOTIFY)
+            .build()
+            .user_data(TOKEN_CANCEL);
+        let mut results = std::collections::BTreeMap::new();
+        // SAFETY: no buffers.
+        unsafe { ring.submission().push(&cancel).unwrap() };
+        while results.len() < 2 {
+            ring.submit_and_wait(1).unwrap();
+            for c in ring.completion() {
+                results.insert(c.user_data(), c.result());
+            }
+        }
+        assert_eq!(results[&TOKEN_CANCEL], 0);
+        assert_eq!(results[&TOKEN_NOTIFY], -libc::ECANCELED);
+    }
+
+    const MAX_QUEUE_SIZE_FOR_TEST: u16 = crate::virtio::queue::MAX_QUEUE_SIZE;
 }
