@@ -1006,6 +1006,13 @@ pub fn run(
 ) -> Result<LaunchReport, LaunchError> {
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
     let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
+    // Mapped, the pool file is let go: the VMM keeps its own extent's mapping and no
+    // descriptor through which another partition's extent could be mapped.
+    ram.release_file().map_err(|e| LaunchError::Os {
+        what: "letting the pool file go after mapping its extent",
+        source: e,
+    })?;
+    drop(ram);
     let t_mem = Instant::now();
     let vm = Arc::new(build_vm(&checked, &memory)?);
     let t_vm = Instant::now();
@@ -1300,6 +1307,7 @@ fn create_vcpus(
     memory: &Arc<GuestMemory>,
     cpuset: Option<GuestsCpuset>,
 ) -> Result<Vcpus, LaunchError> {
+    // Only the vCPU contexts hold it (each drops its share once joined).
     let cpuset = cpuset.map(Arc::new);
     let supported = vm.supported_cpuid()?;
     let n = checked.cores.len();
@@ -1338,6 +1346,7 @@ fn create_vcpus(
             guest_faults: devices.guest_faults.clone(),
         });
     }
+    drop(cpuset);
     Ok(out)
 }
 

@@ -57,6 +57,25 @@ impl RamSource {
         }
     }
 
+    /// Lets the file go once its extent is mapped: the descriptor becomes /dev/null in
+    /// place (`dup3`), so every holder of the `File` (vm-memory's regions keep one) holds
+    /// nothing that reaches the pool, and closes a harmless descriptor later. The mappings
+    /// keep the extent's pages. Anonymous memory has no file: nothing to do.
+    pub fn release_file(&self) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let Self::Extent(e) = self else {
+            return Ok(());
+        };
+        let null = std::fs::File::open("/dev/null")?;
+        // SAFETY: dup3 onto a descriptor this process owns (the pool file's, alive in the
+        // Arc): it is atomically replaced, never left closed for another open to take.
+        let r = unsafe { libc::dup3(null.as_raw_fd(), e.file().as_raw_fd(), libc::O_CLOEXEC) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Short description for logs and status ("anonymous", "hugetlb 2M", "pool extent ...").
     pub fn describe(&self) -> String {
         match self {

@@ -222,7 +222,9 @@ pub fn handles(index: usize, core: usize) -> (Arc<ExitCounters>, Arc<Kicker>, Vc
 
 /// The vCPU thread: pin, run until something stops it, report why.
 pub fn run(mut ctx: VcpuContext) -> StopReason {
-    if let Some(c) = &ctx.cpuset {
+    // Joined, the cpuset's `tasks` file is let go: the last vCPU thread to join closes it,
+    // so the running VMM holds no writable cgroup file.
+    if let Some(c) = ctx.cpuset.take() {
         if let Err(e) = c.join() {
             return StopReason::RunError(format!(
                 "vcpu{}: joining the reserved cores' cpuset: {e}",

@@ -227,6 +227,22 @@ impl Drop for Host {
     }
 }
 
+/// Every descriptor of process `pid`: (number, what it points at).
+fn vmm_fds(pid: u32) -> Vec<(u32, String)> {
+    let mut out: Vec<(u32, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_str()?.parse().ok()?;
+            let t = std::fs::read_link(e.path()).ok()?;
+            Some((n, t.to_string_lossy().into_owned()))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn probe_zero(console: &str) -> bool {
     let line = console
         .lines()
@@ -286,6 +302,34 @@ fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
 
     // A partition from the pool, seen by status while it runs.
     let child = h.hold("web", "256M", "probe.zerocheck=1");
+    // Once running, the VMM holds no descriptor of the pool file (its extent stays mapped;
+    // nothing through which another extent could be mapped) and no cgroup file.
+    let pool_file = h.ledger_json()["pool"]["file"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!pool_file.is_empty(), "{}", h.ledger());
+    let fds = vmm_fds(child.id());
+    assert!(!fds.is_empty());
+    for (fd, target) in &fds {
+        assert!(
+            !target.contains(pool_file.as_str())
+                && !target.ends_with("/tasks")
+                && !target.ends_with("/cgroup.procs"),
+            "the running VMM holds fd {fd} -> {target}: {fds:?}"
+        );
+    }
+    assert!(
+        partition::sandbox::threads_of(child.id())
+            .iter()
+            .any(|t| t.name == "vcpu0"),
+        "the guest is not running"
+    );
+    println!(
+        "NOTE a_one_gib_reservation_goes_back_exactly_as_it_came: the running VMM's {} fds: {:?}",
+        fds.len(),
+        fds.iter().map(|f| f.1.as_str()).collect::<Vec<_>>()
+    );
     // Its launcher is confined, and so is its keeper (uid 0 kept for root's ledger, but
     // no capability, no_new_privs, its own filter).
     for t in partition::sandbox::threads_of(child.id()) {
