@@ -139,6 +139,14 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     if configs.len() > MAX_DISKS {
         return Err(DiskError::TooMany);
     }
+    // Root follows no link someone else controls to the backing (a user's directory with
+    // disk.img pointing at a root-only image).
+    for c in configs {
+        crate::files::check_symlinks(&c.path).map_err(|e| DiskError::Spec {
+            spec: format!("path={}", c.path.display()),
+            why: e.to_string(),
+        })?;
+    }
     // One file attached twice with either read-write: two devices' writes would race over
     // the same bytes behind the guest's back (issue 24). By device and inode, so a second
     // path or a symlink to the same file counts too.

@@ -391,6 +391,11 @@ fn read_limited(what: &'static str, path: &PathBuf, limit: u64) -> Result<Vec<u8
             size: std::fs::metadata(path).map_or(limit + 1, |m| m.len()),
             limit,
         },
+        e @ FileError::UntrustedSymlink { .. } => LaunchError::File {
+            what,
+            path: path.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
+        },
     })
 }
 
@@ -925,6 +930,12 @@ fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
         source,
     };
     let not_regular = || err(std::io::Error::other("not a regular file"));
+    crate::files::check_symlinks(p).map_err(|e| {
+        err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            e.to_string(),
+        ))
+    })?;
     if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
         return Err(not_regular());
     }
@@ -932,7 +943,7 @@ fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
         .write(true)
         .create(true)
         .truncate(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | crate::files::nofollow_in(p))
         .open(p)
         .map_err(|e| match e.raw_os_error() {
             // A FIFO put there since: O_NONBLOCK without a reader.

@@ -374,3 +374,100 @@ fn a_fifo_as_any_input_is_refused_without_waiting() {
         );
     }
 }
+
+/// Root follows no symbolic link a local user planted: `--console DIR/serial.log` and
+/// `--disk path=DIR/disk.img` in a directory owned by another user, each a link to a file
+/// only root may write, are refused with exit 2 and the files are untouched (they were
+/// truncated or overwritten before). So are `--kernel` and `--initrd` links there.
+#[test]
+fn links_in_another_users_directory_are_refused_and_their_targets_untouched() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "links_in_another_users_directory_are_refused_and_their_targets_untouched";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED {name}: only root follows links it should not");
+        return;
+    }
+    let dir = Scratch::new("planted-links");
+    let secret = dir.file("root-only", b"precious root data\n");
+    let image = dir.file("root-image", &[0x5a; 1 << 20]);
+    let kernel = dir.file("root-kernel", &tiny_kernel(&[0xf4], 0));
+    let user_dir = dir.path("user");
+    std::fs::create_dir(&user_dir).unwrap();
+    for (link, target) in [
+        ("serial.log", &secret),
+        ("disk.img", &image),
+        ("vmlinux", &kernel),
+        ("initrd", &secret),
+    ] {
+        std::os::unix::fs::symlink(target, user_dir.join(link)).unwrap();
+    }
+    std::os::unix::fs::chown(&user_dir, Some(4242), Some(4242)).unwrap();
+    let console = user_dir.join("serial.log");
+    let disk = format!("path={}", user_dir.join("disk.img").display());
+    let planted_kernel = user_dir.join("vmlinux");
+    let planted_initrd = user_dir.join("initrd");
+    let base = &PROBE_16M[..5];
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "--console",
+            [&PROBE_16M[..], &["--console", console.to_str().unwrap()]].concat(),
+        ),
+        ("--disk", [&PROBE_16M[..], &["--disk", &disk]].concat()),
+        (
+            "--kernel",
+            [base, &["--kernel", planted_kernel.to_str().unwrap()]].concat(),
+        ),
+        (
+            "--initrd",
+            [
+                base,
+                &[
+                    "--kernel",
+                    kernel.to_str().unwrap(),
+                    "--initrd",
+                    planted_initrd.to_str().unwrap(),
+                ],
+            ]
+            .concat(),
+        ),
+    ];
+    for (what, args) in cases {
+        let out = run(&args, Duration::from_secs(60));
+        assert_eq!(out.code(), 2, "{what}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("symbolic link") && out.stderr.contains("uid 4242"),
+            "{what}: {}",
+            out.stderr
+        );
+        assert_eq!(
+            std::fs::read(&secret).unwrap(),
+            b"precious root data\n",
+            "{what} changed the root-only file"
+        );
+        assert_eq!(
+            std::fs::read(&image).unwrap(),
+            vec![0x5a; 1 << 20],
+            "{what}"
+        );
+    }
+    // Root's own links are followed as ever.
+    let own = dir.path("own-console");
+    std::os::unix::fs::symlink(dir.path("console.out"), &own).unwrap();
+    let out = run(
+        &[
+            &PROBE_16M[..],
+            &[
+                "--console",
+                own.to_str().unwrap(),
+                "--cmdline",
+                "probe.memtest=0",
+            ],
+        ]
+        .concat(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let log = std::fs::read_to_string(dir.path("console.out")).unwrap();
+    assert!(log.contains("probe: result ok"), "{log}");
+}
