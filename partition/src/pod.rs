@@ -27,6 +27,18 @@ pub enum PodError {
         /// Why.
         why: String,
     },
+    /// This process is in the root cpuset: every core of the host.
+    #[error(
+        "--cores from-cgroup: this process is in the root cpuset ({dir}), which holds every \
+         core of the host ({cores}); from-cgroup takes the cores a pod's cgroup was given \
+         (docs/kubernetes.md), name the cores with --cores otherwise"
+    )]
+    RootCgroup {
+        /// The cgroup directory.
+        dir: PathBuf,
+        /// Its cores.
+        cores: String,
+    },
     /// The cgroup's cores are not exclusive.
     #[error(
         "--cores from-cgroup: cores {cores} of cgroup {dir} are not exclusive ({why}); a \
@@ -125,6 +137,13 @@ pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mounts: &str) -> Option<P
         .then_some(dir)
 }
 
+/// Whether `dir` is its hierarchy's root cgroup: its parent is no cgroup (has no
+/// `cgroup.procs`).
+pub fn is_root_cgroup(dir: &Path) -> bool {
+    !dir.parent()
+        .is_some_and(|p| p.join("cgroup.procs").exists())
+}
+
 fn own_cgroup_dir(controller: &'static str) -> Result<PathBuf, PodError> {
     let read = |p: &str| {
         std::fs::read_to_string(p).map_err(|e| PodError::Cgroup {
@@ -203,6 +222,28 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
     }))
     .ok_or_else(|| cg(format!("{}: no cpuset.cpus", dir.display())))?;
     let cores = crate::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
+    // The hierarchy's root (v1: its cpu_exclusive is 1 and it holds every core) is nobody's
+    // grant.
+    if is_root_cgroup(&dir) {
+        return Err(PodError::RootCgroup {
+            dir,
+            cores: crate::cores::format(&cores),
+        });
+    }
+    // Given the kubelet's checkpoint, every core must be one it granted, whatever the
+    // cgroup says of itself.
+    let kubelet = kubelet_state.map(|p| {
+        std::fs::read_to_string(p)
+            .map_err(|e| format!("{}: {e}", p.display()))
+            .and_then(|t| exclusive_by_kubelet(&cores, &t))
+    });
+    if let Some(Err(e)) = &kubelet {
+        return Err(PodError::NotExclusive {
+            cores: crate::cores::format(&cores),
+            dir,
+            why: e.clone(),
+        });
+    }
     let mut why = Vec::new();
     if !v2 {
         if read_trim(&dir.join("cpuset.cpu_exclusive")).as_deref() == Some("1") {
@@ -222,20 +263,14 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
         }
         why.push(format!("cpuset.cpus.partition is {part:?}"));
     }
-    match kubelet_state {
-        Some(p) => match std::fs::read_to_string(p)
-            .map_err(|e| format!("{}: {e}", p.display()))
-            .and_then(|t| exclusive_by_kubelet(&cores, &t))
-        {
-            Ok(()) => {
-                return Ok((
-                    cores,
-                    format!("the kubelet's static CPU manager ({})", p.display()),
-                ));
-            }
-            Err(e) => why.push(e),
-        },
-        None => why.push("no --kubelet-cpu-state given".into()),
+    match (kubelet_state, kubelet) {
+        (Some(p), Some(Ok(()))) => {
+            return Ok((
+                cores,
+                format!("the kubelet's static CPU manager ({})", p.display()),
+            ));
+        }
+        _ => why.push("no --kubelet-cpu-state given".into()),
     }
     Err(PodError::NotExclusive {
         cores: crate::cores::format(&cores),
@@ -355,6 +390,20 @@ cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0
 cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 ";
+
+    #[test]
+    fn the_root_of_a_hierarchy_is_known_by_its_parent() {
+        let d = std::env::temp_dir().join(format!("pod-root-{}", std::process::id()));
+        let child = d.join("root/kubepods/pod1");
+        std::fs::create_dir_all(&child).unwrap();
+        for c in ["root", "root/kubepods", "root/kubepods/pod1"] {
+            std::fs::write(d.join(c).join("cgroup.procs"), "").unwrap();
+        }
+        assert!(is_root_cgroup(&d.join("root")));
+        assert!(!is_root_cgroup(&d.join("root/kubepods")));
+        assert!(!is_root_cgroup(&child));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn cgroup_directories_are_found_in_v1_and_v2() {

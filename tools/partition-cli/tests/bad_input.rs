@@ -471,3 +471,41 @@ fn links_in_another_users_directory_are_refused_and_their_targets_untouched() {
     let log = std::fs::read_to_string(dir.path("console.out")).unwrap();
     assert!(log.contains("probe: result ok"), "{log}");
 }
+
+/// `--cores from-cgroup` from the root cpuset (a plain host's shell) would take every core
+/// (the v1 root is `cpu_exclusive`): refused with exit 2, saying why.
+#[test]
+fn from_cgroup_in_the_root_cpuset_is_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "from_cgroup_in_the_root_cpuset_is_refused";
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let Some(dir) = partition::pod::cgroup_dir(
+        "cpuset",
+        &read("/proc/self/cgroup"),
+        &read("/proc/self/mounts"),
+    ) else {
+        println!("SKIPPED {name}: this process is in no cgroup with the cpuset controller");
+        return;
+    };
+    if !partition::pod::is_root_cgroup(&dir) {
+        println!(
+            "SKIPPED {name}: this process is in cpuset {} (not the root)",
+            dir.display()
+        );
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "from-cgroup",
+            "--memory",
+            "16M",
+            "--probe",
+        ],
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("root cpuset"), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "the guest ran: {}", out.stdout);
+}
