@@ -96,6 +96,11 @@ impl ApiSocket {
             std::fs::remove_file(path).map_err(io("removing the stale socket"))?;
         }
         let listener = UnixListener::bind(path).map_err(io("bind"))?;
+        // The serving thread takes every pending connection until none is left (and may
+        // not call ioctl or fcntl to change this once confined).
+        listener
+            .set_nonblocking(true)
+            .map_err(io("making the socket non-blocking"))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(io("chmod"))?;
         if let Some((uid, gid)) = owner {
@@ -165,6 +170,7 @@ fn reason(code: u16) -> &'static str {
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         413 => "Payload Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
@@ -338,54 +344,61 @@ pub fn parse_head(head: &[u8]) -> Result<(String, String, usize), Response> {
     Ok((method.to_string(), path, len))
 }
 
-/// Waits up to the time left for `fd` to be readable.
-fn readable(fd: i32, deadline: Instant) -> bool {
-    let left = deadline.saturating_duration_since(Instant::now());
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: polling one valid fd in a local struct.
-    unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) > 0 }
-}
-
-/// Reads one request from `s` within the limits.
-pub fn read_request(s: &mut UnixStream) -> Result<Request, Response> {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
-    let fd = s.as_raw_fd();
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i;
-        }
+/// A whole request in `buf`, if it has arrived: Ok(None) while it is incomplete, the 4xx
+/// to answer when it breaks the limits or does not parse.
+pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, Response> {
+    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
         if buf.len() > MAX_HEAD {
             return Err(err(413, format!("a request head over {MAX_HEAD} bytes")));
         }
-        if !readable(fd, deadline) {
-            return Err(err(408, "the request did not arrive in time"));
-        }
-        match s.read(&mut chunk) {
-            Ok(0) => return Err(err(400, "the connection closed before the request ended")),
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(err(400, e.to_string())),
-        }
+        return Ok(None);
     };
     let (method, path, len) = parse_head(&buf[..head_end])?;
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < len {
-        if !readable(fd, deadline) {
-            return Err(err(408, "the request body did not arrive in time"));
-        }
-        match s.read(&mut chunk) {
-            Ok(0) => return Err(err(400, "the connection closed inside the body")),
-            Ok(n) => body.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(err(400, e.to_string())),
+    let body = &buf[head_end + 4..];
+    if body.len() < len {
+        return Ok(None);
+    }
+    Ok(Some(Request {
+        method,
+        path,
+        body: body[..len].to_vec(),
+    }))
+}
+
+/// One client connection being read.
+struct Conn {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    deadline: Instant,
+}
+
+impl Conn {
+    /// Reads what has arrived: Some once the request is whole (Ok) or broken (the answer).
+    fn read(&mut self) -> Option<Result<Request, Response>> {
+        let mut chunk = [0u8; 1024];
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => {
+                    return Some(Err(err(
+                        400,
+                        "the connection closed before the request ended",
+                    )));
+                }
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    match parse_request(&self.buf) {
+                        Ok(None) if self.buf.len() <= MAX_HEAD + MAX_BODY + 4 => continue,
+                        Ok(None) => return Some(Err(err(413, "the request is too large"))),
+                        Ok(Some(req)) => return Some(Ok(req)),
+                        Err(r) => return Some(Err(r)),
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Some(Err(err(400, e.to_string()))),
+            }
         }
     }
-    body.truncate(len);
-    Ok(Request { method, path, body })
 }
 
 fn respond(s: &mut UnixStream, r: &Response) {
@@ -450,10 +463,17 @@ impl ApiServer {
     }
 }
 
+/// Serves connections side by side on this one thread (its filter allows no new threads):
+/// up to [`MAX_CONNECTIONS`] at once, each with [`REQUEST_TIMEOUT`] to send its request
+/// (408 after it); a new one past the cap closes the oldest that has sent nothing (503 if
+/// every one is mid-request). So idle or slow clients cannot keep a real
+/// request waiting (issue 24: 200 idle connections starved `GET /state` for over 60 s).
 fn serve(listener: &UnixListener, state: &ApiState, quit: &EventFd) {
     let log = devices::ratelimit::RateLimiter::new(5, Duration::from_secs(1));
+    let mut conns: Vec<Conn> = Vec::new();
     loop {
-        let mut fds = [
+        let now = Instant::now();
+        let mut fds = vec![
             libc::pollfd {
                 fd: listener.as_raw_fd(),
                 events: libc::POLLIN,
@@ -465,25 +485,111 @@ fn serve(listener: &UnixListener, state: &ApiState, quit: &EventFd) {
                 revents: 0,
             },
         ];
-        // SAFETY: polling two valid fds in a local array.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if n < 0 || fds[1].revents != 0 {
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+        fds.extend(conns.iter().map(|c| libc::pollfd {
+            fd: c.stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let wait = conns
+            .iter()
+            .map(|c| c.deadline.saturating_duration_since(now))
+            .min()
+            .map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32 + 1);
+        // SAFETY: polling valid fds in a local vector of its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
             return;
         }
-        let Ok((mut s, _)) = listener.accept() else {
-            continue;
-        };
-        let r = match read_request(&mut s) {
-            Ok(req) => state.handle(&req.method, &req.path, &req.body),
-            Err(r) => r,
-        };
-        if r.code >= 400 {
-            devices::warn_ratelimited!(log, "api: answered {}: {}", r.code, r.body);
+        if fds[1].revents != 0 {
+            return;
         }
-        respond(&mut s, &r);
+        // Whole, broken or late requests are answered and closed.
+        let now = Instant::now();
+        let mut keep = Vec::with_capacity(conns.len());
+        let mut done = Vec::new();
+        for (i, mut c) in conns.drain(..).enumerate() {
+            let got = if fds[2 + i].revents != 0 {
+                c.read()
+            } else {
+                None
+            };
+            let got = got.or_else(|| {
+                (now >= c.deadline).then(|| Err(err(408, "the request did not arrive in time")))
+            });
+            match got {
+                Some(g) => done.push((c.stream, g)),
+                None => keep.push(c),
+            }
+        }
+        conns = keep;
+        for (mut stream, got) in done {
+            let r = match got {
+                Ok(req) => state.handle(&req.method, &req.path, &req.body),
+                Err(r) => r,
+            };
+            if r.code >= 400 {
+                devices::warn_ratelimited!(log, "api: answered {}: {}", r.code, r.body);
+            }
+            respond(&mut stream, &r);
+        }
+        if fds[0].revents != 0 {
+            accept_all(listener, &mut conns);
+        }
+    }
+}
+
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Takes every pending connection, non-blocking, as [`serve`] says.
+fn accept_all(listener: &UnixListener, conns: &mut Vec<Conn>) {
+    use std::os::fd::FromRawFd;
+    loop {
+        // SAFETY: accept4 on our listening socket, no peer address wanted.
+        let fd = unsafe {
+            libc::accept4(
+                listener.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: a fresh descriptor accept4 gave us, owned from here on.
+        let mut stream = unsafe { UnixStream::from_raw_fd(fd) };
+        if conns.len() >= MAX_CONNECTIONS {
+            // Full: the oldest connection that has sent nothing yet makes room (idle ones
+            // cannot crowd a real request out); when every one is mid-request, 503.
+            match conns.iter().position(|c| c.buf.is_empty()) {
+                Some(i) => {
+                    let mut old = conns.remove(i);
+                    respond(
+                        &mut old.stream,
+                        &err(408, "closed for a newer connection: nothing was sent"),
+                    );
+                }
+                None => {
+                    respond(
+                        &mut stream,
+                        &err(
+                            503,
+                            format!("{MAX_CONNECTIONS} requests are arriving; try again"),
+                        ),
+                    );
+                    continue;
+                }
+            }
+        }
+        conns.push(Conn {
+            stream,
+            buf: Vec::with_capacity(1024),
+            deadline: Instant::now() + REQUEST_TIMEOUT,
+        });
     }
 }
 
@@ -629,6 +735,31 @@ mod tests {
         }
         let (code, _) = request(&path, "GET", "/partition", None).unwrap();
         assert_eq!(code, 200);
+        // 200 idle connections (more than the cap) and one half-sent request: a real
+        // request is still answered (one connection at a time, it waited behind 200
+        // two-second deadlines), and so are the idle ones, each with a 4xx.
+        let idle: Vec<UnixStream> = (0..200)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        let mut half = UnixStream::connect(&path).unwrap();
+        half.write_all(b"GET /state HTTP/1.1\r\n").unwrap();
+        let (code, v) = request(&path, "GET", "/state", None).unwrap();
+        assert_eq!((code, v["state"].as_str()), (200, Some("running")));
+        for mut c in idle.into_iter().take(5) {
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut t = String::new();
+            c.read_to_string(&mut t).unwrap();
+            assert!(t.starts_with("HTTP/1.1 408"), "{t}");
+        }
+        half.write_all(b"\r\n").unwrap();
+        half.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut t = String::new();
+        half.read_to_string(&mut t).unwrap();
+        assert!(
+            t.starts_with("HTTP/1.1 200") || t.starts_with("HTTP/1.1 408"),
+            "{t}"
+        );
         server.stop();
         // A stale socket is replaced.
         let again = ApiSocket::bind(&path, None).unwrap();

@@ -296,6 +296,13 @@ fn a_pod_runs_a_partition_on_its_cores_and_memory_driven_through_the_api() {
         assert!(t.starts_with("HTTP/1.1 400"), "{t}");
     }
     assert_eq!(api(&sock, "GET", "/state", None).1["state"], "running");
+    // 200 idle connections do not keep a real request out (the confined API thread serves
+    // connections side by side; served one at a time, this waited 200 deadlines).
+    let idle: Vec<_> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    assert_eq!(api(&sock, "GET", "/state", None).1["state"], "running");
+    drop(idle);
     // `partition status` asks the API.
     let out = run(
         &["status", "--api-socket", sock.to_str().unwrap(), "--json"],
