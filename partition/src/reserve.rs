@@ -5,6 +5,7 @@
 //! reverse, so a failed reserve leaves the host as it found it. Running it again with the
 //! same plan changes nothing.
 
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,20 @@ pub enum ReserveError {
         /// What the caller was trying to do.
         hint: String,
     },
+    /// A core another state directory's reservation holds.
+    #[error(
+        "core {core} is reserved already, by the reservation in {} (one host, one \
+         reservation per core: `partition unreserve --state-dir {}` first, or reserve other \
+         cores)",
+        by.display(),
+        by.display()
+    )]
+    CoreTaken {
+        /// The core.
+        core: usize,
+        /// The state directory whose ledger holds it.
+        by: PathBuf,
+    },
     /// A filesystem operation failed.
     #[error("{path}: {what}: {source}")]
     Io {
@@ -57,7 +72,7 @@ impl ReserveError {
     /// Whether the request itself was refused (the CLI exits with status 2).
     pub fn is_usage(&self) -> bool {
         match self {
-            Self::Busy { .. } => true,
+            Self::Busy { .. } | Self::CoreTaken { .. } => true,
             Self::Ledger(e) => e.is_usage(),
             _ => false,
         }
@@ -104,6 +119,107 @@ fn pool_file_name(state_dir: &Path) -> String {
     format!("{}-pool", crate::ledger::state_tag(state_dir))
 }
 
+/// Where reservations claim their cores for the whole host, whatever state directory they
+/// keep their ledger in: one file per core (`core-N`) naming the state directory that holds
+/// it. Under /run, so a reboot (which ends every reservation) clears it.
+pub const CORE_CLAIMS: &str = "/run/partition-cores";
+
+/// Whether the ledger in `state_dir` reserves `core` (a claim naming a state directory
+/// that no longer does is stale).
+fn holds(state_dir: &Path, core: usize) -> bool {
+    let Ok(bytes) = crate::files::read_limited(&state_dir.join("ledger.json"), 1 << 20) else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| {
+            v["cores"]["reserved"]
+                .as_array()
+                .map(|a| a.iter().any(|c| c.as_u64() == Some(core as u64)))
+        })
+        .unwrap_or(false)
+}
+
+/// Claims `cores` for `state_dir` host-wide ([`CORE_CLAIMS`]); what it created is given
+/// back by `undo`. A core another live reservation holds is refused, naming it.
+fn claim_cores(
+    claims: &Path,
+    cores: &[usize],
+    state_dir: &Path,
+    undo: &mut Undo,
+) -> Result<(), ReserveError> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let io = |path: &Path, what| {
+        let path = path.to_path_buf();
+        move |source| ReserveError::Io { path, what, source }
+    };
+    match std::fs::DirBuilder::new().mode(0o700).create(claims) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(claims, "mkdir")(e)),
+    }
+    let m = std::fs::symlink_metadata(claims).map_err(io(claims, "stat"))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(io(claims, "trust")(std::io::Error::other(
+            "not a directory this user owns and nobody else may write",
+        )));
+    }
+    let ours = state_dir.as_os_str().as_encoded_bytes();
+    for &core in cores {
+        let f = claims.join(format!("core-{core}"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&f)
+            {
+                Ok(mut file) => {
+                    file.write_all(ours).map_err(io(&f, "write"))?;
+                    let g = f.clone();
+                    undo.push(move || {
+                        let _ = std::fs::remove_file(g);
+                    });
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read(&f).map_err(io(&f, "read"))?;
+                    if holder == ours {
+                        break;
+                    }
+                    let by = PathBuf::from(std::ffi::OsString::from_vec(holder));
+                    if holds(&by, core) {
+                        return Err(ReserveError::CoreTaken { core, by });
+                    }
+                    // Stale: its reservation is gone.
+                    std::fs::remove_file(&f).map_err(io(&f, "remove a stale claim"))?;
+                }
+                Err(e) => return Err(io(&f, "create")(e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The state directory as claims name it: its canonical path.
+fn identity(lock: &LedgerLock) -> PathBuf {
+    std::fs::canonicalize(lock.dir()).unwrap_or_else(|_| lock.dir().to_path_buf())
+}
+
+/// Gives back the host-wide claims of `cores` that `state_dir` holds.
+fn release_cores(claims: &Path, cores: &[usize], state_dir: &Path) {
+    let ours = state_dir.as_os_str().as_encoded_bytes();
+    for core in cores {
+        let f = claims.join(format!("core-{core}"));
+        if std::fs::read(&f).is_ok_and(|h| h == ours) {
+            let _ = std::fs::remove_file(&f);
+        }
+    }
+    let _ = std::fs::remove_dir(claims);
+}
+
 /// Undo actions registered by completed steps.
 struct Undo(Vec<Box<dyn FnOnce()>>);
 
@@ -131,6 +247,15 @@ pub fn reserve(
     let mut outcome = ReserveOutcome::Created;
     if let Some(old) = lock.load()? {
         if old.plan == plan.record() {
+            // A reservation made before cores were claimed host-wide gets its claims now.
+            let mut keep = Undo(Vec::new());
+            let _ = claim_cores(
+                Path::new(CORE_CLAIMS),
+                &plan.cores,
+                &identity(&lock),
+                &mut keep,
+            );
+            keep.forget();
             return Ok(ReserveReport {
                 outcome: ReserveOutcome::Unchanged,
                 ledger: old,
@@ -153,7 +278,13 @@ pub fn reserve(
     }
 
     let mut undo = Undo(Vec::new());
-    let result = build(plan, &lock, &mut undo, progress);
+    let result = claim_cores(
+        Path::new(CORE_CLAIMS),
+        &plan.cores,
+        &identity(&lock),
+        &mut undo,
+    )
+    .and_then(|()| build(plan, &lock, &mut undo, progress));
     match result {
         Ok((ledger, prealloc, irqs_refused)) => {
             undo.forget();
@@ -362,6 +493,7 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     if n > 0 {
         w.push(format!("{n} IRQ affinities could not be restored"));
     }
+    release_cores(Path::new(CORE_CLAIMS), &l.cores.reserved, &identity(lock));
     if let Err(e) = lock.remove() {
         w.push(e.to_string());
     }
@@ -419,6 +551,53 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with("partition-") && a.ends_with("-pool"));
         assert_eq!(a, pool_file_name(Path::new("/run/partition")));
+    }
+
+    #[test]
+    fn a_core_is_claimed_by_one_reservation_on_the_host() {
+        let d = std::env::temp_dir().join(format!("claims-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let (claims, a, b) = (d.join("claims"), d.join("a"), d.join("b"));
+        for s in [&a, &b] {
+            std::fs::create_dir_all(s).unwrap();
+        }
+        let ledger = |dir: &Path, cores: &str| {
+            std::fs::write(
+                dir.join("ledger.json"),
+                format!(r#"{{"cores":{{"reserved":{cores}}}}}"#),
+            )
+            .unwrap()
+        };
+        let mut undo = Undo(Vec::new());
+        claim_cores(&claims, &[1, 2], &a, &mut undo).unwrap();
+        undo.forget();
+        ledger(&a, "[1,2]");
+        // B asks for core 2: refused, naming A.
+        let mut undo = Undo(Vec::new());
+        match claim_cores(&claims, &[3, 2], &b, &mut undo) {
+            Err(ReserveError::CoreTaken { core, by }) => assert_eq!((core, by), (2, a.clone())),
+            r => panic!("{r:?}"),
+        }
+        // What B had claimed before the refusal (core 3) is given back by its undo.
+        undo.run();
+        assert!(!claims.join("core-3").exists());
+        // A again (the same plan) is fine; A's reservation gone from its ledger: stale.
+        let mut undo = Undo(Vec::new());
+        claim_cores(&claims, &[1, 2], &a, &mut undo).unwrap();
+        ledger(&a, "[1]");
+        let mut undo = Undo(Vec::new());
+        claim_cores(&claims, &[2], &b, &mut undo).unwrap();
+        assert_eq!(
+            std::fs::read(claims.join("core-2")).unwrap(),
+            b.as_os_str().as_encoded_bytes()
+        );
+        undo.forget();
+        // Released by their holders only.
+        release_cores(&claims, &[1, 2], &b);
+        assert!(claims.join("core-1").exists() && !claims.join("core-2").exists());
+        release_cores(&claims, &[1], &a);
+        assert!(!claims.exists());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

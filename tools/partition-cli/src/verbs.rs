@@ -75,7 +75,35 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
     let available = cores::available();
     let (plan, state_dir) = match &a.plan {
         Some(path) => match HostPlan::from_file(path, &available) {
-            Ok((p, dir)) => (p, dir.unwrap_or(a.state.state_dir)),
+            Ok((p, None)) => (p, a.state.state_dir),
+            // A plan's state directory: absolute, and not silently over another one the
+            // command line or PARTITION_STATE_DIR named.
+            Ok((_, Some(dir))) if !dir.is_absolute() => {
+                return fail(
+                    format!(
+                        "--plan {}: state_dir {:?} must be an absolute path",
+                        path.display(),
+                        dir
+                    ),
+                    true,
+                );
+            }
+            Ok((_, Some(dir)))
+                if a.state.state_dir != Path::new(partition::ledger::DEFAULT_STATE_DIR)
+                    && a.state.state_dir != dir =>
+            {
+                return fail(
+                    format!(
+                        "--plan {} names state_dir {} and --state-dir (or PARTITION_STATE_DIR) \
+                         names {}: give one",
+                        path.display(),
+                        dir.display(),
+                        a.state.state_dir.display()
+                    ),
+                    true,
+                );
+            }
+            Ok((p, Some(dir))) => (p, dir),
             Err(e) => return fail(format!("--plan {e}"), true),
         },
         None => {

@@ -141,7 +141,38 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
     let twice_ro = format!("{twice_spec},readonly=on");
     let long_socket = format!("{}/{}", dir.0.display(), "s".repeat(120));
     let socket_nowhere = format!("{nowhere}/api.sock");
+    let plan = |name: &str, state_dir: &str| {
+        s(&dir.file(
+            name,
+            format!("memory = \"64M\"\ncores = \"1\"\nstate_dir = \"{state_dir}\"\n").as_bytes(),
+        ))
+    };
+    let relative_plan = plan("relative.toml", "here");
+    let empty_plan = plan("empty.toml", "");
+    let elsewhere_plan = plan("elsewhere.toml", "/run/partition-elsewhere");
+    let explicit_state = s(&dir.path("explicit-state"));
     let other: Vec<(&str, Vec<&str>, &str)> = vec![
+        (
+            "a plan's relative state_dir",
+            vec!["reserve", "--plan", &relative_plan],
+            "must be an absolute path",
+        ),
+        (
+            "a plan's empty state_dir",
+            vec!["reserve", "--plan", &empty_plan],
+            "must be an absolute path",
+        ),
+        (
+            "a plan's state_dir against another --state-dir",
+            vec![
+                "reserve",
+                "--plan",
+                &elsewhere_plan,
+                "--state-dir",
+                &explicit_state,
+            ],
+            "give one",
+        ),
         (
             "(uid_t)-1 as --uid",
             [&PROBE_16M[..], &["--uid", "4294967295"]].concat(),

@@ -400,6 +400,27 @@ fn overlapping_cores_or_extents_are_refused_and_the_ledger_is_unchanged() {
         return;
     };
     h.reserve("256M");
+    // A second reservation of the same core from another state directory: refused with
+    // exit 2 naming the first, nothing of the host touched (it used to succeed with
+    // "isolation: none", its pool file inside the first one's mount).
+    let other = h.dir.with_extension("other");
+    let settings_before = settings();
+    let out = h.run_env(
+        &["reserve", "--memory", "64M", "--cores", "1"],
+        &[("PARTITION_STATE_DIR", other.to_str().unwrap())],
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("core 1 is reserved already")
+            && out
+                .stderr
+                .contains(h.dir.file_name().unwrap().to_str().unwrap()),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(settings(), settings_before);
+    assert!(!other.join("ledger.json").exists());
+    let _ = std::fs::remove_dir_all(&other);
     let mut a = h.hold("a", "64M@0", "probe.memtest=0");
     let ledger = h.ledger();
     let cases: &[(&[&str], &str)] = &[
