@@ -470,6 +470,12 @@ pub fn filter_with(
             SeccompRule::new(vec![c]).map_err(|e| err(e.to_string()))?,
         ]);
     }
+    // Signals only within this process (its vCPU kicks): every VMM runs as the same user,
+    // so an unrestricted tgkill could stop another partition's VMM.
+    if let std::collections::btree_map::Entry::Occupied(mut o) = rules.entry(libc::SYS_tgkill) {
+        let c = cond(0, SeccompCmpOp::Eq, u64::from(std::process::id())).map_err(err)?;
+        *o.get_mut() = vec![SeccompRule::new(vec![c]).map_err(|e| err(e.to_string()))?];
+    }
     rules.insert(libc::SYS_mmap, no_exec().map_err(err)?);
     rules.insert(libc::SYS_mprotect, no_exec().map_err(err)?);
     if !ioctls.is_empty() {
@@ -776,6 +782,24 @@ mod tests {
     fn unsafe_not_root() -> bool {
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() != 0 }
+    }
+
+    #[test]
+    fn a_vmm_signals_only_its_own_threads() {
+        // The filter is built here (this test's pid); the confined child may signal that
+        // process, not another one (pid 1 here: another partition's VMM in real life).
+        let prog = filter(Role::Main, &[]).unwrap();
+        let me = std::process::id() as libc::c_long;
+        let own = move || {
+            // SAFETY: signal 0 to this test's own main thread id: only a permission check.
+            unsafe { libc::syscall(libc::SYS_tgkill, me, me, 0) };
+        };
+        assert_eq!(confined_child(Role::Main, &prog, own), 0);
+        let other = || {
+            // SAFETY: refused by the filter before the kernel looks at it.
+            unsafe { libc::syscall(libc::SYS_tgkill, 1 as libc::c_long, 1 as libc::c_long, 0) };
+        };
+        assert_eq!(confined_child(Role::Main, &prog, other), EXIT_SECCOMP);
     }
 
     #[test]
