@@ -202,7 +202,9 @@ impl StateDir {
             libc::openat(
                 self.fd.as_raw_fd(),
                 c.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                // O_NONBLOCK: a FIFO put in place of a file must not hang the command (a
+                // regular file reads and writes the same with it).
+                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
                 mode as libc::c_uint,
             )
         };

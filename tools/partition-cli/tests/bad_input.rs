@@ -386,6 +386,52 @@ fn a_fifo_as_any_input_is_refused_without_waiting() {
         ),
         ("--plan", vec!["reserve", "--plan", f]),
     ];
+    // The ledger itself a FIFO: status, release, unreserve and reserve refuse it at once.
+    let ledger_dir = dir.path("fifo-ledger");
+    std::fs::create_dir(&ledger_dir).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ledger_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let lf = std::ffi::CString::new(
+        ledger_dir
+            .join("ledger.json")
+            .as_os_str()
+            .as_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(lf.as_ptr(), 0o600) }, 0);
+    let ld = ledger_dir.to_str().unwrap();
+    for args in [
+        vec!["status", "--state-dir", ld],
+        vec!["release", "x", "--state-dir", ld],
+        vec!["unreserve", "--state-dir", ld],
+        vec![
+            "reserve",
+            "--memory",
+            "64M",
+            "--cores",
+            "1",
+            "--state-dir",
+            ld,
+        ],
+    ] {
+        let out = partition()
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_output(out, Duration::from_secs(30), args[0]);
+        assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("not a regular file"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
     let state = dir.path("state");
     for (what, args) in cases {
         let out = partition()
