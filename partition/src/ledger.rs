@@ -477,7 +477,14 @@ impl LedgerLock {
         let mut text = String::new();
         f.take(MAX_LEDGER + 1)
             .read_to_string(&mut text)
-            .map_err(io(&p, "read"))?;
+            .map_err(|e| match e.kind() {
+                // Not UTF-8: not a ledger reserve wrote (exit 2, as any corrupt one).
+                std::io::ErrorKind::InvalidData => LedgerError::Corrupt {
+                    path: p.clone(),
+                    reason: "not UTF-8 text".into(),
+                },
+                _ => io(&p, "read")(e),
+            })?;
         if text.len() as u64 > MAX_LEDGER {
             return Err(LedgerError::Corrupt {
                 path: p,
@@ -936,6 +943,14 @@ pub(crate) mod tests {
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
         std::fs::write(lock.path(), "{").unwrap();
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
+        // Not UTF-8: corrupt (exit 2), not an I/O failure.
+        std::fs::write(lock.path(), b"{\"version\": \xff\xfe}").unwrap();
+        match lock.load() {
+            Err(e @ LedgerError::Corrupt { .. }) => {
+                assert!(e.is_usage() && e.to_string().contains("not UTF-8"), "{e}")
+            }
+            r => panic!("{r:?}"),
+        }
         std::fs::write(lock.path(), vec![b' '; (MAX_LEDGER + 10) as usize]).unwrap();
         assert!(matches!(lock.load(), Err(LedgerError::Corrupt { .. })));
         drop(lock);

@@ -32,6 +32,20 @@ pub enum ReleaseError {
         /// Pid.
         pid: u32,
     },
+    /// Something holds the partition's lock, and it is not the process the ledger
+    /// recorded (so it was not signalled).
+    #[error(
+        "partition {name:?}: its lock is held, but not by pid {pid} as the ledger recorded it \
+         (no signal was sent); find what holds {lock} and stop it"
+    )]
+    HeldByAnother {
+        /// Name.
+        name: String,
+        /// The recorded pid.
+        pid: u32,
+        /// The lock file.
+        lock: String,
+    },
 }
 
 impl ReleaseError {
@@ -114,9 +128,20 @@ pub fn release(
                 signals.push("SIGKILL");
             }
             if !wait_gone(state_dir, name, Duration::from_secs(10)) {
-                return Err(ReleaseError::Unkillable {
+                if signals.contains(&"SIGKILL") {
+                    return Err(ReleaseError::Unkillable {
+                        name: name.to_string(),
+                        pid: p.pid,
+                    });
+                }
+                return Err(ReleaseError::HeldByAnother {
                     name: name.to_string(),
                     pid: p.pid,
+                    lock: state_dir
+                        .join("locks")
+                        .join(name)
+                        .display()
+                        .to_string(),
                 });
             }
         }
