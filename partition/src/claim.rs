@@ -143,13 +143,14 @@ impl ExtentClaim {
     /// Nothing is written if anything is refused.
     pub fn take(req: &ClaimRequest<'_>) -> Result<Self, ClaimError> {
         check_name(req.name)?;
-        let lock = LedgerLock::exclusive(req.state_dir)?;
-        let mut l = lock.load()?.ok_or_else(|| {
+        let nothing = || {
             ClaimError::Refused(format!(
                 "nothing is reserved in {}: run `partition reserve` first",
                 req.state_dir.display()
             ))
-        })?;
+        };
+        let lock = LedgerLock::exclusive_existing(req.state_dir)?.ok_or_else(nothing)?;
+        let mut l = lock.load()?.ok_or_else(nothing)?;
         let name = req.name;
         if let Some(p) = l.partition(name) {
             let how = if lock.partition_alive(name) {

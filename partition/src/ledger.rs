@@ -445,6 +445,33 @@ impl LedgerLock {
         Self::lock(dir, libc::LOCK_SH)
     }
 
+    /// A shared lock on an existing state directory: None if the directory does not exist
+    /// (a reader creates nothing: `status` of a directory nobody reserved in leaves none).
+    pub fn shared_existing(dir: &Path) -> Result<Option<Self>, LedgerError> {
+        Self::existing(dir, libc::LOCK_SH)
+    }
+
+    /// [`LedgerLock::exclusive`] on an existing state directory only (None if it does not
+    /// exist): what only uses a reservation (unreserve, a launch's claim) creates nothing.
+    pub fn exclusive_existing(dir: &Path) -> Result<Option<Self>, LedgerError> {
+        Self::existing(dir, libc::LOCK_EX)
+    }
+
+    fn existing(dir: &Path, how: i32) -> Result<Option<Self>, LedgerError> {
+        let d = match StateDir::open(dir, false) {
+            Ok(d) => d,
+            Err(StateDirError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let f = d.open_rw(LOCK)?;
+        flock(&f, how, false).map_err(io(&d.join(LOCK), "flock"))?;
+        Ok(Some(Self { dir: d, _lock: f }))
+    }
+
     fn lock(dir: &Path, how: i32) -> Result<Self, LedgerError> {
         let dir = StateDir::open(dir, true)?;
         let f = dir.open_rw(LOCK)?;

@@ -74,7 +74,7 @@ pub struct ReleaseReport {
 
 /// Whether partition `name`'s lock is free (its launcher and keeper are gone).
 fn gone(state_dir: &Path, name: &str) -> bool {
-    LedgerLock::shared(state_dir).is_ok_and(|l| !l.partition_alive(name))
+    LedgerLock::shared_existing(state_dir).is_ok_and(|l| l.is_none_or(|l| !l.partition_alive(name)))
 }
 
 fn wait_gone(state_dir: &Path, name: &str, limit: Duration) -> bool {
@@ -96,7 +96,9 @@ pub fn release(
     grace: Duration,
 ) -> Result<ReleaseReport, ReleaseError> {
     let (p, was_alive) = {
-        let lock = LedgerLock::shared(state_dir)?;
+        let lock = LedgerLock::shared_existing(state_dir)?.ok_or_else(|| {
+            ReleaseError::NotFound(format!("nothing is reserved in {}", state_dir.display()))
+        })?;
         let l = lock.load()?.ok_or_else(|| {
             ReleaseError::NotFound(format!("nothing is reserved in {}", state_dir.display()))
         })?;
@@ -137,11 +139,7 @@ pub fn release(
                 return Err(ReleaseError::HeldByAnother {
                     name: name.to_string(),
                     pid: p.pid,
-                    lock: state_dir
-                        .join("locks")
-                        .join(name)
-                        .display()
-                        .to_string(),
+                    lock: state_dir.join("locks").join(name).display().to_string(),
                 });
             }
         }
@@ -279,16 +277,19 @@ fn api_counters(socket: &Path) -> Option<StatsFile> {
 
 /// Reads the state directory.
 pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
-    let lock = LedgerLock::shared(state_dir)?;
+    let none = || Status {
+        state_dir: state_dir.to_path_buf(),
+        reserved: false,
+        pool: None,
+        cores: None,
+        irqs_moved: 0,
+        partitions: Vec::new(),
+    };
+    let Some(lock) = LedgerLock::shared_existing(state_dir)? else {
+        return Ok(none());
+    };
     let Some(l) = lock.load()? else {
-        return Ok(Status {
-            state_dir: state_dir.to_path_buf(),
-            reserved: false,
-            pool: None,
-            cores: None,
-            irqs_moved: 0,
-            partitions: Vec::new(),
-        });
+        return Ok(none());
     };
     let free = l
         .allocator()

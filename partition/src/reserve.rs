@@ -508,7 +508,9 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
 /// Gives back everything reserve took. Refused while any partition (running or dead) is
 /// recorded.
 pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
-    let lock = LedgerLock::exclusive(state_dir)?;
+    let Some(lock) = LedgerLock::exclusive_existing(state_dir)? else {
+        return Ok(UnreserveReport::default());
+    };
     let Some(l) = lock.load()? else {
         return Ok(UnreserveReport::default());
     };

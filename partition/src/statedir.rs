@@ -108,9 +108,6 @@ impl StateDir {
             }
         };
         let abs = absolute(path).map_err(io("resolve"))?;
-        if create && std::fs::symlink_metadata(&abs).is_err() {
-            std::fs::create_dir_all(&abs).map_err(io("create"))?;
-        }
         // Walk down from /, each component opened relative to its parent without following
         // symlinks, each checked before we look inside it.
         // SAFETY: opening "/" as a directory; the fd is owned below.
@@ -141,14 +138,35 @@ impl StateDir {
                 path: path.to_path_buf(),
                 why: "a NUL in the path".into(),
             })?;
-            // SAFETY: openat relative to a directory fd we own, with a NUL-terminated name.
-            let next = unsafe {
-                libc::openat(
-                    fd.as_raw_fd(),
-                    c.as_ptr(),
-                    libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_RDONLY,
-                )
+            let open_next = || {
+                // SAFETY: openat relative to a directory fd we own, with a NUL-terminated
+                // name.
+                unsafe {
+                    libc::openat(
+                        fd.as_raw_fd(),
+                        c.as_ptr(),
+                        libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_RDONLY,
+                    )
+                }
             };
+            let mut next = open_next();
+            // A missing directory is made here, inside the one just checked (never by a
+            // path that could lead through a link somewhere else), then opened and checked
+            // like any other.
+            if next < 0
+                && create
+                && std::io::Error::last_os_error().kind() == std::io::ErrorKind::NotFound
+            {
+                // SAFETY: mkdirat relative to a directory fd we own, with a NUL-terminated
+                // name.
+                let r = unsafe { libc::mkdirat(fd.as_raw_fd(), c.as_ptr(), 0o755) };
+                if r < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::AlreadyExists
+                {
+                    return Err(io("create")(std::io::Error::last_os_error()));
+                }
+                next = open_next();
+            }
             at.push(name);
             if next < 0 {
                 let e = std::io::Error::last_os_error();

@@ -293,4 +293,62 @@ fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes
     );
     let _ = bystander.kill();
     let _ = bystander.wait();
+
+    // `--state-dir LINK/a/b`, LINK a symlink (planted by someone) to a root-only directory:
+    // refused at the link, and nothing made behind it (a/b were made there as root before
+    // the path was checked).
+    let private = dir.path("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let link = dir.path("link");
+    std::os::unix::fs::symlink(&private, &link).unwrap();
+    let through = link.join("a/b");
+    refused(
+        &[
+            &["status"],
+            &["unreserve"],
+            &["release", "x"],
+            &["reserve", "--memory", "4M", "--cores", "1"],
+        ],
+        through.to_str().unwrap(),
+        "is a symlink",
+    );
+    assert_eq!(
+        std::fs::read_dir(&private).unwrap().count(),
+        0,
+        "something was made behind the link"
+    );
+    // Readers and a launch on a state directory nobody made create none (status used to
+    // leave it, with a ledger.lock in it).
+    let fresh = dir.path("never-made/state");
+    let out = run(
+        &["status", "--json", "--state-dir", fresh.to_str().unwrap()],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let out = run(
+        &["unreserve", "--state-dir", fresh.to_str().unwrap()],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let out = run(
+        &[
+            "launch",
+            "--name",
+            "x",
+            "--cores",
+            "1",
+            "--memory",
+            "16M",
+            "--probe",
+            "--state-dir",
+            fresh.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        !dir.path("never-made").exists(),
+        "a reader or a failed launch made the state directory"
+    );
 }
