@@ -16,7 +16,6 @@ need_root "$@"
 need_cargo
 need_kvm
 apt_lists
-ensure_vmm_user
 apt_install gcc qemu-system-x86 python3 rt-tests stress-ng fio
 cargo build --release --quiet -p partition-cli
 

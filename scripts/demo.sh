@@ -12,7 +12,6 @@ need_root "$@"
 need_cargo
 need_kvm
 apt_install gcc
-ensure_vmm_user
 
 say "building (release)"
 cargo build --release --quiet -p partition-cli

@@ -36,12 +36,3 @@ apt_lists() {
     fi
 }
 
-# ensure_vmm_user: the system user a launched VMM runs as once set up (`partition launch`
-# gives up root and becomes it; docs/security.md). Created once, if missing.
-ensure_vmm_user() {
-    if ! getent passwd partition >/dev/null; then
-        say "creating the system user 'partition' (the VMM runs as it once set up)"
-        useradd --system --no-create-home --home-dir /nonexistent \
-            --shell /usr/sbin/nologin partition
-    fi
-}

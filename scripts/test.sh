@@ -21,7 +21,6 @@ need_root "$@"
 need_cargo
 need_kvm
 apt_lists
-ensure_vmm_user
 # gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch; QEMU runs
 # the probe as the benchmarks' peer does.
 apt_install gcc dpkg python3 qemu-system-x86

@@ -3,7 +3,8 @@
 //! Everything that needs root happens first: opening /dev/kvm, the disks, the console and
 //! the pool, mapping guest memory, creating the VM, its devices and vCPUs, opening the
 //! reserved cores' cpuset. Then, while the launcher is still one thread, [`drop_privileges`]
-//! makes it an unprivileged user (default [`DEFAULT_USER`]) with no capabilities and
+//! makes it an unprivileged identity of its own (by default one no other running VMM has:
+//! [`launch_identity`]) with no capabilities and
 //! `no_new_privs`; then every thread installs the seccomp filter of its [`Role`] before it
 //! touches anything the guest controls: the vCPU threads before their first `KVM_RUN`, the
 //! block queue workers before they serve a queue, the launcher's main thread once it has
@@ -21,8 +22,10 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-/// The system user a sandboxed VMM runs as unless told otherwise.
-pub const DEFAULT_USER: &str = "partition";
+/// The first uid (and gid) of the per-launch range: a VMM runs as `LAUNCH_ID_BASE + its
+/// pid`. Far above system users, systemd's dynamic users and the usual subordinate id
+/// ranges; `pid_max` is at most 2^22, so the range ends below 3,004,194,304.
+pub const LAUNCH_ID_BASE: u32 = 3_000_000_000;
 /// The launcher's exit status when a thread broke its seccomp filter.
 pub const EXIT_SECCOMP: i32 = 5;
 
@@ -34,8 +37,8 @@ pub enum SandboxError {
     InvalidId(&'static str),
     /// The user to run as does not exist.
     #[error(
-        "no user {0:?} to run the VMM as: create it (useradd --system --no-create-home \
-         --shell /usr/sbin/nologin {0}), name another with --uid, or debug with --no-sandbox"
+        "--uid {0:?}: no such user (without --uid the VMM runs as an identity of its own, \
+         which needs no user)"
     )]
     NoSuchUser(String),
     /// The group does not exist.
@@ -153,10 +156,43 @@ fn unsafe_zeroed_passwd() -> libc::passwd {
     unsafe { std::mem::zeroed() }
 }
 
-/// The identity for `--uid` (a name or number; default [`DEFAULT_USER`]) and `--gid` (a
+/// The identity a VMM runs as when `--uid` names none: uid and gid `LAUNCH_ID_BASE + pid`,
+/// which no other running process (so no other partition's VMM) has, with no passwd entry.
+/// One VMM taken over by its guest then shares nothing with another: not its processes,
+/// not its files, not its API socket.
+pub fn launch_identity() -> Identity {
+    let n = LAUNCH_ID_BASE + std::process::id();
+    Identity {
+        uid: n,
+        gid: n,
+        user: format!("partition-{}", std::process::id()),
+    }
+}
+
+/// The identity for `--uid` (a name or number; default [`launch_identity`]) and `--gid` (a
 /// name or number; default the user's group).
 pub fn resolve(uid: Option<&str>, gid: Option<&str>) -> Result<Identity, SandboxError> {
-    let spec = uid.unwrap_or(DEFAULT_USER);
+    let Some(spec) = uid else {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if me != 0 {
+            return Err(SandboxError::NotRoot(me));
+        }
+        let mut who = launch_identity();
+        if let Some(g) = gid {
+            who.gid = match g.parse::<u32>() {
+                Ok(u32::MAX) => return Err(SandboxError::InvalidId("--gid")),
+                Ok(n) => n,
+                Err(_) => {
+                    lookup_group(g).ok_or_else(|| SandboxError::NoSuchGroup(g.to_string()))?
+                }
+            };
+            if who.gid == 0 {
+                return Err(SandboxError::Root(format!("{} (group 0)", who.user)));
+            }
+        }
+        return Ok(who);
+    };
     let (uid_n, user_gid, user) = match spec.parse::<u32>() {
         // (uid_t)-1 is "no change" to setresuid, never an id to run as.
         Ok(u32::MAX) => return Err(SandboxError::InvalidId("--uid")),
@@ -743,6 +779,22 @@ mod tests {
 
     #[test]
     fn users_resolve_or_are_refused_clearly() {
+        // No --uid: this launch's own identity, as root; refused otherwise.
+        match resolve(None, None) {
+            Ok(who) => {
+                assert_eq!(who.uid, LAUNCH_ID_BASE + std::process::id());
+                assert_eq!(
+                    (who.gid, who.user),
+                    (who.uid, format!("partition-{}", std::process::id()))
+                );
+                assert!(matches!(
+                    resolve(None, Some("0")),
+                    Err(SandboxError::Root(_))
+                ));
+            }
+            Err(SandboxError::NotRoot(_)) => assert!(unsafe_not_root()),
+            Err(e) => panic!("{e}"),
+        }
         assert!(matches!(
             resolve(Some("no-such-user-xyz"), None),
             Err(SandboxError::NoSuchUser(_))

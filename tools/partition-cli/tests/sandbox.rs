@@ -60,7 +60,23 @@ fn every_thread_of_a_running_vmm_is_confined() {
     }
     let dir = Scratch::new("sandbox-threads");
     let child = hold(&dir, "confined", &[]);
+    // A second VMM beside it: each runs as an identity of its own (LAUNCH_ID_BASE + its
+    // pid), so one taken over by its guest shares no uid with the other.
+    let other = hold(&dir, "beside", &[]);
+    let other_pid = other.id();
+    let other_uid = partition::sandbox::threads_of(other_pid)[0].uid[0];
     let threads = partition::sandbox::threads_of(child.id());
+    let _ = stop(other, "beside");
+    assert_eq!(
+        other_uid,
+        partition::sandbox::LAUNCH_ID_BASE + other_pid,
+        "the second VMM's uid"
+    );
+    assert_eq!(
+        threads[0].uid[0],
+        partition::sandbox::LAUNCH_ID_BASE + child.id()
+    );
+    assert_ne!(threads[0].uid[0], other_uid);
     let out = stop(child, "confined");
     assert_eq!(out.code(), 128 + libc::SIGTERM, "{}", out.stderr);
     let names: Vec<&str> = threads.iter().map(|t| t.name.as_str()).collect();
@@ -76,11 +92,23 @@ fn every_thread_of_a_running_vmm_is_confined() {
     }
     // The report says who it ran as.
     let r = report(&out.stdout);
-    assert_eq!(r["sandbox"]["user"], "partition", "{r}");
+    assert_eq!(
+        r["sandbox"]["user"].as_str(),
+        Some(
+            format!(
+                "partition-{}",
+                threads[0].uid[0] - partition::sandbox::LAUNCH_ID_BASE
+            )
+            .as_str()
+        ),
+        "{r}"
+    );
     assert_eq!(r["sandbox"]["uid"], threads[0].uid[0], "{r}");
     assert!(
         out.stderr
-            .contains("partition: sandbox: once set up the VMM runs as partition")
+            .contains("partition: sandbox: once set up the VMM runs as partition-"),
+        "{}",
+        out.stderr
     );
 }
 
@@ -153,7 +181,7 @@ fn bad_sandbox_arguments_exit_2() {
     let cases: [(&[&str], &str); 5] = [
         (
             &["--uid", "no-such-user-here"],
-            "no user \"no-such-user-here\"",
+            "--uid \"no-such-user-here\": no such user",
         ),
         (&["--uid", "0"], "does not run as root"),
         (&["--uid", "root"], "does not run as root"),
