@@ -664,7 +664,7 @@ pub struct PoolOutcome {
 }
 
 /// Stage durations of a launch, measured inside the VMM.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Timings {
     /// Getting guest memory (mmap, prefault, vm-memory regions).
     pub memory: Duration,
@@ -676,6 +676,11 @@ pub struct Timings {
     pub vcpus: Duration,
     /// From the start of `run` to the guest's first serial byte.
     pub first_output: Option<Duration>,
+    /// From the process's `main` to the guest's first serial byte, ms (None: no byte, or
+    /// the timeline was not started).
+    pub wall_to_first_byte_ms: Option<f64>,
+    /// Where that time went, phase by phase (`crate::timeline`): they add up to it.
+    pub phases: Vec<crate::timeline::Phase>,
 }
 
 /// Progress callbacks so callers can say (or record) what is happening while it happens.
@@ -1025,13 +1030,18 @@ pub fn run(
     })?;
     drop(ram);
     let t_mem = Instant::now();
+    crate::timeline::mark_at("memory", t_mem);
     let vm = Arc::new(build_vm(&checked, &memory)?);
     let t_vm = Instant::now();
+    crate::timeline::mark_at("vm", t_vm);
     let boot = write_boot(&checked, &memory)?;
     let t_boot = Instant::now();
+    crate::timeline::mark_at("boot", t_boot);
     let devices = attach_devices(&mut checked, &vm, &memory)?;
+    crate::timeline::mark("devices");
     let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, cpuset)?;
     let t_vcpus = Instant::now();
+    crate::timeline::mark_at("vcpus", t_vcpus);
     observer.booting(&checked, &boot, &memory.describe());
 
     // Stop signals wait on a signalfd until teardown is over.
@@ -1074,6 +1084,7 @@ pub fn run(
         )?),
         None => None,
     };
+    crate::timeline::mark("confine");
     let ran = run_vcpus(
         vcpus.contexts,
         &vcpus.handles,
@@ -1091,6 +1102,10 @@ pub fn run(
     drop(signals);
 
     let first_output = devices.first_byte.get().map(|t| t.duration_since(started));
+    let timeline = devices
+        .first_byte
+        .get()
+        .and_then(|t| crate::timeline::phases(*t));
     let vcpu_reports = reports(&vcpus.handles);
     let idle_readback = Readback::new(
         &checked.idle,
@@ -1120,6 +1135,8 @@ pub fn run(
             boot: t_boot.duration_since(t_vm),
             vcpus: t_vcpus.duration_since(t_boot),
             first_output,
+            wall_to_first_byte_ms: timeline.as_ref().map(|t| t.1),
+            phases: timeline.map(|t| t.0).unwrap_or_default(),
         },
         pool: None,
         disks,
@@ -1509,9 +1526,13 @@ fn stop_all(handles: &[VcpuHandle], threads: Vec<std::thread::JoinHandle<()>>) {
 
 /// The whole launch: check, acquire memory, run, give the memory back.
 pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
+    crate::timeline::mark("args");
     let checked = check(cfg)?;
+    crate::timeline::mark("check");
     let started = Instant::now();
-    match acquire(&checked)? {
+    let acquired = acquire(&checked)?;
+    crate::timeline::mark("acquire");
+    match acquired {
         Acquired::Unclaimed(ram) => run(checked, ram, started, None, observer),
         Acquired::Extent { claim, ram } => {
             // Opened as root (the vCPU threads join it after the launcher gave root up).
@@ -1528,6 +1549,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
                 drop(claim);
                 e
             })?;
+            crate::timeline::mark("keeper");
             let keeper = std::cell::RefCell::new(keeper);
             let result = {
                 let obs = KeeperObserver {

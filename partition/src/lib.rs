@@ -34,6 +34,7 @@ pub mod sandbox;
 pub mod signals;
 pub mod size;
 pub mod statedir;
+pub mod timeline;
 pub mod vcpu;
 pub mod vfio;
 

@@ -207,6 +207,11 @@ pub struct TimingsDoc {
     /// From the start of the launch to the guest's first serial byte (none if it printed
     /// nothing).
     pub first_output_ms: Option<f64>,
+    /// From the process's `main` to the guest's first serial byte.
+    pub wall_to_first_byte_ms: Option<f64>,
+    /// Where that went, phase by phase, in order (`partition::timeline`); they add up to
+    /// `wall_to_first_byte_ms`.
+    pub timeline: Vec<crate::timeline::Phase>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -221,6 +226,8 @@ impl From<&Timings> for TimingsDoc {
             boot_ms: ms(t.boot),
             vcpus_ms: ms(t.vcpus),
             first_output_ms: t.first_output.map(ms),
+            wall_to_first_byte_ms: t.wall_to_first_byte_ms,
+            timeline: t.phases.clone(),
         }
     }
 }
@@ -464,6 +471,8 @@ mod tests {
             boot: Duration::ZERO,
             vcpus: Duration::from_millis(1),
             first_output: None,
+            wall_to_first_byte_ms: None,
+            phases: Vec::new(),
         };
         let d = TimingsDoc::from(&t);
         assert_eq!((d.memory_ms, d.vm_ms, d.first_output_ms), (1.5, 2.0, None));

@@ -243,6 +243,8 @@ pub fn run(mut ctx: VcpuContext) -> StopReason {
             return StopReason::RunError(format!("vcpu{}: {e}", ctx.index));
         }
     }
+    // The first vCPU to get here ends the timeline's thread start-up phase.
+    crate::timeline::mark("vcpu_start");
     {
         let run = ctx.fd.get_kvm_run();
         *ctx.kicker

@@ -504,6 +504,18 @@ fn launch(a: LaunchArgs) -> ExitCode {
             t.first_output
                 .map_or("none".into(), |d| format!("{:.3}", ms(d)))
         );
+        if let Some(wall) = t.wall_to_first_byte_ms {
+            let phases: Vec<String> = t
+                .phases
+                .iter()
+                .map(|p| format!("{}={:.3}", p.phase, p.ms))
+                .collect();
+            eprintln!(
+                "partition: timeline to the first byte, ms (from main): {} sum={:.3} wall={wall:.3}",
+                phases.join(" "),
+                t.phases.iter().map(|p| p.ms).sum::<f64>()
+            );
+        }
     }
     for v in &report.vcpus {
         let exits: Vec<String> = v
@@ -576,6 +588,7 @@ fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    partition::timeline::mark(partition::timeline::START);
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp_millis()
         .init();

@@ -110,6 +110,40 @@ fn one_core_linux64_reports_what_it_was_given() {
     assert_eq!(j["memory"]["bytes"], 128u64 << 20, "{j}");
     assert_eq!(j["memory"]["backing"], "anonymous", "{j}");
     assert!(j["timings"]["first_output_ms"].as_f64() > Some(0.0), "{j}");
+    // The timeline from `main` to the first byte: every phase, in order, adding up to the
+    // wall time (issue 25: nothing unaccounted for).
+    let t = &j["timings"];
+    let phases: Vec<(&str, f64)> = t["timeline"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no timeline: {t}"))
+        .iter()
+        .map(|p| (p["phase"].as_str().unwrap(), p["ms"].as_f64().unwrap()))
+        .collect();
+    let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+    assert_eq!(
+        names,
+        [
+            "args",
+            "check",
+            "acquire",
+            "memory",
+            "vm",
+            "boot",
+            "devices",
+            "vcpus",
+            "confine",
+            "vcpu_start",
+            "guest_to_first_byte"
+        ],
+        "{t}"
+    );
+    assert!(phases.iter().all(|p| p.1 >= 0.0), "{t}");
+    let wall = t["wall_to_first_byte_ms"].as_f64().unwrap();
+    let sum: f64 = phases.iter().map(|p| p.1).sum();
+    assert!(
+        wall > 0.0 && (sum - wall).abs() <= wall * 0.1,
+        "sum {sum} wall {wall}: {t}"
+    );
 }
 
 #[test]
