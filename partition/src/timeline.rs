@@ -17,6 +17,42 @@ static MARKS: Mutex<Vec<(&'static str, Instant)>> = Mutex::new(Vec::new());
 /// The phase that starts the timeline (the CLI's `main`, before argument parsing).
 pub const START: &str = "main";
 
+/// A caller that wants exec and dynamic loading counted too sets this to its
+/// `CLOCK_MONOTONIC` time in nanoseconds just before it spawns `partition`; the timeline then
+/// starts there, with an `exec` phase up to `main`.
+pub const EXEC_ENV: &str = "PARTITION_EXEC_AT_NS";
+
+/// `CLOCK_MONOTONIC` now, nanoseconds (the clock `Instant` reads, comparable across
+/// processes).
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Marks [`START`] (the CLI calls it first thing in `main`); with [`EXEC_ENV`] set to a
+/// time at most a minute back, the timeline starts at that time instead, its first phase
+/// `exec` (fork, exec, dynamic loading, the runtime's start).
+pub fn mark_main() {
+    let (now, now_ns) = (Instant::now(), monotonic_ns());
+    let spawned = std::env::var(EXEC_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&at| at <= now_ns && now_ns - at < 60_000_000_000)
+        .and_then(|at| now.checked_sub(std::time::Duration::from_nanos(now_ns - at)));
+    match spawned {
+        Some(at) => {
+            mark_at(START, at);
+            mark_at("exec", now);
+        }
+        None => mark_at(START, now),
+    }
+}
+
 /// Marks the end of phase `name` now. The first mark, [`START`], starts the timeline; a
 /// mark before it is ignored, and so is a second mark of a phase already marked.
 pub fn mark(name: &'static str) {

@@ -588,7 +588,7 @@ fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    partition::timeline::mark(partition::timeline::START);
+    partition::timeline::mark_main();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp_millis()
         .init();

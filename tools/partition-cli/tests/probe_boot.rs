@@ -420,3 +420,40 @@ fn console_output_stops_at_its_limit() {
         out.stderr
     );
 }
+
+/// With `PARTITION_EXEC_AT_NS` set by the caller just before the spawn, the timeline starts
+/// there: its first phase is `exec` (fork, exec, dynamic loading), then `args` and the rest,
+/// still adding up to the wall time.
+#[test]
+fn the_timeline_counts_exec_when_the_caller_says_when_it_spawned() {
+    if !kvm_available("the_timeline_counts_exec_when_the_caller_says_when_it_spawned") {
+        return;
+    }
+    let child = partition()
+        .args([
+            "launch", "--cores", "0", "--memory", "16M", "--probe", "--json",
+        ])
+        .args(["--cmdline", "probe.memtest=0"])
+        .env(
+            partition::timeline::EXEC_ENV,
+            partition::timeline::monotonic_ns().to_string(),
+        )
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_output(child, std::time::Duration::from_secs(120), "launch");
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let t = report(&out.stdout)["timings"].clone();
+    let phases = t["timeline"].as_array().unwrap();
+    assert_eq!(phases[0]["phase"], "exec", "{t}");
+    assert_eq!(phases[1]["phase"], "args", "{t}");
+    assert!(phases[0]["ms"].as_f64().unwrap() > 0.0, "{t}");
+    let sum: f64 = phases.iter().map(|p| p["ms"].as_f64().unwrap()).sum();
+    let wall = t["wall_to_first_byte_ms"].as_f64().unwrap();
+    assert!(
+        (sum - wall).abs() <= wall * 0.1,
+        "sum {sum} wall {wall}: {t}"
+    );
+}
