@@ -177,14 +177,15 @@ pub fn parse_probe(stdout: &str) -> Figures {
     out
 }
 
+/// Per-run (median, p99) figures of one row, summarised into its cells.
 #[derive(Default)]
-struct Series {
-    medians: Vec<f64>,
-    p99s: Vec<f64>,
+pub(crate) struct Series {
+    pub(crate) medians: Vec<f64>,
+    pub(crate) p99s: Vec<f64>,
 }
 
 impl Series {
-    fn cells(&self) -> (Option<Cell>, Option<Cell>) {
+    pub(crate) fn cells(&self) -> (Option<Cell>, Option<Cell>) {
         (
             summary(&self.medians).as_ref().map(Cell::of),
             summary(&self.p99s).as_ref().map(Cell::of),

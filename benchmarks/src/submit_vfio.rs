@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::doc::{Cell, Head};
 use crate::stats::summary;
+use crate::submit::Series;
 use crate::{Env, Launch, pretty, timed_run};
 
 /// Reads timed per completion mode per run, after a tenth as warm-up.
@@ -130,25 +131,6 @@ fn machine() -> (String, bool) {
     // guest with KVM is also a virtual machine: a nested measurement, not bare metal.)
     let emulated = vendor == "QEMU" || product.starts_with("Standard PC");
     (format!("{vendor} {product}").trim().to_string(), !emulated)
-}
-
-#[derive(Default)]
-struct Series {
-    medians: Vec<f64>,
-    p99s: Vec<f64>,
-}
-
-impl Series {
-    fn push(&mut self, median: f64, p99: f64) {
-        self.medians.push(median);
-        self.p99s.push(p99);
-    }
-    fn cells(&self) -> (Option<Cell>, Option<Cell>) {
-        (
-            summary(&self.medians).map(|s| Cell::of(&s)),
-            summary(&self.p99s).map(|s| Cell::of(&s)),
-        )
-    }
 }
 
 /// What one partition launch measured.
@@ -348,7 +330,9 @@ pub fn run(env: &Env) -> SubmitVfioSection {
     let mut series: BTreeMap<(usize, String), Series> = BTreeMap::new();
     let mut add = |who: usize, f: &Figures| {
         for (mode, (m, p)) in f {
-            series.entry((who, mode.clone())).or_default().push(*m, *p);
+            let e = series.entry((who, mode.clone())).or_default();
+            e.medians.push(*m);
+            e.p99s.push(*p);
         }
     };
     let mut many = None;

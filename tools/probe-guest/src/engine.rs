@@ -266,6 +266,24 @@ pub fn find_cap(e: Ecam, slot: u64, id: u8) -> Option<u64> {
     None
 }
 
+/// Programs the MSI-X table entry at `entry` (an address inside the BAR the capability at
+/// `cap` names) for fixed delivery of `vector` to `apic`, unmasked, then turns MSI-X on.
+pub fn enable_msix_entry(e: Ecam, slot: u64, cap: u64, entry: u64, apic: u32, vector: u32) {
+    // SAFETY: the caller's entry of the MSI-X table, in a BAR placed and sized by us.
+    unsafe {
+        poke::<u32>(entry, 0xfee0_0000 | (apic & 0xff) << 12);
+        poke::<u32>(entry + 4, 0);
+        poke::<u32>(entry + 8, vector);
+        poke::<u32>(entry + 12, 0);
+    }
+    let control = e.read(slot, cap) >> 16;
+    e.write(
+        slot,
+        cap,
+        (e.read(slot, cap) & 0xffff) | (control | 0x8000) << 16,
+    );
+}
+
 /// Finds the engine on bus 0 and programs its MSI-X vector 0 to `apic`.
 fn probe(e: Ecam, found: &Found, apic: u32) -> Result<Dev, &'static str> {
     let slot = found
@@ -291,20 +309,8 @@ fn probe(e: Ecam, found: &Found, apic: u32) -> Result<Dev, &'static str> {
     if tbir >= 6 || bars[tbir].1 == 0 || bars[0].1 == 0 || bars[4].1 == 0 {
         return Err("the engine's BARs are not where its protocol says");
     }
-    let entry = bars[tbir].0 + toff;
-    // Entry 0: fixed delivery to `apic`, our vector, unmasked; then MSI-X on.
-    // SAFETY: the MSI-X table in the BAR the capability names.
-    unsafe {
-        poke::<u32>(entry, 0xfee0_0000 | (apic & 0xff) << 12);
-        poke::<u32>(entry + 4, 0);
-        poke::<u32>(entry + 8, VECTOR as u32);
-        poke::<u32>(entry + 12, 0);
-    }
-    e.write(
-        slot,
-        cap,
-        (e.read(slot, cap) & 0xffff) | (control | 0x8000) << 16,
-    );
+    // Entry 0 to `apic` and our vector; then MSI-X on.
+    enable_msix_entry(e, slot, cap, bars[tbir].0 + toff, apic, VECTOR as u32);
     let dev = Dev {
         slot,
         regs: bars[0].0,

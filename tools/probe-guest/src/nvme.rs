@@ -20,7 +20,7 @@
 //! exits. The launch report's exit counts show whether that held.
 
 use crate::bootinfo::BootInfo;
-use crate::engine::{Ecam, find_cap, setup_bars};
+use crate::engine::{Ecam, enable_msix_entry, find_cap, setup_bars};
 use crate::sys::{self, peek, poke, rdtsc};
 
 #[path = "../../../benchmarks/src/nvmecore.rs"]
@@ -126,18 +126,7 @@ fn program_msix(
         ));
     }
     let entry = bars[tbir].0 + toff + 16 * v;
-    // SAFETY: entry v of the MSI-X table the capability names.
-    unsafe {
-        poke::<u32>(entry, 0xfee0_0000 | (apic & 0xff) << 12);
-        poke::<u32>(entry + 4, 0);
-        poke::<u32>(entry + 8, VECTOR as u32);
-        poke::<u32>(entry + 12, 0);
-    }
-    e.write(
-        slot,
-        msix,
-        (e.read(slot, msix) & 0xffff) | (control | 0x8000) << 16,
-    );
+    enable_msix_entry(e, slot, msix, entry, apic, VECTOR as u32);
     say!(
         "nvme msix vectors={} table=bar{}+{:#x}",
         (control & 0x7ff) + 1,
