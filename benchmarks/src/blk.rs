@@ -23,7 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::doc::{Head, Ordering};
+use crate::head::{Head, Ordering};
+use crate::host::{XorShift, make_image, pin_and_start_qemu};
 
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm, pretty, timed_run, timed_run_with};
@@ -77,30 +78,6 @@ pub fn probe_hash(data: &[u8]) -> u64 {
     h
 }
 
-struct XorShift(u64);
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-/// Writes the image and returns the probe's checksum of it.
-pub fn make_image(path: &Path, bytes: u64) -> std::io::Result<u64> {
-    let mut rng = XorShift(0x0b1c_0b1c_5eed_0001);
-    let mut w = BufWriter::new(File::create(path)?);
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for _ in 0..bytes / 8 {
-        let v = rng.next();
-        h = (h ^ v).wrapping_mul(0x0000_0100_0000_01b3);
-        w.write_all(&v.to_le_bytes())?;
-    }
-    w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    Ok(h)
-}
-
 fn spin(d: Duration) {
     let t = Instant::now();
     while t.elapsed() < d {
@@ -138,7 +115,7 @@ pub fn host_pread(path: &Path, direct: bool, n: usize, gap: Duration) -> std::io
     let mut a = Aligned::new();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let off = rng.next() % blocks.max(1) * BLOCK as u64;
+        let off = rng.next_word() % blocks.max(1) * BLOCK as u64;
         spin(gap);
         let t0 = Instant::now();
         let got = f.read_at(a.buf(), off)?;
@@ -161,7 +138,7 @@ pub fn host_uring(path: &Path, direct: bool, n: usize, gap: Duration) -> std::io
     let mut a = Aligned::new();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let off = rng.next() % blocks.max(1) * BLOCK as u64;
+        let off = rng.next_word() % blocks.max(1) * BLOCK as u64;
         let buf = a.buf();
         let e = opcode::Read::new(types::Fd(f.as_raw_fd()), buf.as_mut_ptr(), BLOCK as u32)
             .offset(off)
@@ -258,7 +235,7 @@ fn ours_cmd(env: &Env, image: &Path, opts: &str, ioeventfd: bool) -> Command {
         &env.core.to_string(),
         "64M",
     )
-    .env("RUST_LOG", "partition::disks=debug")
+    .env("RUST_LOG", "partition::machine::disks=debug")
     .probe()
     .cmdline(&probe_cmdline())
     .disk(image, opts)
@@ -301,83 +278,6 @@ fn qemu_cmd(env: &Env, probe: &Path, image: &Path, name: &str, qmp: &Path) -> Co
         c.args(["-device", "virtio-blk-device,drive=d0"]);
     }
     c
-}
-
-fn set_affinity(tid: i32, core: usize) -> bool {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sets one bit of a valid set (CPU_SET bounds-checks the index).
-    unsafe { libc::CPU_SET(core, &mut set) };
-    // SAFETY: applies a valid set to a thread id; a stale id only fails.
-    unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0 }
-}
-
-/// QEMU was started paused (`-S`): pin its vCPU thread to `vcpu_core` and every other
-/// thread to `other_core`, then let it run through QMP.
-pub(crate) fn pin_and_start_qemu(
-    pid: u32,
-    qmp: &Path,
-    vcpu_core: usize,
-    other_core: usize,
-) -> Result<(), String> {
-    use std::os::unix::net::UnixStream;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut s = loop {
-        match UnixStream::connect(qmp) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("QMP socket {}: {e}", qmp.display())),
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    // Reads until a line answers the command (events such as RESUME may come first).
-    let reply = |s: &mut UnixStream, what: &str, key: &str| -> Result<String, String> {
-        let mut acc = Vec::new();
-        let mut b = [0u8; 4096];
-        loop {
-            let text = String::from_utf8_lossy(&acc).into_owned();
-            if let Some(l) = text
-                .lines()
-                .find(|l| l.contains(key) || l.contains("\"error\""))
-                .filter(|_| text.ends_with('\n'))
-            {
-                return Ok(l.to_string());
-            }
-            let n = s.read(&mut b).map_err(|e| format!("QMP {what}: {e}"))?;
-            if n == 0 {
-                return Err(format!("QMP {what}: closed"));
-            }
-            acc.extend_from_slice(&b[..n]);
-        }
-    };
-    reply(&mut s, "greeting", "\"QMP\"")?;
-    s.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
-        .map_err(|e| e.to_string())?;
-    reply(&mut s, "capabilities", "\"return\"")?;
-    let mut vcpu = false;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
-    for t in tasks.flatten() {
-        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let is_vcpu = comm.trim().starts_with("CPU ") && comm.contains("/KVM");
-        vcpu |= is_vcpu;
-        if !set_affinity(tid, if is_vcpu { vcpu_core } else { other_core }) {
-            return Err(format!("pinning QEMU thread {tid}"));
-        }
-    }
-    if !vcpu {
-        return Err("no QEMU vCPU thread (\"CPU 0/KVM\") found".into());
-    }
-    s.write_all(b"{\"execute\":\"cont\"}\n")
-        .map_err(|e| e.to_string())?;
-    let r = reply(&mut s, "cont", "\"return\"")?;
-    if !r.contains("\"return\"") {
-        return Err(format!("QMP cont: {}", r.trim()));
-    }
-    Ok(())
 }
 
 #[derive(Default)]

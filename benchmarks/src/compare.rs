@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::doc::{Cell, Head};
+use crate::head::{Cell, Head};
 use crate::stats::{Summary, faster, summary};
 use crate::{Env, Launch, LaunchJson, pretty, timed_run};
 
@@ -245,7 +245,7 @@ pub fn run(env: &Env, a: &Variant, b: &Variant) -> CompareSection {
         verdicts: Vec::new(),
     };
     let image = env.work.join("compare.img");
-    if let Err(e) = crate::blk::make_image(&image, IMAGE_BYTES) {
+    if let Err(e) = crate::host::make_image(&image, IMAGE_BYTES) {
         section
             .head
             .fail(format!("making {}: {e}", image.display()));

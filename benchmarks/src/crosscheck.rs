@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::Head;
+use crate::head::Head;
 use crate::hotpaths;
 use crate::stats::summary;
 use crate::{Env, timed_run};
@@ -436,7 +436,7 @@ pub fn run(env: &Env) -> CrosscheckSection {
     let file = env.work.join("crosscheck-stat-me");
     let image = env.work.join("crosscheck.img");
     if let Err(e) = std::fs::write(&file, b"hotpaths\n")
-        .and_then(|_| crate::blk::make_image(&image, 64 << 20).map(|_| ()))
+        .and_then(|_| crate::host::make_image(&image, 64 << 20).map(|_| ()))
     {
         section.head.fail(format!("scratch files: {e}"));
         return section;
@@ -562,7 +562,7 @@ pub fn run(env: &Env) -> CrosscheckSection {
         }
         // fio against the blk section's host rows.
         if have("fio") {
-            crate::wake::pin(core);
+            crate::host::pin(core);
             for (name, engine, direct) in fio_rows {
                 let p = fio.get_mut(name).expect("present");
                 let ours = if engine == "psync" {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::Head;
+use crate::head::Head;
 use crate::stats::summary;
 use crate::{Env, HugepageCount, Launch, timed_run};
 

@@ -8,6 +8,8 @@ pub mod blk;
 pub mod compare;
 pub mod crosscheck;
 pub mod doc;
+pub mod head;
+pub mod host;
 pub mod hotpaths;
 pub mod memsetup;
 pub mod nvmecore;

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::doc::Head;
+use crate::head::Head;
 use crate::stats::{Summary, summary};
 use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 

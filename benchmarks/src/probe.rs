@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::doc::{Cell, Head};
+use crate::head::{Cell, Head};
 
 use crate::hotpaths::{self, Series};
 use crate::stats::summary;
@@ -341,7 +341,7 @@ pub fn run(env: &Env) -> ProbeSection {
                     qemu.command = pretty(&c);
                     let (core, hc) = (env.core, env.host_core);
                     let r = timed_run_with(c, Duration::from_secs(300), |pid| {
-                        crate::blk::pin_and_start_qemu(pid, &qmp, core, hc)
+                        crate::host::pin_and_start_qemu(pid, &qmp, core, hc)
                     });
                     record(&mut qemu, r, 1);
                 }

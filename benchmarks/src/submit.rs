@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::doc::{Cell, Head};
+use crate::head::{Cell, Head};
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, pretty, timed_run};
 
@@ -271,7 +271,7 @@ struct FutexLine(Arc<AtomicU32>);
 impl devices::Interrupt for FutexLine {
     fn trigger(&self) -> std::io::Result<()> {
         self.0.fetch_add(1, AtomicOrdering::Release);
-        crate::wake::futex_wake(&self.0);
+        crate::host::futex_wake(&self.0);
         Ok(())
     }
 }
@@ -335,7 +335,7 @@ fn host_once(
         // SAFETY: FENCE is an aligned u64 inside the mapping `_keep` holds; the engine
         // writes it with an 8-byte store.
         let fence_now = || unsafe { ((base + FENCE as usize) as *const u64).read_volatile() };
-        crate::wake::pin(driver_core);
+        crate::host::pin(driver_core);
         let warm = n / 10;
         // Timed with the TSC, as the probe guest times its rows, and converted with the
         // TSC's rate over this run (measured against the monotonic clock).
@@ -395,7 +395,7 @@ fn host_once(
                 }
                 Waiter::Futex => {
                     while futex.load(AtomicOrdering::Acquire) == before {
-                        crate::wake::futex_wait(&futex, before);
+                        crate::host::futex_wait(&futex, before);
                         if Instant::now() > limit {
                             return Err(format!("interrupt {value} never came"));
                         }
@@ -516,7 +516,7 @@ fn qemu_once(env: &Env, probe: &std::path::Path) -> Result<(Figures, String), St
     let shown = pretty(&c);
     let (core, host_core) = (env.core, env.host_core);
     let r = crate::timed_run_with(c, Duration::from_secs(180), |pid| {
-        crate::blk::pin_and_start_qemu(pid, &qmp, core, host_core)
+        crate::host::pin_and_start_qemu(pid, &qmp, core, host_core)
     })
     .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&qmp);

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::doc::{Cell, Head};
+use crate::head::{Cell, Head};
 use crate::stats::summary;
 use crate::submit::Series;
 use crate::{Env, Launch, pretty, timed_run};
@@ -226,7 +226,7 @@ fn qemu_once(env: &Env, probe: &std::path::Path, bdf: &str) -> Result<(Figures, 
     let shown = pretty(&c);
     let (core, host_core) = (env.core, env.host_core);
     let r = crate::timed_run_with(c, Duration::from_secs(180), |pid| {
-        crate::blk::pin_and_start_qemu(pid, &qmp, core, host_core)
+        crate::host::pin_and_start_qemu(pid, &qmp, core, host_core)
     })
     .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&qmp);
@@ -252,7 +252,7 @@ fn qemu_once(env: &Env, probe: &std::path::Path, bdf: &str) -> Result<(Figures, 
 fn twin_once(env: &Env, bdf: &str) -> Result<Figures, String> {
     let (core, bdf) = (env.core, bdf.to_string());
     let run = std::thread::spawn(move || {
-        crate::wake::pin(core);
+        crate::host::pin(core);
         crate::vfio_nvme::run(&bdf, SAMPLES)
     })
     .join()

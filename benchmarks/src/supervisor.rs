@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use partition::signals::{self, SignalGuard};
+use partition::sys::signals::{self, SignalGuard};
 
 use crate::HugepageCount;
 
@@ -104,7 +104,7 @@ fn processes() -> Vec<(i32, i32, char)> {
     dir.flatten()
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let st = partition::ledger::proc_stat(pid)?;
+            let st = partition::host::ledger::proc_stat(pid)?;
             Some((pid as i32, st.ppid as i32, st.state))
         })
         .collect()
@@ -205,19 +205,19 @@ fn give_back(work: &Path, hugepages: u64) -> Vec<String> {
         })
         .unwrap_or_else(|_| Vec::new());
     for d in dirs {
-        let Ok(st) = partition::partitions::status(&d) else {
+        let Ok(st) = partition::host::partitions::status(&d) else {
             continue;
         };
         if !st.reserved {
             continue;
         }
         for p in &st.partitions {
-            match partition::partitions::release(&d, &p.name, Duration::from_secs(2)) {
+            match partition::host::partitions::release(&d, &p.name, Duration::from_secs(2)) {
                 Ok(_) => said.push(format!("partition {} released", p.name)),
                 Err(e) => said.push(format!("releasing partition {}: {e}", p.name)),
             }
         }
-        match partition::reserve::unreserve(&d) {
+        match partition::host::reserve::unreserve(&d) {
             Ok(r) => {
                 said.push(format!("reservation in {} given back", d.display()));
                 said.extend(r.warnings);

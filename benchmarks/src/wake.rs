@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::doc::{Head, Ordering as Claim};
+use crate::head::{Head, Ordering as Claim};
+use crate::host::{futex_wait, futex_wake, pin};
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm};
 
@@ -33,41 +34,6 @@ pub const POLICIES: [&str; 5] = ["mwait", "poll", "haltpoll", "hlt", "shared"];
 const SAMPLES: usize = 200;
 const WARMUP: usize = 20;
 const IDLE_SECONDS: u64 = 2;
-
-/// Pins the calling thread to `core`.
-pub fn pin(core: usize) {
-    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: sets one bit of a valid set (CPU_SET bounds-checks the index).
-    unsafe { libc::CPU_SET(core, &mut set) };
-    // SAFETY: applies a valid set to the calling thread.
-    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-}
-
-pub(crate) fn futex_wait(word: &AtomicU32, val: u32) {
-    // SAFETY: FUTEX_WAIT on a live u32; returns on wake, EAGAIN or EINTR.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            val,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
-}
-
-pub(crate) fn futex_wake(word: &AtomicU32) {
-    // SAFETY: FUTEX_WAKE on a live u32.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        );
-    }
-}
 
 #[repr(align(64))]
 struct Line(AtomicU32);

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use crate::ledger::Ledger;
-use crate::plan::HostPlan;
+use crate::host::ledger::Ledger;
+use crate::host::plan::HostPlan;
 
 /// A host plan file.
 pub fn plan(data: &[u8]) {
@@ -47,7 +47,7 @@ mod tests {
             super::plan(d);
             super::ledger(d);
         }
-        let l = crate::ledger::tests::sample();
+        let l = crate::host::ledger::tests::sample();
         super::ledger(serde_json::to_string(&l).unwrap().as_bytes());
         super::plan(b"memory = \"64M\"\ncores = \"1\"\n");
     }

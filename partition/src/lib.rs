@@ -1,44 +1,33 @@
 //! Static partitions on KVM.
 //!
 //! A partition is a guest on dedicated cores (one vCPU pinned per core) with memory taken
-//! from a reservation. This crate is the only one that talks to KVM, and inside it only
-//! [`kvm`] does; [`vcpu`] says what an exit means, [`launch`] is the pipeline from user
-//! input to teardown.
+//! from a reservation. The crate is laid out in rooms that follow docs/architecture.md,
+//! each depending only on the rooms listed before it (`partition/tests/module_graph.rs`
+//! keeps that order):
+//!
+//! - [`config`]: what a user writes, parsed and typed (core lists, sizes, key=value lists).
+//! - [`sys`]: the OS seams (bounded file reads, the state directory, signals, the sandbox,
+//!   the launch timeline).
+//! - [`cpu`]: the CPU the guest sees and what its exits mean (CPU model, CPUID, idle
+//!   policies, the pure exit handler, instruction assists, the SYSCALL repair).
+//! - [`memory`]: the guest's RAM.
+//! - [`kvm`]: the only door to KVM (VM, vCPU ioctls, statistics).
+//! - [`host`]: what `reserve` takes from the host and the ledger that records who owns it.
+//! - [`machine`]: what `launch` assembles (devices, PCI, VFIO, the vCPU threads, the API)
+//!   and the pipeline from user input to teardown ([`machine::launch`]).
 
-pub mod api;
-pub mod assist;
-pub mod claim;
-pub mod console;
-pub mod cores;
-pub mod cpuid;
-pub mod cpumodel;
-pub mod disks;
-pub mod files;
+pub mod config;
+pub mod cpu;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod idle;
-pub mod isolation;
-pub mod keeper;
+pub mod host;
 pub mod kvm;
-pub mod launch;
-pub mod ledger;
+pub mod machine;
 pub mod memory;
-pub mod outcome;
-pub mod partitions;
-pub mod pci;
-pub mod plan;
-pub mod pod;
-pub mod readback;
-pub mod reserve;
-pub mod sandbox;
-pub mod signals;
-pub mod size;
-pub mod statedir;
-pub mod timeline;
-pub mod vcpu;
-pub mod vfio;
+pub mod sys;
 
-pub use launch::{
-    Console, Ending, KernelSource, LaunchConfig, LaunchError, LaunchReport, MemorySource,
-    PoolRequest, SandboxRequest,
+pub use machine::check::LaunchError;
+pub use machine::config::{
+    Console, KernelSource, LaunchConfig, MemorySource, PoolRequest, SandboxRequest,
 };
+pub use machine::outcome::{Ending, LaunchReport};

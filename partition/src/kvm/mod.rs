@@ -4,7 +4,9 @@
 //! the crate asks these by meaning (`Vm::irq_line`, `Vm::bind_doorbell`, `idle_caps`) and
 //! never issues an ioctl itself.
 
+pub mod regs;
 pub mod stats;
+pub mod syscall;
 pub mod vcpu;
 pub mod vm;
 

@@ -11,8 +11,8 @@ use kvm_bindings::{
 use kvm_ioctls::{IoEventAddress, Kvm, NoDatamatch, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::cpuid::IdleCpuid;
-use crate::idle::{IdleCaps, IdlePlan};
+use crate::cpu::cpuid::IdleCpuid;
+use crate::cpu::idle::{IdleCaps, IdlePlan};
 use crate::memory::GuestMemory;
 
 /// `IA32_LSTAR`: the 64-bit SYSCALL entry.
@@ -103,7 +103,7 @@ fn routing_entry(r: &Route) -> kvm_irq_routing_entry {
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
     let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-    let disable_exits = crate::idle::DisableExits::from_bits_truncate(
+    let disable_exits = crate::cpu::idle::DisableExits::from_bits_truncate(
         kvm.check_extension_raw(KVM_CAP_X86_DISABLE_EXITS as _)
             .max(0) as u32,
     );
@@ -111,7 +111,7 @@ pub fn idle_caps() -> Result<IdleCaps, VmError> {
     Ok(IdleCaps {
         disable_exits,
         halt_poll,
-        host_mwait: crate::cpuid::host_leaf5().is_some(),
+        host_mwait: crate::cpu::cpuid::host_leaf5().is_some(),
         host_halt_poll_ns: std::fs::read_to_string("/sys/module/kvm/parameters/halt_poll_ns")
             .ok()
             .and_then(|s| s.trim().parse().ok()),
@@ -409,7 +409,7 @@ impl Vm {
         supported: &CpuId,
         entry: Option<&EntryState>,
         idle: IdleCpuid,
-        model: &crate::cpumodel::CpuModel,
+        model: &crate::cpu::cpumodel::CpuModel,
     ) -> Result<(VcpuFd, Option<CpuId>), VmError> {
         let vcpu = self
             .fd
@@ -417,7 +417,7 @@ impl Vm {
             .map_err(kvm_err("KVM_CREATE_VCPU"))?;
         let tsc_khz = vcpu.get_tsc_khz().ok();
         let deadline = self.kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
-        let mut cpuid = crate::cpuid::for_vcpu(
+        let mut cpuid = crate::cpu::cpuid::for_vcpu(
             supported,
             index as u32,
             count as u32,
@@ -431,7 +431,7 @@ impl Vm {
         let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).ok();
         if let Some(b) = &back {
             if log::log_enabled!(log::Level::Debug) {
-                crate::cpuid::log_changes(index, &cpuid, b);
+                crate::cpu::cpuid::log_changes(index, &cpuid, b);
             }
         }
         let mut lapic = vcpu.get_lapic().map_err(kvm_err("KVM_GET_LAPIC"))?;

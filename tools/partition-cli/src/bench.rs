@@ -105,7 +105,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     }
     let mut sizes = Vec::new();
     for s in &a.sizes {
-        match partition::size::parse(s) {
+        match partition::config::size::parse(s) {
             Ok(v) if v % (2 << 20) == 0 && v >= 16 << 20 => sizes.push(v),
             _ => {
                 eprintln!(
@@ -124,7 +124,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             ExitCode::from(EXIT_VMM_ERROR)
         };
     }
-    let cores = partition::cores::available();
+    let cores = partition::config::cores::available();
     if cores.len() < 2 {
         eprintln!("partition: error: benchmarks reserve a core and need another for the host");
         return ExitCode::from(EXIT_VMM_ERROR);

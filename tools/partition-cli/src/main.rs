@@ -12,7 +12,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod bench;
 mod verbs;
-use partition::launch::{self, Checked, Observer};
+use partition::machine::check::Checked;
+use partition::machine::launch;
+use partition::machine::outcome::Observer;
 use partition::{Console, KernelSource, LaunchConfig, MemorySource, PoolRequest};
 
 /// The probe guest, built from tools/probe-guest by build.rs.
@@ -20,7 +22,7 @@ static PROBE_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe-gues
 /// The hotpaths benchmark (benchmarks/hotpaths), a static binary, built by build.rs.
 pub static HOTPATHS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hotpaths"));
 
-use partition::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERROR};
+use partition::machine::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERROR};
 
 #[derive(Parser)]
 #[command(
@@ -39,7 +41,7 @@ struct Cli {
 #[derive(clap::Args)]
 struct StateDir {
     /// Directory holding the ledger (and our hugetlbfs mount, if we need one).
-    #[arg(long, value_name = "DIR", env = "PARTITION_STATE_DIR", default_value = partition::ledger::DEFAULT_STATE_DIR)]
+    #[arg(long, value_name = "DIR", env = "PARTITION_STATE_DIR", default_value = partition::host::ledger::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
 }
 
@@ -162,13 +164,13 @@ struct ReserveArgs {
     state: StateDir,
 }
 
-fn parse_idle(s: &str) -> Result<partition::idle::IdlePolicy, String> {
-    partition::idle::IdlePolicy::parse(s)
+fn parse_idle(s: &str) -> Result<partition::cpu::idle::IdlePolicy, String> {
+    partition::cpu::idle::IdlePolicy::parse(s)
         .ok_or_else(|| "one of auto, mwait, hlt, haltpoll, poll, shared".to_string())
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    partition::size::parse(s).map_err(|e| e.to_string())
+    partition::config::size::parse(s).map_err(|e| e.to_string())
 }
 
 /// `SIZE` or `SIZE@OFFSET`.
@@ -183,11 +185,11 @@ fn parse_memory(s: &str) -> Result<MemorySpec, String> {
         Some((a, b)) => (a, Some(b)),
         None => (s, None),
     };
-    let size = partition::size::parse(size).map_err(|e| e.to_string())?;
+    let size = partition::config::size::parse(size).map_err(|e| e.to_string())?;
     let offset = match offset {
         Some(o) => Some(match o.strip_prefix("0x") {
             Some(h) => u64::from_str_radix(h, 16).map_err(|_| format!("{o:?} is not an offset"))?,
-            None => partition::size::parse(o).map_err(|e| e.to_string())?,
+            None => partition::config::size::parse(o).map_err(|e| e.to_string())?,
         }),
         None => None,
     };
@@ -235,7 +237,7 @@ struct LaunchArgs {
     /// Idle policy: auto (the best the host offers), mwait, hlt, haltpoll, poll, shared.
     /// See `partition caps` for what this host offers; an unavailable one is refused.
     #[arg(long, value_name = "POLICY", default_value = "auto", value_parser = parse_idle)]
-    idle: partition::idle::IdlePolicy,
+    idle: partition::cpu::idle::IdlePolicy,
     /// Memory for a launch without --name: anonymous (faulted in as the guest touches it),
     /// prefault (anonymous, MAP_POPULATE), hugetlb (2 MiB pages from the kernel's free
     /// hugepages, MAP_HUGETLB | MAP_POPULATE).
@@ -287,7 +289,7 @@ struct LaunchArgs {
     /// kernel command line, and repair SYSCALL), or auto (nested-safe when /dev/kvm is the
     /// nested kvm_pvm module, host otherwise). Printed at launch.
     #[arg(long, value_name = "MODEL", default_value = "auto")]
-    cpu_model: partition::cpumodel::CpuModelRequest,
+    cpu_model: partition::cpu::cpumodel::CpuModelRequest,
     /// Once the VM is set up, run as this user (a name or a number; default: an identity of
     /// this launch's own, uid and gid 3000000000 + its pid, which no other VMM shares and
     /// no user needs to exist for). The VMM then has no capabilities, no_new_privs, and a
@@ -316,8 +318,8 @@ impl Observer for Progress {
             boot.entry_addr,
             cores.len(),
             if cores.len() == 1 { "" } else { "s" },
-            partition::cores::format(cores),
-            partition::size::format(boot::e820::memory(&boot.e820)),
+            partition::config::cores::format(cores),
+            partition::config::size::format(boot::e820::memory(&boot.e820)),
             memory,
         );
         eprintln!("partition: {}", checked.idle().describe());
@@ -330,12 +332,12 @@ impl Observer for Progress {
             eprintln!("partition: local API on {}", p.display());
         }
         match checked.sandbox() {
-            partition::sandbox::Sandbox::On(who) => eprintln!(
+            partition::sys::sandbox::Sandbox::On(who) => eprintln!(
                 "partition: sandbox: once set up the VMM runs as {} (uid {}, gid {}) with no \
                  capabilities, no_new_privs and a seccomp filter on every thread",
                 who.user, who.uid, who.gid
             ),
-            partition::sandbox::Sandbox::Off => eprintln!(
+            partition::sys::sandbox::Sandbox::Off => eprintln!(
                 "partition: WARNING: --no-sandbox: the VMM keeps root and every capability and \
                  runs without seccomp filters; a guest that breaks out of it owns this host. \
                  For debugging only."
@@ -345,7 +347,7 @@ impl Observer for Progress {
 }
 
 fn launch(a: LaunchArgs) -> ExitCode {
-    if a.kubelet_cpu_state.is_some() && a.cores != partition::launch::CORES_FROM_CGROUP {
+    if a.kubelet_cpu_state.is_some() && a.cores != partition::machine::config::CORES_FROM_CGROUP {
         eprintln!("partition: error: --kubelet-cpu-state goes with --cores from-cgroup");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -357,7 +359,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
     let mut disks = Vec::new();
     for (i, d) in a.disk.iter().enumerate() {
-        match partition::disks::parse(d, i) {
+        match partition::machine::disks::parse(d, i) {
             Ok(c) => disks.push(c),
             Err(e) => {
                 eprintln!("partition: error: {e}");
@@ -367,8 +369,12 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
     let mut pci_devices = Vec::new();
     for d in &a.device {
-        match partition::pci::parse(d) {
-            Ok(s) if pci_devices.iter().any(|p| partition::pci::same_kind(p, &s)) => {
+        match partition::machine::pci::parse(d) {
+            Ok(s)
+                if pci_devices
+                    .iter()
+                    .any(|p| partition::machine::pci::same_kind(p, &s)) =>
+            {
                 eprintln!(
                     "partition: error: --device {d:?}: one engine and one passed-through \
                      function per partition"
@@ -442,7 +448,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     };
     let secs = report.ran_for.as_secs_f64();
-    let outcome = partition::outcome::Outcome::of(&report.ending);
+    let outcome = partition::machine::outcome::Outcome::of(&report.ending);
     eprintln!("partition: {} after {secs:.3} s", outcome.describe());
     let code = outcome.exit_code();
     for d in &report.disks {
@@ -545,7 +551,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     }
     if a.json {
-        match serde_json::to_string(&partition::outcome::document(&report)) {
+        match serde_json::to_string(&partition::machine::outcome::document(&report)) {
             Ok(j) => {
                 use std::io::Write;
                 let mut out = std::io::stdout().lock();
@@ -560,7 +566,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
 
 fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
     // Distribution bzImages are tens of MiB; 1 GiB bounds a hostile or mistaken input.
-    let bytes = match partition::files::read_limited(&bzimage, 1 << 30) {
+    let bytes = match partition::sys::files::read_limited(&bzimage, 1 << 30) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("partition: error: {}: {e}", bzimage.display());
@@ -588,7 +594,7 @@ fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    partition::timeline::mark_main();
+    partition::sys::timeline::mark_main();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp_millis()
         .init();

@@ -5,12 +5,12 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use partition::cores;
-use partition::partitions::{self, Status};
-use partition::plan::HostPlan;
-use partition::reserve::{self, ReserveOutcome};
-use partition::signals::{self, SignalGuard};
-use partition::size::format as bytes;
+use partition::config::cores;
+use partition::config::size::format as bytes;
+use partition::host::partitions::{self, Status};
+use partition::host::plan::HostPlan;
+use partition::host::reserve::{self, ReserveOutcome};
+use partition::sys::signals::{self, SignalGuard};
 
 use crate::{EXIT_USAGE, EXIT_VMM_ERROR, ReserveArgs};
 
@@ -89,7 +89,7 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
                 );
             }
             Ok((_, Some(dir)))
-                if a.state.state_dir != Path::new(partition::ledger::DEFAULT_STATE_DIR)
+                if a.state.state_dir != Path::new(partition::host::ledger::DEFAULT_STATE_DIR)
                     && a.state.state_dir != dir =>
             {
                 return fail(
@@ -370,7 +370,7 @@ pub fn api_status(socket: &Path, json: bool) -> ExitCode {
         ("state", "/state"),
         ("counters", "/counters"),
     ] {
-        match partition::api::request(socket, "GET", path, None) {
+        match partition::sys::api_client::request(socket, "GET", path, None) {
             Ok((200, v)) => {
                 doc.insert(key.into(), v);
             }
@@ -426,7 +426,7 @@ pub fn api_status(socket: &Path, json: bool) -> ExitCode {
 }
 
 pub fn caps(json: bool) -> ExitCode {
-    use partition::idle::{IdlePolicy, resolve};
+    use partition::cpu::idle::{IdlePolicy, resolve};
     let caps = match partition::kvm::idle_caps() {
         Ok(c) => c,
         Err(e) => return fail(e, false),

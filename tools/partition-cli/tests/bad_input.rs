@@ -556,7 +556,7 @@ fn from_cgroup_in_the_root_cpuset_is_refused() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let name = "from_cgroup_in_the_root_cpuset_is_refused";
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let Some(dir) = partition::pod::cgroup_dir(
+    let Some(dir) = partition::host::pod::cgroup_dir(
         "cpuset",
         &read("/proc/self/cgroup"),
         &read("/proc/self/mounts"),
@@ -564,7 +564,7 @@ fn from_cgroup_in_the_root_cpuset_is_refused() {
         println!("SKIPPED {name}: this process is in no cgroup with the cpuset controller");
         return;
     };
-    if !partition::pod::is_root_cgroup(&dir) {
+    if !partition::host::pod::is_root_cgroup(&dir) {
         println!(
             "SKIPPED {name}: this process is in cpuset {} (not the root)",
             dir.display()

@@ -48,12 +48,12 @@ impl Drop for Fallback {
     fn drop(&mut self) {
         // SAFETY: signalling the process group the test started (gone already if passed).
         unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
-        if let Ok(st) = partition::partitions::status(&self.state) {
+        if let Ok(st) = partition::host::partitions::status(&self.state) {
             for p in &st.partitions {
-                let _ = partition::partitions::release(&self.state, &p.name, Duration::ZERO);
+                let _ = partition::host::partitions::release(&self.state, &p.name, Duration::ZERO);
             }
         }
-        let _ = partition::reserve::unreserve(&self.state);
+        let _ = partition::host::reserve::unreserve(&self.state);
         benchmarks::HugepageCount::set(self.hugepages);
     }
 }
@@ -79,7 +79,7 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
     let pid = child.id() as i32;
     let work = scratch.path(&format!("partition-bench-{pid}"));
     let state = work.join("state");
-    let tag = partition::ledger::state_tag(&state);
+    let tag = partition::host::ledger::state_tag(&state);
     let _fallback = Fallback {
         pgid: pid,
         state: state.clone(),
@@ -166,7 +166,7 @@ fn a_stopped_bench_run_gives_back_everything_it_held() {
 fn child_of(parent: i32) -> Option<i32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let st = partition::ledger::proc_stat(pid)?;
+        let st = partition::host::ledger::proc_stat(pid)?;
         (st.ppid == parent as u32).then_some(pid as i32)
     })
 }

@@ -220,7 +220,7 @@ fn api(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> (u16, serde_json::Value) {
-    partition::api::request(sock, method, path, body.as_ref())
+    partition::sys::api_client::request(sock, method, path, body.as_ref())
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 

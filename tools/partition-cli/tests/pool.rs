@@ -320,7 +320,7 @@ fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
         );
     }
     assert!(
-        partition::sandbox::threads_of(child.id())
+        partition::sys::sandbox::threads_of(child.id())
             .iter()
             .any(|t| t.name == "vcpu0"),
         "the guest is not running"
@@ -332,14 +332,14 @@ fn a_one_gib_reservation_goes_back_exactly_as_it_came() {
     );
     // Its launcher is confined, and so is its keeper (uid 0 kept for root's ledger, but
     // no capability, no_new_privs, its own filter).
-    for t in partition::sandbox::threads_of(child.id()) {
+    for t in partition::sys::sandbox::threads_of(child.id()) {
         assert!(
             t.uid[0] != 0 && t.cap_eff == 0 && t.no_new_privs && t.seccomp == 2,
             "{t:?}"
         );
     }
     let keeper = keeper_of(child.id()).expect("a keeper beside the launcher");
-    let kt = partition::sandbox::threads_of(keeper);
+    let kt = partition::sys::sandbox::threads_of(keeper);
     assert!(!kt.is_empty());
     for t in kt {
         assert!(t.cap_eff == 0 && t.no_new_privs && t.seccomp == 2, "{t:?}");
@@ -615,7 +615,7 @@ fn keeper_of(launcher: u32) -> Option<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .find(|&pid| {
-            partition::ledger::proc_stat(pid).is_some_and(|st| st.ppid == launcher)
+            partition::host::ledger::proc_stat(pid).is_some_and(|st| st.ppid == launcher)
                 && std::fs::read_to_string(format!("/proc/{pid}/comm"))
                     .is_ok_and(|c| c.trim() == "partition-keep")
         })

@@ -435,8 +435,8 @@ fn the_timeline_counts_exec_when_the_caller_says_when_it_spawned() {
         ])
         .args(["--cmdline", "probe.memtest=0"])
         .env(
-            partition::timeline::EXEC_ENV,
-            partition::timeline::monotonic_ns().to_string(),
+            partition::sys::timeline::EXEC_ENV,
+            partition::sys::timeline::monotonic_ns().to_string(),
         )
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

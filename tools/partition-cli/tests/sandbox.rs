@@ -64,17 +64,17 @@ fn every_thread_of_a_running_vmm_is_confined() {
     // pid), so one taken over by its guest shares no uid with the other.
     let other = hold(&dir, "beside", &[]);
     let other_pid = other.id();
-    let other_uid = partition::sandbox::threads_of(other_pid)[0].uid[0];
-    let threads = partition::sandbox::threads_of(child.id());
+    let other_uid = partition::sys::sandbox::threads_of(other_pid)[0].uid[0];
+    let threads = partition::sys::sandbox::threads_of(child.id());
     let _ = stop(other, "beside");
     assert_eq!(
         other_uid,
-        partition::sandbox::LAUNCH_ID_BASE + other_pid,
+        partition::sys::sandbox::LAUNCH_ID_BASE + other_pid,
         "the second VMM's uid"
     );
     assert_eq!(
         threads[0].uid[0],
-        partition::sandbox::LAUNCH_ID_BASE + child.id()
+        partition::sys::sandbox::LAUNCH_ID_BASE + child.id()
     );
     assert_ne!(threads[0].uid[0], other_uid);
     let out = stop(child, "confined");
@@ -97,7 +97,7 @@ fn every_thread_of_a_running_vmm_is_confined() {
         Some(
             format!(
                 "partition-{}",
-                threads[0].uid[0] - partition::sandbox::LAUNCH_ID_BASE
+                threads[0].uid[0] - partition::sys::sandbox::LAUNCH_ID_BASE
             )
             .as_str()
         ),
@@ -124,7 +124,7 @@ fn no_sandbox_says_what_it_gives_up() {
     }
     let dir = Scratch::new("sandbox-off");
     let child = hold(&dir, "open", &["--no-sandbox"]);
-    let threads = partition::sandbox::threads_of(child.id());
+    let threads = partition::sys::sandbox::threads_of(child.id());
     let out = stop(child, "open");
     assert!(
         out.stderr.contains("WARNING: --no-sandbox"),
@@ -158,7 +158,7 @@ fn a_forbidden_system_call_ends_the_vmm_with_status_5() {
             .args(["--cmdline", "probe.memtest=0 probe.hold=1"])
             .arg("--disk")
             .arg(format!("path={}", disk.display()))
-            .env(partition::sandbox::TEST_VIOLATION_ENV, role)
+            .env(partition::sys::seccomp::TEST_VIOLATION_ENV, role)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -239,7 +239,7 @@ fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes
         .arg("60")
         .spawn()
         .unwrap();
-    let start = partition::ledger::pid_start_time(bystander.id()).unwrap();
+    let start = partition::host::ledger::pid_start_time(bystander.id()).unwrap();
     // A forged ledger naming them, in a directory owned by nobody, with the temporary file
     // a symlink to the target.
     let evil = dir.path("evil");

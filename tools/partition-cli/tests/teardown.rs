@@ -149,7 +149,7 @@ fn signal_while_halted(name: &str, cores: &str, signal: i32) {
     assert_eq!(j["outcome"]["signal"], signal, "{j}");
     assert_eq!(j["outcome"]["exit_code"], 128 + signal, "{j}");
     assert!(
-        partition::ledger::pid_start_time(pid as u32).is_none(),
+        partition::host::ledger::pid_start_time(pid as u32).is_none(),
         "VMM process still running"
     );
 }

@@ -12,7 +12,7 @@
 //! the probe checks CPUID for 1 GiB pages first.
 
 use crate::bootinfo::BootInfo;
-use crate::engine::{Ecam, setup_bars};
+use crate::pcie::{Ecam, setup_bars};
 use crate::sys::{self, peek, poke};
 
 /// Highest address the page tables map.
@@ -44,7 +44,7 @@ pub fn run(bi: &BootInfo) -> bool {
         say!("bigbar FAILED: no 1 GiB pages (CPUID 0x80000001 EDX.26) to map the window");
         return true;
     }
-    let Some(e) = crate::engine::ecam(bi) else {
+    let Some(e) = crate::pcie::ecam(bi) else {
         say!("bigbar FAILED: no MCFG table");
         return true;
     };

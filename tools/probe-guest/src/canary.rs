@@ -276,7 +276,7 @@ pub fn start(bi: &crate::bootinfo::BootInfo, ap: Option<u32>) -> Pending {
     match (bi.arg("probe.canary_on"), ap) {
         (Some("ap"), Some(ap)) => {
             say!("canary on the AP (apic {}) while the BSP goes on", ap);
-            Pending::OnAp(crate::wake::post_canary(ap, calls, timer_us))
+            Pending::OnAp(crate::wake::post_call(ap, on_ap, calls, timer_us))
         }
         (Some("ap"), None) => {
             say!("canary FAILED: probe.canary_on=ap but there is no AP");

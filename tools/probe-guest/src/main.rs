@@ -38,6 +38,7 @@ mod libc;
 mod memtest;
 mod nvme;
 mod paths;
+mod pcie;
 mod peers;
 mod smp;
 mod stats;

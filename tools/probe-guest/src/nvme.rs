@@ -20,7 +20,7 @@
 //! exits. The launch report's exit counts show whether that held.
 
 use crate::bootinfo::BootInfo;
-use crate::engine::{Ecam, enable_msix_entry, find_cap, setup_bars};
+use crate::pcie::{Ecam, enable_msix_entry, find_cap, setup_bars};
 use crate::sys::{self, peek, poke, rdtsc};
 
 #[path = "../../../benchmarks/src/nvmecore.rs"]
@@ -86,7 +86,7 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, apic: u32) -> bool {
         .parse::<usize>()
         .unwrap_or(100)
         .clamp(1, sys::SAMPLES * 9 / 10);
-    let Some(e) = crate::engine::ecam(bi) else {
+    let Some(e) = crate::pcie::ecam(bi) else {
         say!("nvme FAILED: no MCFG table (no PCI host bridge in the ACPI tables)");
         return true;
     };

@@ -13,7 +13,7 @@
 //!   register (each read an exit) or waiting for the MSI: the peer of the engine's trapping
 //!   doorbell with a polled fence or MSI-X.
 
-use crate::engine::{Ecam, Found, find_cap, setup_bars, summarise};
+use crate::pcie::{Ecam, Found, find_cap, setup_bars, summarise};
 use crate::sys::{self, peek, poke, rdtsc};
 
 const MAX_N: usize = sys::SAMPLES;

@@ -165,18 +165,21 @@ struct Mailbox {
     op: AtomicU64,
     arg: AtomicU64,
     arg2: AtomicU64,
+    /// With `OP_CALL`: the `fn(u64, u64)` to run, as an address.
+    func: AtomicU64,
     done: AtomicU64,
 }
 
 const OP_PINGPONG: u64 = 1;
 const OP_SHM: u64 = 2;
-const OP_CANARY: u64 = 3;
+const OP_CALL: u64 = 3;
 
 static MAILBOX: Mailbox = Mailbox {
     seq: AtomicU64::new(0),
     op: AtomicU64::new(0),
     arg: AtomicU64::new(0),
     arg2: AtomicU64::new(0),
+    func: AtomicU64::new(0),
     done: AtomicU64::new(0),
 };
 
@@ -206,7 +209,12 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
         let n = MAILBOX.arg.load(Ordering::Acquire);
         match MAILBOX.op.load(Ordering::Acquire) {
             OP_PINGPONG => respond(n, bsp_apic, m),
-            OP_CANARY => crate::canary::on_ap(n, MAILBOX.arg2.load(Ordering::Acquire)),
+            OP_CALL => {
+                let addr = MAILBOX.func.load(Ordering::Acquire) as usize;
+                // SAFETY: only `post_call` stores here, and it stores a `fn(u64, u64)`.
+                let f: fn(u64, u64) = unsafe { core::mem::transmute(addr) };
+                f(n, MAILBOX.arg2.load(Ordering::Acquire))
+            }
             OP_SHM => {
                 for i in 1..=n {
                     while SHM_A.0.load(Ordering::Acquire) != i {
@@ -246,11 +254,12 @@ fn post(ap_apic: u32, op: u64, arg: u64) -> u64 {
     seq
 }
 
-/// Posts the SYSCALL canary (`calls`, a timer every `timer_us`) to AP 1; returns the
+/// Posts `f(arg, arg2)` to AP 1 (the SYSCALL canary runs there this way); returns the
 /// sequence number to wait for with [`wait_posted`].
-pub fn post_canary(ap_apic: u32, calls: u64, timer_us: u64) -> u64 {
-    MAILBOX.arg2.store(timer_us, Ordering::Release);
-    post(ap_apic, OP_CANARY, calls)
+pub fn post_call(ap_apic: u32, f: fn(u64, u64), arg: u64, arg2: u64) -> u64 {
+    MAILBOX.func.store(f as usize as u64, Ordering::Release);
+    MAILBOX.arg2.store(arg2, Ordering::Release);
+    post(ap_apic, OP_CALL, arg)
 }
 
 /// Waits until AP 1 finished command `seq`.

@@ -30,10 +30,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::idle::IdlePlan;
+use crate::cpu::exits::ExitCounters;
+use crate::cpu::idle::IdlePlan;
 use crate::kvm::stats::Stats;
 use crate::kvm::vcpu::{Kicker, PauseControl};
-use crate::vcpu::ExitCounters;
 
 /// Longest request head (request line and headers).
 const MAX_HEAD: usize = 8 << 10;
@@ -209,7 +209,7 @@ impl ApiState {
 
     fn counters(&self) -> Value {
         json!({
-            "updated_at": crate::ledger::now(),
+            "updated_at": crate::host::ledger::now(),
             "vcpus": self.vcpus.iter().map(|v| json!({
                 "vcpu": v.index,
                 "core": v.core,
@@ -222,10 +222,10 @@ impl ApiState {
 
     fn idle(&self) -> Value {
         let kvm: Vec<_> = self.vcpus.iter().map(|v| (v.index, self.kvm(v))).collect();
-        let rb = crate::readback::Readback::new(
+        let rb = crate::cpu::readback::Readback::new(
             &self.idle,
             self.cpuid_back.as_deref(),
-            crate::cpuid::host_leaf5().is_some(),
+            crate::cpu::cpuid::host_leaf5().is_some(),
             kvm.iter().map(|(i, m)| (*i, m)),
         );
         json!({ "policy": self.idle.policy.name(), "reason": self.idle.reason, "readback": rb })
@@ -593,39 +593,10 @@ fn accept_all(listener: &UnixListener, conns: &mut Vec<Conn>) {
     }
 }
 
-/// Asks a running partition's API: `method path` with `body`; the answer's status and
-/// JSON. For `partition status` and tests.
-pub fn request(
-    socket: &Path,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> std::io::Result<(u16, Value)> {
-    let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let body = body.map(Value::to_string).unwrap_or_default();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut text = String::new();
-    s.take(1 << 20).read_to_string(&mut text)?;
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no HTTP answer"))?;
-    let code = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-    let v = serde_json::from_str(body.trim()).map_err(std::io::Error::other)?;
-    Ok((code, v))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::api_client::request;
 
     #[test]
     fn request_heads_parse_or_get_4xx() {
@@ -656,9 +627,9 @@ mod tests {
         ApiState {
             description: json!({"cores": [1]}),
             vcpus: Vec::new(),
-            idle: crate::idle::resolve(
-                crate::idle::IdlePolicy::Shared,
-                &crate::idle::IdleCaps::default(),
+            idle: crate::cpu::idle::resolve(
+                crate::cpu::idle::IdlePolicy::Shared,
+                &crate::cpu::idle::IdleCaps::default(),
             )
             .unwrap(),
             cpuid_back: None,

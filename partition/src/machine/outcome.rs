@@ -2,13 +2,21 @@
 //! report as a document a program reads instead of the VMM's sentences ([`document`],
 //! printed by `partition launch --json`).
 
+use super::check::Checked;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::launch::{Ending, LaunchReport, Timings, VcpuReport};
-use crate::vcpu::StopReason;
+use boot::BootInfo;
+use pool::{Backing, RamSource};
+
+use super::config::MemorySource;
+use crate::cpu::cpumodel::CpuModel;
+use crate::cpu::exits::StopReason;
+use crate::cpu::idle::IdlePlan;
+use crate::cpu::readback::Readback;
+use crate::sys::sandbox::Identity;
 
 /// Exit statuses of `partition launch` (and of every other verb where they apply).
 pub mod status {
@@ -209,9 +217,9 @@ pub struct TimingsDoc {
     pub first_output_ms: Option<f64>,
     /// From the process's `main` to the guest's first serial byte.
     pub wall_to_first_byte_ms: Option<f64>,
-    /// Where that went, phase by phase, in order (`partition::timeline`); they add up to
+    /// Where that went, phase by phase, in order (`partition::sys::timeline`); they add up to
     /// `wall_to_first_byte_ms`.
-    pub timeline: Vec<crate::timeline::Phase>,
+    pub timeline: Vec<crate::sys::timeline::Phase>,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -276,7 +284,7 @@ pub struct IdleDoc {
     /// KVM_HINTS_REALTIME set.
     pub hints_realtime: bool,
     /// What KVM reported back about the plan.
-    pub readback: crate::readback::Readback,
+    pub readback: crate::cpu::readback::Readback,
 }
 
 /// What the guest was told about its CPU.
@@ -319,7 +327,7 @@ pub struct ReportDoc {
     /// Stage durations.
     pub timings: TimingsDoc,
     /// The guest's memory and its backing.
-    pub memory: crate::launch::MemoryReport,
+    pub memory: MemoryReport,
     /// Kernel entry point used.
     pub entry_addr: u64,
     /// Guest address of the ACPI RSDP.
@@ -333,21 +341,21 @@ pub struct ReportDoc {
     /// Per-vCPU counters.
     pub vcpus: Vec<VcpuDoc>,
     /// Per-disk queue counters.
-    pub disks: Vec<crate::launch::DiskReport>,
+    pub disks: Vec<DiskReport>,
     /// The submission engine: each BAR and how it was served (trap, ioeventfd, memory),
     /// commands executed, its error.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::pci::EngineReport>,
+    pub engine: Option<crate::machine::pci::EngineReport>,
     /// The passed-through function: its BARs (placed where, how much mapped), vectors.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub passthrough: Option<crate::vfio::PassthroughReport>,
+    pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
     /// Lines of the guest's console that reported a process killed by a fatal signal or a
     /// kernel Oops (a Linux guest's `segfault at`, `print-fatal-signals=1`'s line).
     pub guest_fault_lines: u64,
     /// For a partition from the pool: its extent.
     pub pool: Option<PoolDoc>,
     /// Who the VMM ran as after setup (`null` with `--no-sandbox`: root, unfiltered).
-    pub sandbox: Option<crate::sandbox::Identity>,
+    pub sandbox: Option<crate::sys::sandbox::Identity>,
 }
 
 /// The report as a document.
@@ -396,6 +404,185 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         sandbox: r.sandbox.clone(),
     }
 }
+
+/// How the partition ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// vCPU `vcpu` stopped for `reason`.
+    Guest {
+        /// Which vCPU.
+        vcpu: usize,
+        /// Why.
+        reason: StopReason,
+    },
+    /// The VMM received a signal.
+    Signal(i32),
+    /// The local API asked for a clean stop.
+    Requested,
+}
+
+/// Per-vCPU summary.
+#[derive(Clone, Debug)]
+pub struct VcpuReport {
+    /// Index.
+    pub index: usize,
+    /// Host core.
+    pub core: usize,
+    /// Exit counts by reason (the exits that reached the VMM).
+    pub exits: Vec<(&'static str, u64)>,
+    /// KVM's own halt statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
+    pub kvm: std::collections::BTreeMap<String, u64>,
+    /// Instructions the VMM carried out for the guest (see [`crate::cpu::assist`]), by kind.
+    pub assists: Vec<(&'static str, u64)>,
+}
+
+/// What happened.
+#[derive(Clone, Debug)]
+pub struct LaunchReport {
+    /// How it ended.
+    pub ending: Ending,
+    /// Boot details.
+    pub boot: BootInfo,
+    /// The kernel command line the guest was given (the CPU model's and idle policy's
+    /// words included).
+    pub cmdline: String,
+    /// The guest's memory and what backs it.
+    pub memory: MemoryReport,
+    /// From the first KVM_RUN to teardown.
+    pub ran_for: Duration,
+    /// Per-vCPU exit counters.
+    pub vcpus: Vec<VcpuReport>,
+    /// Where the time went before the guest ran, and when it first spoke.
+    pub timings: Timings,
+    /// For a partition from the pool: its name, extent and how long scrubbing took.
+    pub pool: Option<PoolOutcome>,
+    /// The idle plan in force.
+    pub idle: IdlePlan,
+    /// What KVM reported back about it.
+    pub idle_readback: Readback,
+    /// The CPU model in force.
+    pub cpu_model: CpuModel,
+    /// The features it hides that the host shows in CPUID anyway (so only the command line
+    /// hides them).
+    pub cpu_model_shown_anyway: Vec<&'static str>,
+    /// Per-disk queue counters.
+    pub disks: Vec<DiskReport>,
+    /// The submission engine (`--device engine`): how each BAR was served, what it did.
+    pub engine: Option<crate::machine::pci::EngineReport>,
+    /// The passed-through function (`--device vfio=`): where its BARs are, what is mapped.
+    pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
+    /// Lines of the guest's console reporting a process killed by a fatal signal or a
+    /// kernel Oops (`console::FAULT_LINES`).
+    pub guest_fault_lines: u64,
+    /// Who the VMM ran as once the guest ran (None: `--no-sandbox`).
+    pub sandbox: Option<Identity>,
+}
+
+/// The guest's memory and what backs it, as data.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemoryReport {
+    /// Guest RAM in bytes.
+    pub bytes: u64,
+    /// `anonymous`, `prefault`, `hugetlb`, `pool` or `volume` (a pod's hugetlbfs).
+    pub backing: &'static str,
+    /// Page size of the backing.
+    pub page_size: u64,
+    /// For `pool`: the extent of the pool file, (offset, length).
+    pub pool_extent: Option<(u64, u64)>,
+    /// The same in words.
+    pub description: String,
+}
+
+impl MemoryReport {
+    pub(super) fn of(ram: &RamSource, source: &MemorySource, bytes: u64) -> Self {
+        let (backing, pool_extent) = match (ram, source) {
+            (_, MemorySource::Volume(_)) => ("volume", None),
+            (RamSource::Anonymous(Backing::Anonymous), _) => ("anonymous", None),
+            (RamSource::Anonymous(Backing::AnonymousPopulated), _) => ("prefault", None),
+            (RamSource::Anonymous(Backing::Hugetlb), _) => ("hugetlb", None),
+            (RamSource::Extent(e), _) => ("pool", Some((e.extent().offset, e.extent().len))),
+        };
+        Self {
+            bytes,
+            backing,
+            page_size: ram.page_size(),
+            pool_extent,
+            description: ram.describe(),
+        }
+    }
+}
+
+/// One disk's window and its queues' counters at teardown.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DiskReport {
+    /// virtio-mmio window base.
+    pub base: u64,
+    /// Its GSI.
+    pub gsi: u32,
+    /// Each queue's counters.
+    pub queues: Vec<devices::virtio::QueueCounters>,
+    /// Messages the guest made the VMM log about this disk that the rate limits dropped
+    /// (5 a second each for the window and the queue workers, for the VMM's whole life).
+    pub log_suppressed: u64,
+}
+
+impl std::fmt::Display for DiskReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?;
+        for (i, q) in self.queues.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{q}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a pool-backed launch did with its extent.
+#[derive(Clone, Debug)]
+pub struct PoolOutcome {
+    /// Partition name.
+    pub name: String,
+    /// Extent offset.
+    pub offset: u64,
+    /// Extent length.
+    pub len: u64,
+    /// Time spent zeroing the extent after the guest stopped.
+    pub scrub: Duration,
+}
+
+/// Stage durations of a launch, measured inside the VMM.
+#[derive(Clone, Debug, Default)]
+pub struct Timings {
+    /// Getting guest memory (mmap, prefault, vm-memory regions).
+    pub memory: Duration,
+    /// VM creation, irqchip, memslots.
+    pub vm: Duration,
+    /// Kernel load and boot structures.
+    pub boot: Duration,
+    /// Devices and vCPU creation.
+    pub vcpus: Duration,
+    /// From the start of `run` to the guest's first serial byte.
+    pub first_output: Option<Duration>,
+    /// From the process's `main` to the guest's first serial byte, ms (None: no byte, or
+    /// the timeline was not started).
+    pub wall_to_first_byte_ms: Option<f64>,
+    /// Where that time went, phase by phase (`crate::sys::timeline`): they add up to it.
+    pub phases: Vec<crate::sys::timeline::Phase>,
+}
+
+/// Progress callbacks so callers can say (or record) what is happening while it happens.
+pub trait Observer {
+    /// Boot structures are written; vCPUs start next.
+    fn booting(&self, _checked: &Checked, _boot: &BootInfo, _memory: &str) {}
+    /// The guest is about to run: every thread is confined, the vCPU threads start next.
+    fn running(&self) {}
+    /// About once a second while the guest runs.
+    fn tick(&self, _vcpus: &[VcpuReport]) {}
+}
+
+impl Observer for () {}
 
 #[cfg(test)]
 mod tests {

@@ -15,8 +15,8 @@ use pool::Extent;
 use pool::poolfile::{ExtentFile, PoolFile, PoolFileError};
 use serde::{Deserialize, Serialize};
 
-use crate::cores;
-use crate::ledger::{
+use crate::config::cores;
+use crate::host::ledger::{
     self, Isolation, Ledger, LedgerError, LedgerLock, PartitionLock, PartitionRecord,
     PartitionState,
 };
@@ -175,8 +175,8 @@ impl ExtentClaim {
         .map_err(|e| {
             ClaimError::Refused(format!(
                 "--memory: the {} pool cannot give this partition {}: {e}",
-                crate::size::format(l.pool.size),
-                crate::size::format(req.size)
+                crate::config::size::format(l.pool.size),
+                crate::config::size::format(req.size)
             ))
         })?;
         for c in req.cores {
@@ -239,7 +239,7 @@ impl ExtentClaim {
         self.lock.as_ref().map_or(-1, PartitionLock::fd)
     }
 
-    /// Hands the claim to a keeper process (`crate::keeper`), which now owns the giving
+    /// Hands the claim to a keeper process (`crate::host::keeper`), which now owns the giving
     /// back: this copy will do nothing when dropped, and its share of the partition lock is
     /// returned for the launcher to hold for its life.
     pub fn disarm(mut self) -> PartitionLock {
@@ -410,7 +410,7 @@ fn write_stats(state_dir: &Path, name: &str, s: &StatsFile) {
     let Ok(text) = serde_json::to_string(s) else {
         return;
     };
-    let written = crate::statedir::StateDir::open(state_dir, false)
+    let written = crate::sys::statedir::StateDir::open(state_dir, false)
         .and_then(|d| d.subdir(STATS, true))
         .and_then(|d| match d {
             Some(d) => d.replace(&stats_name(name), text.as_bytes()),

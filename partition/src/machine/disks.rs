@@ -105,7 +105,7 @@ pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
                 cfg.worker_core = Some(
                     v.parse::<usize>()
                         .ok()
-                        .filter(|c| crate::cores::available().contains(c))
+                        .filter(|c| crate::config::cores::available().contains(c))
                         .ok_or_else(|| err(format!("core={v}: not an online core")))?,
                 )
             }
@@ -142,7 +142,7 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     // Root follows no link someone else controls to the backing (a user's directory with
     // disk.img pointing at a root-only image).
     for c in configs {
-        crate::files::check_symlinks(&c.path).map_err(|e| DiskError::Spec {
+        crate::sys::files::check_symlinks(&c.path).map_err(|e| DiskError::Spec {
             spec: format!("path={}", c.path.display()),
             why: e.to_string(),
         })?;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use kvm_bindings::kvm_cpuid_entry2;
 use serde::Serialize;
 
-use crate::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
-use crate::idle::{DisableExits, IdlePlan};
+use crate::cpu::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
+use crate::cpu::idle::{DisableExits, IdlePlan};
 
 /// One setting: what KVM shows, and what the plan asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -205,7 +205,7 @@ impl Readback {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idle::IdlePolicy;
+    use crate::cpu::idle::IdlePolicy;
 
     fn plan() -> IdlePlan {
         IdlePlan {

@@ -13,8 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::cores;
-use crate::ledger::{IrqRecord, Isolation};
+use crate::config::cores;
+use crate::host::ledger::{IrqRecord, Isolation};
 
 /// Errors undoing isolation.
 #[derive(Debug, thiserror::Error)]

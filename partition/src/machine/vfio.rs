@@ -134,8 +134,8 @@ pub const TEARDOWN_IOCTLS: [u64; 5] = [
 /// finds the device's IOMMU group from its sysfs link); without, nothing of it.
 pub fn launcher_filter(
     passthrough: bool,
-) -> Result<seccompiler::BpfProgram, crate::sandbox::SandboxError> {
-    use crate::sandbox::{Role, filter, filter_with};
+) -> Result<seccompiler::BpfProgram, crate::sys::seccomp::SeccompError> {
+    use crate::sys::seccomp::{Role, filter, filter_with};
     if passthrough {
         filter_with(Role::Main, &TEARDOWN_IOCTLS, &[libc::SYS_readlink])
     } else {
@@ -607,7 +607,7 @@ mod tests {
 
     #[test]
     fn the_launcher_may_give_a_passed_through_device_back_and_only_then() {
-        use crate::sandbox::Role;
+        use crate::sys::seccomp::Role;
         // What the teardown of a VFIO device calls (seen on the rig: ioctl and readlink
         // from the launcher's thread after the guest powered off).
         let teardown = || {
@@ -621,13 +621,13 @@ mod tests {
         };
         let with = launcher_filter(true).unwrap();
         assert_eq!(
-            crate::sandbox::confined_child(Role::Main, &with, teardown),
+            crate::sys::seccomp::confined_child(Role::Main, &with, teardown),
             0
         );
         let without = launcher_filter(false).unwrap();
         assert_eq!(
-            crate::sandbox::confined_child(Role::Main, &without, teardown),
-            crate::sandbox::EXIT_SECCOMP
+            crate::sys::seccomp::confined_child(Role::Main, &without, teardown),
+            crate::sys::seccomp::EXIT_SECCOMP
         );
         // Other ioctls stay forbidden even with passthrough (KVM_RUN here).
         let run = || {
@@ -635,8 +635,8 @@ mod tests {
             unsafe { libc::ioctl(-1, 0xae80 as _, 0usize) };
         };
         assert_eq!(
-            crate::sandbox::confined_child(Role::Main, &with, run),
-            crate::sandbox::EXIT_SECCOMP
+            crate::sys::seccomp::confined_child(Role::Main, &with, run),
+            crate::sys::seccomp::EXIT_SECCOMP
         );
     }
 

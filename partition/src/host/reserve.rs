@@ -13,11 +13,11 @@ use pool::hugepages::{Counter, HugepageError};
 use pool::hugetlbfs::{self, HugetlbfsError};
 use pool::poolfile::{PoolFile, PoolFileError};
 
-use crate::isolation;
-use crate::ledger::{
+use crate::host::isolation;
+use crate::host::ledger::{
     CoreRecord, Isolation, Ledger, LedgerError, LedgerLock, PoolRecord, VERSION, now,
 };
-use crate::plan::HostPlan;
+use crate::host::plan::HostPlan;
 
 /// Errors reserving or unreserving.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +116,7 @@ pub struct UnreserveReport {
 
 /// Pool file name in the hugetlbfs mount.
 fn pool_file_name(state_dir: &Path) -> String {
-    format!("{}-pool", crate::ledger::state_tag(state_dir))
+    format!("{}-pool", crate::host::ledger::state_tag(state_dir))
 }
 
 /// Where reservations claim their cores for the whole host, whatever state directory they
@@ -127,7 +127,7 @@ pub const CORE_CLAIMS: &str = "/run/partition-cores";
 /// Whether the ledger in `state_dir` reserves `core` (a claim naming a state directory
 /// that no longer does is stale).
 fn holds(state_dir: &Path, core: usize) -> bool {
-    let Ok(bytes) = crate::files::read_limited(&state_dir.join("ledger.json"), 1 << 20) else {
+    let Ok(bytes) = crate::sys::files::read_limited(&state_dir.join("ledger.json"), 1 << 20) else {
         return false;
     };
     serde_json::from_slice::<serde_json::Value>(&bytes)
@@ -369,7 +369,7 @@ fn build(
     let isolation = isolation::isolate(
         &plan.cores,
         &plan.housekeeping,
-        &crate::ledger::state_tag(&state_dir),
+        &crate::host::ledger::state_tag(&state_dir),
     );
     {
         let i = isolation.clone();

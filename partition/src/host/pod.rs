@@ -190,7 +190,7 @@ pub fn exclusive_by_kubelet(cores: &[usize], state: &str) -> Result<(), String> 
             s.policy_name
         ));
     }
-    let shared = crate::cores::parse(&s.default_cpu_set).unwrap_or_default();
+    let shared = crate::config::cores::parse(&s.default_cpu_set).unwrap_or_default();
     if let Some(c) = cores.iter().find(|c| shared.contains(c)) {
         return Err(format!("core {c} is in the kubelet's shared pool"));
     }
@@ -198,7 +198,7 @@ pub fn exclusive_by_kubelet(cores: &[usize], state: &str) -> Result<(), String> 
         .entries
         .values()
         .flat_map(|containers| containers.values())
-        .flat_map(|set| crate::cores::parse(set).unwrap_or_default())
+        .flat_map(|set| crate::config::cores::parse(set).unwrap_or_default())
         .collect();
     match cores.iter().find(|c| !assigned.contains(c)) {
         Some(c) => Err(format!("core {c} is assigned to no container")),
@@ -221,13 +221,13 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
         "cpuset.cpus"
     }))
     .ok_or_else(|| cg(format!("{}: no cpuset.cpus", dir.display())))?;
-    let cores = crate::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
+    let cores = crate::config::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
     // The hierarchy's root (v1: its cpu_exclusive is 1 and it holds every core) is nobody's
     // grant.
     if is_root_cgroup(&dir) {
         return Err(PodError::RootCgroup {
             dir,
-            cores: crate::cores::format(&cores),
+            cores: crate::config::cores::format(&cores),
         });
     }
     // Given the kubelet's checkpoint, every core must be one it granted, whatever the
@@ -239,7 +239,7 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
     });
     if let Some(Err(e)) = &kubelet {
         return Err(PodError::NotExclusive {
-            cores: crate::cores::format(&cores),
+            cores: crate::config::cores::format(&cores),
             dir,
             why: e.clone(),
         });
@@ -273,7 +273,7 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
         _ => why.push("no --kubelet-cpu-state given".into()),
     }
     Err(PodError::NotExclusive {
-        cores: crate::cores::format(&cores),
+        cores: crate::config::cores::format(&cores),
         dir,
         why: why.join("; "),
     })

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::cores::{self, CoreError};
-use crate::ledger::PlanRecord;
-use crate::size::{self, SizeError};
+use crate::config::cores::{self, CoreError};
+use crate::config::size::{self, SizeError};
+use crate::host::ledger::PlanRecord;
 
 /// Errors reading or validating a plan.
 #[derive(Debug, thiserror::Error)]
@@ -156,8 +156,8 @@ impl HostPlan {
         available: &[usize],
     ) -> Result<(Self, Option<PathBuf>), PlanError> {
         // A plan is a few lines of TOML: 1 MiB is far more than any needs.
-        let bytes = crate::files::read_limited(path, 1 << 20).map_err(|e| match e {
-            crate::files::FileError::Io(source) => PlanError::Read {
+        let bytes = crate::sys::files::read_limited(path, 1 << 20).map_err(|e| match e {
+            crate::sys::files::FileError::Io(source) => PlanError::Read {
                 path: path.to_path_buf(),
                 source,
             },

@@ -1,6 +1,6 @@
 //! A partition's PCI functions (`--device`): the host bridge at 00.0, the submission
 //! engine at 01.0 (`docs/pci.md`) and a passed-through host function at 02.0
-//! (`--device vfio=BDF`, `crate::vfio`, `docs/passthrough.md`), and the KVM side of them
+//! (`--device vfio=BDF`, `crate::machine::vfio`, `docs/passthrough.md`), and the KVM side of them
 //! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and the doorbell BAR's
 //! memory slot or ioeventfd and a passed-through BAR's memory slots, which follow the BAR
 //! when the guest moves it.
@@ -59,7 +59,7 @@ pub enum PciError {
     Engine(#[from] devices::pci::submit::SubmitError),
     /// A function could not be passed through.
     #[error("{0}")]
-    Passthrough(#[from] crate::vfio::VfioError),
+    Passthrough(#[from] crate::machine::vfio::VfioError),
     /// The root refused a function.
     #[error("{0}")]
     Root(#[from] devices::pci::PciError),
@@ -86,7 +86,7 @@ impl PciError {
             self,
             Self::Spec { .. }
                 | Self::Vfio { .. }
-                | Self::Passthrough(crate::vfio::VfioError::Refused { .. })
+                | Self::Passthrough(crate::machine::vfio::VfioError::Refused { .. })
         )
     }
 }
@@ -99,7 +99,7 @@ pub enum DeviceSpec {
         /// How its doorbell page reaches it.
         doorbell: DoorbellMode,
     },
-    /// A host PCI function passed through with VFIO (`crate::vfio`).
+    /// A host PCI function passed through with VFIO (`crate::machine::vfio`).
     Vfio {
         /// Its address, DDDD:BB:DD.F.
         bdf: String,
@@ -150,7 +150,7 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
                     "vfio={bdf}: not a PCI address (DDDD:BB:DD.F, as in lspci -D)"
                 )));
             }
-            match crate::vfio::missing(std::path::Path::new("/"), bdf) {
+            match crate::machine::vfio::missing(std::path::Path::new("/"), bdf) {
                 Some(why) => Err(PciError::Vfio {
                     spec: spec.into(),
                     what: why,
@@ -294,7 +294,7 @@ pub struct KvmPciHost {
     vectors: BTreeMap<(u8, u16), (u32, Arc<EventFd>)>,
     doorbell: Doorbell,
     /// (slot, BAR) -> the pieces of a passed-through BAR mapped as memory slots.
-    mapped: BTreeMap<(u8, usize), Vec<crate::vfio::Piece>>,
+    mapped: BTreeMap<(u8, usize), Vec<crate::machine::vfio::Piece>>,
 }
 
 impl KvmPciHost {
@@ -388,7 +388,13 @@ pub fn attach(
     mmio: &mut Bus,
     specs: &[DeviceSpec],
     cores: &[usize],
-) -> Result<(Option<AttachedEngine>, Option<crate::vfio::AttachedVfio>), PciError> {
+) -> Result<
+    (
+        Option<AttachedEngine>,
+        Option<crate::machine::vfio::AttachedVfio>,
+    ),
+    PciError,
+> {
     let os = |what| move |source| PciError::Os { what, source };
     let mut engine = None;
     let mut host = KvmPciHost {
@@ -415,10 +421,10 @@ pub fn attach(
             high: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
         };
         let gsi_base = IOAPIC_PINS + u32::from(VFIO_SLOT) * VECTORS as u32 + 64;
-        let (f, attached) = crate::vfio::attach(
+        let (f, attached) = crate::machine::vfio::attach(
             vm,
             memory,
-            crate::vfio::Target {
+            crate::machine::vfio::Target {
                 bdf,
                 guest_slot: VFIO_SLOT,
                 first_slot: 1,
@@ -592,7 +598,10 @@ mod tests {
             Err(e) => {
                 assert!(e.is_usage(), "{e}");
                 assert!(matches!(e, PciError::Vfio { .. }), "{e}");
-                assert!(crate::vfio::missing(std::path::Path::new("/"), "0000:41:00.0").is_some());
+                assert!(
+                    crate::machine::vfio::missing(std::path::Path::new("/"), "0000:41:00.0")
+                        .is_some()
+                );
             }
         }
         assert!(same_kind(

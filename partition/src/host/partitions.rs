@@ -1,7 +1,7 @@
 //! Partitions from the reservation, seen from outside their launchers: `status` (who owns
 //! what, and what a dead launcher left) and `release` (stop a launcher, or reclaim what a
 //! dead one held; its extent is zeroed before it goes back). A launcher's own claim on the
-//! reservation is [`crate::claim`].
+//! reservation is [`crate::host::claim`].
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use pool::poolfile::PoolFileError;
 use serde::Serialize;
 
-use crate::claim::{StatsFile, crash_point, forget, read_stats, scrub};
-use crate::ledger::{self, ExtentRecord, LedgerError, LedgerLock, PartitionState};
+use crate::host::claim::{StatsFile, crash_point, forget, read_stats, scrub};
+use crate::host::ledger::{self, ExtentRecord, LedgerError, LedgerLock, PartitionState};
 
 /// Errors releasing a partition.
 #[derive(Debug, thiserror::Error)]
@@ -269,7 +269,7 @@ pub struct PartitionStatus {
 
 /// A running partition's counters, asked of its API.
 fn api_counters(socket: &Path) -> Option<StatsFile> {
-    match crate::api::request(socket, "GET", "/counters", None) {
+    match crate::sys::api_client::request(socket, "GET", "/counters", None) {
         Ok((200, v)) => serde_json::from_value(v).ok(),
         _ => None,
     }
@@ -330,7 +330,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
                         PartitionState::Stopping => "scrubbing after the guest stopped",
                         PartitionState::Releasing => "being released",
                     },
-                    crate::size::format(p.extent.len),
+                    crate::config::size::format(p.extent.len),
                     p.name
                 )
             });
@@ -378,7 +378,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
                 .filter(|c| !assigned.iter().any(|(a, _)| a == c))
                 .collect(),
             assigned,
-            isolation: crate::reserve::describe_isolation(&l.cores.isolation),
+            isolation: crate::host::reserve::describe_isolation(&l.cores.isolation),
         }),
         irqs_moved: l.irqs.len(),
         partitions,
@@ -387,7 +387,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::claim::check_name;
+    use crate::host::claim::check_name;
 
     #[test]
     fn names() {

@@ -1,7 +1,7 @@
 //! The CPU model: what the guest is told about its CPU beyond what the host supports.
 //!
 //! - `host`: the host's supported CPUID as it is (plus topology and idle bits, see
-//!   [`crate::cpuid`]). Right wherever guest ring 0 runs natively (VMX, SVM).
+//!   [`crate::cpu::cpuid`]). Right wherever guest ring 0 runs natively (VMX, SVM).
 //! - `nested-safe`: for hosts whose KVM runs guest ring 0 in its instruction emulator (the
 //!   nested `kvm_pvm` module). That emulator refuses a set of instructions a stock Linux
 //!   kernel executes in ring 0; the model hides the CPU features that make the kernel use

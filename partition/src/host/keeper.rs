@@ -1,6 +1,6 @@
 //! The keeper of a partition from the pool.
 //!
-//! A sandboxed launcher gives up root before its guest runs (`crate::sandbox`), but a
+//! A sandboxed launcher gives up root before its guest runs (`crate::sys::sandbox`), but a
 //! partition's claim must still be written to the root-owned ledger while it runs and given
 //! back — its extent zeroed first — when it ends. So, right after the claim is taken and
 //! before anything the guest can reach exists, the launcher forks a keeper. The keeper
@@ -24,8 +24,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
-use crate::claim::{ClaimError, ExtentClaim, Released, VcpuStats};
-use crate::ledger::PartitionLock;
+use crate::host::claim::{ClaimError, ExtentClaim, Released, VcpuStats};
+use crate::host::ledger::PartitionLock;
 
 /// Longest message line the keeper reads.
 const MAX_LINE: u64 = 1 << 20;
@@ -105,7 +105,7 @@ impl Keeper {
         // A filter compiled before the fork: the child allocates nothing it need not.
         let filter = match mode {
             KeeperMode::Confined => {
-                match crate::sandbox::filter(crate::sandbox::Role::Keeper, &[]) {
+                match crate::sys::seccomp::filter(crate::sys::seccomp::Role::Keeper, &[]) {
                     Ok(f) => Some(f),
                     Err(e) => {
                         return Err(Box::new((
@@ -282,9 +282,14 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) };
     close_others(&[2, rx.as_raw_fd(), tx.as_raw_fd(), claim.lock_fd()]);
     if let Some(f) = &filter {
-        let confined = crate::sandbox::drop_capabilities()
-            .and_then(|()| crate::sandbox::install_violation_handler())
-            .and_then(|()| crate::sandbox::apply(crate::sandbox::Role::Keeper, f));
+        let confined = crate::sys::sandbox::drop_capabilities()
+            .and_then(|()| Ok(crate::sys::seccomp::install_violation_handler()?))
+            .and_then(|()| {
+                Ok(crate::sys::seccomp::apply(
+                    crate::sys::seccomp::Role::Keeper,
+                    f,
+                )?)
+            });
         if let Err(e) = confined {
             eprintln!("partition: keeper: {e}; it carries on unconfined");
         }
@@ -328,7 +333,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
             eprintln!(
                 "partition: {name}: its launcher ended without stopping the guest cleanly; \
                  the keeper scrubbed its {} of memory in {:.1} ms and gave it and its cores back",
-                crate::size::format(rel.len),
+                crate::config::size::format(rel.len),
                 rel.scrub.as_secs_f64() * 1e3
             );
             0

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use devices::{Bus, VmEvent};
 use kvm_bindings::{KVM_SYSTEM_EVENT_CRASH, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
 
-use crate::assist;
+use crate::cpu::assist;
 
 /// A VM exit, in our own terms.
 #[derive(Debug)]
@@ -118,7 +118,7 @@ pub enum Action {
     Continue,
     /// Stop the partition.
     Stop(StopReason),
-    /// Try an instruction assist (see [`crate::assist`]) on these bytes at RIP.
+    /// Try an instruction assist (see [`crate::cpu::assist`]) on these bytes at RIP.
     Assist(heapless::Vec<u8, 15>),
     /// Complete a filtered MSR write.
     WriteMsr {

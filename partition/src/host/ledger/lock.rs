@@ -1,0 +1,221 @@
+//! Holding the ledger: the exclusive or shared `flock` on its lock file under which it is
+//! read and changed (written whole, fsynced, renamed into place), and a partition's own
+//! lock that says its launcher is alive.
+
+use super::{LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, VERSION};
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::sys::statedir::{StateDir, StateDirError};
+
+/// An exclusive (or shared) lock on a state directory's ledger.
+pub struct LedgerLock {
+    dir: StateDir,
+    _lock: File,
+}
+
+fn io<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(std::io::Error) -> LedgerError + 'a {
+    move |source| LedgerError::Io {
+        path: path.to_path_buf(),
+        what,
+        source,
+    }
+}
+
+impl LedgerLock {
+    /// Locks `dir`'s ledger, creating the directory if needed. Blocks until the lock is ours.
+    pub fn exclusive(dir: &Path) -> Result<Self, LedgerError> {
+        Self::lock(dir, libc::LOCK_EX)
+    }
+
+    /// A shared lock, for readers.
+    pub fn shared(dir: &Path) -> Result<Self, LedgerError> {
+        Self::lock(dir, libc::LOCK_SH)
+    }
+
+    /// A shared lock on an existing state directory: None if the directory does not exist
+    /// (a reader creates nothing: `status` of a directory nobody reserved in leaves none).
+    pub fn shared_existing(dir: &Path) -> Result<Option<Self>, LedgerError> {
+        Self::existing(dir, libc::LOCK_SH)
+    }
+
+    /// [`LedgerLock::exclusive`] on an existing state directory only (None if it does not
+    /// exist): what only uses a reservation (unreserve, a launch's claim) creates nothing.
+    pub fn exclusive_existing(dir: &Path) -> Result<Option<Self>, LedgerError> {
+        Self::existing(dir, libc::LOCK_EX)
+    }
+
+    fn existing(dir: &Path, how: i32) -> Result<Option<Self>, LedgerError> {
+        let d = match StateDir::open(dir, false) {
+            Ok(d) => d,
+            Err(StateDirError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let f = d.open_rw(LOCK)?;
+        flock(&f, how, false).map_err(io(&d.join(LOCK), "flock"))?;
+        Ok(Some(Self { dir: d, _lock: f }))
+    }
+
+    fn lock(dir: &Path, how: i32) -> Result<Self, LedgerError> {
+        let dir = StateDir::open(dir, true)?;
+        let f = dir.open_rw(LOCK)?;
+        flock(&f, how, false).map_err(io(&dir.join(LOCK), "flock"))?;
+        Ok(Self { dir, _lock: f })
+    }
+
+    /// The state directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The state directory, open.
+    pub fn state_dir(&self) -> &StateDir {
+        &self.dir
+    }
+
+    /// The ledger file's path.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(LEDGER)
+    }
+
+    /// Reads the ledger, if there is one: it must be root's, writable by nobody else, parse,
+    /// and describe a reservation `partition reserve` could have made here.
+    pub fn load(&self) -> Result<Option<Ledger>, LedgerError> {
+        let p = self.path();
+        let Some(f) = self.dir.read_file(LEDGER)? else {
+            return Ok(None);
+        };
+        let mut text = String::new();
+        f.take(MAX_LEDGER + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| match e.kind() {
+                // Not UTF-8: not a ledger reserve wrote (exit 2, as any corrupt one).
+                std::io::ErrorKind::InvalidData => LedgerError::Corrupt {
+                    path: p.clone(),
+                    reason: "not UTF-8 text".into(),
+                },
+                _ => io(&p, "read")(e),
+            })?;
+        if text.len() as u64 > MAX_LEDGER {
+            return Err(LedgerError::Corrupt {
+                path: p,
+                reason: format!("larger than {MAX_LEDGER} bytes"),
+            });
+        }
+        let l: Ledger = serde_json::from_str(&text).map_err(|e| LedgerError::Corrupt {
+            path: p.clone(),
+            reason: e.to_string(),
+        })?;
+        if l.version != VERSION {
+            return Err(LedgerError::Corrupt {
+                path: p,
+                reason: format!("version {} (this build writes {VERSION})", l.version),
+            });
+        }
+        l.check()
+            .and_then(|()| l.check_paths(self.dir()))
+            .map_err(|reason| LedgerError::Corrupt { path: p, reason })?;
+        Ok(Some(l))
+    }
+
+    /// Replaces the ledger atomically.
+    pub fn store(&self, l: &Ledger) -> Result<(), LedgerError> {
+        let mut text = serde_json::to_string_pretty(l).map_err(|e| LedgerError::Corrupt {
+            path: self.path(),
+            reason: e.to_string(),
+        })?;
+        text.push('\n');
+        self.dir.replace(LEDGER, text.as_bytes())?;
+        Ok(())
+    }
+
+    /// Removes the ledger.
+    pub fn remove(&self) -> Result<(), LedgerError> {
+        self.dir.remove(LEDGER)?;
+        Ok(())
+    }
+
+    fn locks(&self, create: bool) -> Result<Option<StateDir>, LedgerError> {
+        Ok(self.dir.subdir(LOCKS, create)?)
+    }
+
+    /// Takes partition `name`'s liveness lock: held by its launcher (and the launcher's
+    /// keeper, which shares it) for as long as either lives. Refused if someone holds it.
+    pub fn lock_partition(&self, name: &str) -> Result<PartitionLock, LedgerError> {
+        let dir = self.locks(true)?.ok_or_else(|| LedgerError::Io {
+            path: self.dir.join(LOCKS),
+            what: "mkdir",
+            source: std::io::Error::from_raw_os_error(libc::ENOENT),
+        })?;
+        let f = dir.open_rw(name)?;
+        flock(&f, libc::LOCK_EX, true).map_err(io(&dir.join(name), "flock"))?;
+        Ok(PartitionLock(f))
+    }
+
+    /// Whether partition `name`'s launcher (or its keeper) is alive: whether its lock is
+    /// held. A process that has exited, a zombie included, holds no lock; a recycled pid
+    /// does not matter.
+    pub fn partition_alive(&self, name: &str) -> bool {
+        let Ok(Some(dir)) = self.locks(false) else {
+            return false;
+        };
+        let Ok(Some(f)) = dir.read_file(name) else {
+            return false;
+        };
+        match flock(&f, libc::LOCK_SH, true) {
+            Ok(()) => {
+                let _ = flock(&f, libc::LOCK_UN, true);
+                false
+            }
+            Err(e) => e.raw_os_error() == Some(libc::EWOULDBLOCK),
+        }
+    }
+
+    /// Removes partition `name`'s lock file (once nobody holds it).
+    pub fn remove_partition_lock(&self, name: &str) {
+        if let Ok(Some(dir)) = self.locks(false) {
+            let _ = dir.remove(name);
+        }
+    }
+
+    /// Removes the locks directory (unreserve), if empty.
+    pub fn remove_locks_dir(&self) {
+        let _ = self.dir.remove_dir(LOCKS);
+    }
+}
+
+/// A partition's liveness lock (see [`LedgerLock::lock_partition`]); released when every
+/// process sharing it has closed it.
+#[derive(Debug)]
+pub struct PartitionLock(File);
+
+impl PartitionLock {
+    /// Its descriptor (a forked keeper keeps it open).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+fn flock(f: &File, how: i32, nonblocking: bool) -> std::io::Result<()> {
+    let how = if nonblocking {
+        how | libc::LOCK_NB
+    } else {
+        how
+    };
+    loop {
+        // SAFETY: flock on a file we hold open.
+        if unsafe { libc::flock(f.as_raw_fd(), how) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

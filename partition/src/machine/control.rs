@@ -1,0 +1,97 @@
+//! Controlling a running partition from outside its vCPUs: the stop and pause state shared
+//! by the launcher, the vCPU threads and the local API, and starting the API thread.
+
+use super::check::{Checked, LaunchError};
+use super::config::MemorySource;
+use super::outcome::MemoryReport;
+use std::sync::Arc;
+use std::time::Instant;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::kvm::vcpu::VcpuHandle;
+use crate::kvm::vcpu::{self as kvm_vcpu};
+use crate::sys::sandbox::Sandbox;
+use crate::sys::seccomp::Role;
+
+/// How the launcher's wait is told to end, and what the vCPUs' pause state is.
+pub(super) struct Control {
+    /// Written by the API to ask for a clean stop.
+    pub(super) stop: Arc<EventFd>,
+    /// Set once teardown starts.
+    pub(super) stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Shared with every vCPU thread.
+    pub(super) pause: Arc<kvm_vcpu::PauseControl>,
+}
+
+impl Control {
+    pub(super) fn new() -> Result<Self, LaunchError> {
+        Ok(Self {
+            stop: Arc::new(
+                EventFd::new(libc::EFD_NONBLOCK).map_err(|source| LaunchError::Os {
+                    what: "eventfd",
+                    source,
+                })?,
+            ),
+            stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            pause: Arc::new(kvm_vcpu::PauseControl::default()),
+        })
+    }
+}
+
+/// Starts the API thread on `sock`, serving this launch.
+pub(super) fn start_api(
+    sock: crate::machine::api::ApiSocket,
+    checked: &Checked,
+    handles: &[VcpuHandle],
+    cpuid_back: Option<&kvm_bindings::CpuId>,
+    memory: &MemoryReport,
+    control: &Control,
+    filter: Option<Arc<seccompiler::BpfProgram>>,
+) -> Result<crate::machine::api::ApiServer, LaunchError> {
+    let description = serde_json::json!({
+        "pid": std::process::id(),
+        "name": match &checked.cfg.source {
+            MemorySource::Pool(p) => Some(p.name.clone()),
+            _ => None,
+        },
+        "cores": checked.cores,
+        "cores_exclusive_by": checked.cores_from,
+        "memory": memory,
+        "kernel": checked.kernel_name,
+        "cmdline": checked.cmdline,
+        "idle_policy": checked.idle.policy.name(),
+        "cpu_model": checked.cpu_model.name,
+        "sandbox": match &checked.sandbox {
+            Sandbox::On(who) => serde_json::to_value(who).unwrap_or_default(),
+            Sandbox::Off => serde_json::Value::Null,
+        },
+    });
+    let state = crate::machine::api::ApiState {
+        description,
+        vcpus: handles
+            .iter()
+            .map(|h| crate::machine::api::ApiVcpu {
+                index: h.index,
+                core: h.core,
+                counters: h.counters.clone(),
+                kicker: h.kicker.clone(),
+                stats: h.stats.clone(),
+            })
+            .collect(),
+        idle: checked.idle.clone(),
+        cpuid_back: cpuid_back.map(|c| c.as_slice().to_vec()),
+        pause: control.pause.clone(),
+        stop: control.stop.clone(),
+        stopping: control.stopping.clone(),
+        started: Instant::now(),
+    };
+    crate::machine::api::ApiServer::start(sock, state, move || match &filter {
+        Some(f) => crate::sys::seccomp::apply(Role::Api, f).map_err(|e| e.to_string()),
+        None => Ok(()),
+    })
+    .map_err(|source| LaunchError::Os {
+        what: "starting the API thread",
+        source,
+    })
+}

@@ -1,0 +1,340 @@
+//! Launching a partition: one straight pipeline, [`launch`], read top to bottom.
+//!
+//! 1. [`check`]: every piece of user input is validated (cores, memory size, kernel, initrd,
+//!    command line, console, partition name) before anything is allocated or KVM is
+//!    touched.
+//! 2. [`acquire`]: guest memory, [`Acquired`]: anonymous memory, or a pool extent whose
+//!    claim ([`crate::host::claim::ExtentClaim`]) scrubs and frees it when it ends.
+//! 3. [`run`]: create the VM, write the boot structures, attach the devices, start one
+//!    pinned thread per vCPU, wait for the guest, a fault or a signal, tear down, report.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use boot::{BootConfig, BootInfo};
+use devices::power::ACPI_PM_BASE;
+use pool::RamSource;
+
+use super::check::{Checked, LaunchError, check};
+use super::config::{LaunchConfig, MemorySource};
+use super::confine::confine;
+use super::control::{Control, start_api};
+use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
+use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
+use super::vcpus::{create_vcpus, reports, run_vcpus};
+use crate::cpu::readback::Readback;
+use crate::host::claim::{ClaimRequest, ExtentClaim};
+use crate::host::isolation::GuestsCpuset;
+use crate::host::keeper::{Keeper, KeeperMode};
+use crate::kvm::Vm;
+use crate::memory::GuestMemory;
+use crate::sys::sandbox::Sandbox;
+use crate::sys::signals::SignalGuard;
+
+/// A launch's guest memory, and what must happen to it afterwards.
+pub enum Acquired {
+    /// Memory no claim holds (anonymous, or a pod's volume file), gone with the mapping.
+    Unclaimed(RamSource),
+    /// A pool extent: the claim scrubs and frees it when it ends.
+    Extent {
+        /// The claim in the ledger (boxed: it holds the ledger as loaded).
+        claim: Box<ExtentClaim>,
+        /// The extent of the pool file, to be mapped as the guest's RAM.
+        ram: RamSource,
+    },
+}
+
+/// Takes the memory a checked launch asks for.
+pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
+    let cfg = &checked.cfg;
+    match &cfg.source {
+        MemorySource::Anonymous(backing) => Ok(Acquired::Unclaimed(RamSource::Anonymous(*backing))),
+        MemorySource::Volume(dir) => Ok(Acquired::Unclaimed(RamSource::Extent(
+            crate::host::pod::volume_memory(dir, checked.memory())?,
+        ))),
+        MemorySource::Pool(req) => {
+            let claim = ExtentClaim::take(&ClaimRequest {
+                state_dir: &cfg.state_dir,
+                name: &req.name,
+                offset: req.offset,
+                size: checked.memory(),
+                cores: &checked.cores,
+                idle: checked.idle.policy.name(),
+                kernel: &checked.kernel_name,
+                api_socket: cfg.api_socket.as_deref(),
+            })?;
+            match claim.extent_file() {
+                Ok(ram) => Ok(Acquired::Extent {
+                    claim: Box::new(claim),
+                    ram: RamSource::Extent(ram),
+                }),
+                Err(e) => {
+                    // Nothing touched the extent: it is still clean.
+                    claim.forget_unused();
+                    Err(e.into())
+                }
+            }
+        }
+    }
+}
+
+/// Passes progress on, and tells the partition's keeper (which records it in the ledger).
+pub(super) struct KeeperObserver<'a> {
+    pub(super) inner: &'a dyn Observer,
+    pub(super) keeper: &'a std::cell::RefCell<Keeper>,
+}
+
+impl Observer for KeeperObserver<'_> {
+    fn booting(&self, c: &Checked, b: &BootInfo, m: &str) {
+        self.inner.booting(c, b, m);
+    }
+    fn running(&self) {
+        self.keeper.borrow_mut().running();
+        crate::host::claim::crash_point("running");
+        self.inner.running();
+    }
+    fn tick(&self, vcpus: &[VcpuReport]) {
+        let stats: Vec<_> = vcpus
+            .iter()
+            .map(|v| crate::host::claim::VcpuStats {
+                vcpu: v.index,
+                core: v.core,
+                exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+                kvm: v.kvm.clone(),
+            })
+            .collect();
+        self.keeper.borrow_mut().record(&stats);
+        self.inner.tick(vcpus);
+    }
+}
+
+/// Runs a checked launch to its end on `ram`. `started` is when the caller began getting
+/// the memory (so memory setup counts towards the timings); `cpuset` is where vCPU threads
+/// go before they pin. The steps, in order: memory, VM, boot structures, devices, vCPUs,
+/// confinement, run and wait, stop, report.
+pub fn run(
+    mut checked: Checked,
+    ram: RamSource,
+    started: Instant,
+    cpuset: Option<GuestsCpuset>,
+    observer: &dyn Observer,
+) -> Result<LaunchReport, LaunchError> {
+    let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
+    let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
+    // Mapped, the pool file is let go: the VMM keeps its own extent's mapping and no
+    // descriptor through which another partition's extent could be mapped.
+    ram.release_file().map_err(|e| LaunchError::Os {
+        what: "letting the pool file go after mapping its extent",
+        source: e,
+    })?;
+    drop(ram);
+    let t_mem = Instant::now();
+    crate::sys::timeline::mark_at("memory", t_mem);
+    let vm = Arc::new(build_vm(&checked, &memory)?);
+    let t_vm = Instant::now();
+    crate::sys::timeline::mark_at("vm", t_vm);
+    let boot = write_boot(&checked, &memory)?;
+    let t_boot = Instant::now();
+    crate::sys::timeline::mark_at("boot", t_boot);
+    let devices = attach_devices(&mut checked, &vm, &memory)?;
+    crate::sys::timeline::mark("devices");
+    let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, cpuset)?;
+    let t_vcpus = Instant::now();
+    crate::sys::timeline::mark_at("vcpus", t_vcpus);
+    observer.booting(&checked, &boot, &memory.describe());
+
+    // Stop signals wait on a signalfd until teardown is over.
+    let signals = SignalGuard::new().map_err(|source| LaunchError::Os {
+        what: "blocking SIGINT/SIGTERM",
+        source,
+    })?;
+    // The API socket is bound while root, for the sandbox's user.
+    let api_socket = match &checked.cfg.api_socket {
+        Some(p) => Some(crate::machine::api::ApiSocket::bind(
+            p,
+            match &checked.sandbox {
+                Sandbox::On(who) => Some((who.uid, who.gid)),
+                Sandbox::Off => None,
+            },
+        )?),
+        None => None,
+    };
+    // Everything that needs root exists: give it up, then start the threads, each under
+    // its own filter.
+    let filters = confine(
+        &checked.sandbox,
+        devices.engine.is_some() || devices.vfio.is_some(),
+        devices.vfio.is_some(),
+    )?;
+    let control = Control::new()?;
+    for t in &mut vcpus.threads {
+        t.policy.filter = filters.as_ref().map(|f| f.vcpu.clone());
+        t.ctx.pause = control.pause.clone();
+    }
+    start_devices(&devices, filters.as_ref())?;
+    let api = match api_socket {
+        Some(sock) => Some(start_api(
+            sock,
+            &checked,
+            &vcpus.handles,
+            vcpus.cpuid_back.as_ref(),
+            &memory_report,
+            &control,
+            filters.as_ref().map(|f| f.api.clone()),
+        )?),
+        None => None,
+    };
+    crate::sys::timeline::mark("confine");
+    let ran = run_vcpus(
+        vcpus.threads,
+        &vcpus.handles,
+        &signals,
+        observer,
+        filters.as_ref().map(|f| &f.main),
+        &control,
+    );
+    if let Some(a) = api {
+        a.stop();
+    }
+    let (ending, ran_for) = ran?;
+    // Workers write into guest memory: stop them before it goes away.
+    let disks = devices.shut_down();
+    drop(signals);
+
+    let first_output = devices.first_byte.get().map(|t| t.duration_since(started));
+    let timeline = devices
+        .first_byte
+        .get()
+        .and_then(|t| crate::sys::timeline::phases(*t));
+    let vcpu_reports = reports(&vcpus.handles);
+    let idle_readback = Readback::new(
+        &checked.idle,
+        vcpus.cpuid_back.as_ref().map(|c| c.as_slice()),
+        crate::cpu::cpuid::host_leaf5().is_some(),
+        vcpu_reports.iter().map(|v| (v.index, &v.kvm)),
+    );
+    let cpu_model_shown_anyway = vcpus
+        .cpuid_back
+        .as_ref()
+        .map(|c| checked.cpu_model.shown_anyway(c.as_slice()))
+        .unwrap_or_default();
+    Ok(LaunchReport {
+        idle: checked.idle.clone(),
+        idle_readback,
+        cpu_model: checked.cpu_model.clone(),
+        cpu_model_shown_anyway,
+        ending,
+        boot,
+        cmdline: checked.cmdline.clone(),
+        memory: memory_report,
+        ran_for,
+        vcpus: vcpu_reports,
+        timings: Timings {
+            memory: t_mem.duration_since(started),
+            vm: t_vm.duration_since(t_mem),
+            boot: t_boot.duration_since(t_vm),
+            vcpus: t_vcpus.duration_since(t_boot),
+            first_output,
+            wall_to_first_byte_ms: timeline.as_ref().map(|t| t.1),
+            phases: timeline.map(|t| t.0).unwrap_or_default(),
+        },
+        pool: None,
+        disks,
+        engine: devices
+            .engine
+            .as_ref()
+            .map(|e| e.report(devices.worker_core)),
+        passthrough: devices.vfio.as_ref().map(|v| v.final_report()),
+        guest_fault_lines: devices
+            .guest_faults
+            .load(std::sync::atomic::Ordering::Relaxed),
+        sandbox: match &checked.sandbox {
+            Sandbox::On(who) => Some(who.clone()),
+            Sandbox::Off => None,
+        },
+    })
+}
+
+/// The VM, with the idle plan's and the CPU model's settings and the guest's memory slots.
+pub(super) fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, LaunchError> {
+    let mut vm = Vm::new()?;
+    vm.apply_idle(&checked.idle)?;
+    vm.report_emulation_failures()?;
+    if checked.cpu_model.syscall_repair {
+        vm.trap_lstar_writes()?;
+    }
+    vm.map_memory(memory)?;
+    Ok(vm)
+}
+
+/// Kernel, initrd, command line and the boot structures, in guest memory.
+pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, LaunchError> {
+    Ok(boot::setup(
+        memory.mem(),
+        &checked.layout,
+        &BootConfig {
+            kernel: &checked.kernel,
+            initrd: checked.initrd.as_deref(),
+            cmdline: &checked.cmdline,
+            cpus: checked.cores.len(),
+            protocol: checked.cfg.protocol,
+            virtio_mmio: &crate::machine::disks::windows(checked.disks.len()),
+            isa: &LEGACY_DEVICES,
+            sleep_port: ACPI_PM_BASE as u16,
+            pci: crate::machine::pci::host_bridge(&checked.cfg.devices),
+        },
+    )?)
+}
+
+/// The whole launch: check, acquire memory, run, give the memory back.
+pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
+    crate::sys::timeline::mark("args");
+    let checked = check(cfg)?;
+    crate::sys::timeline::mark("check");
+    let started = Instant::now();
+    let acquired = acquire(&checked)?;
+    crate::sys::timeline::mark("acquire");
+    match acquired {
+        Acquired::Unclaimed(ram) => run(checked, ram, started, None, observer),
+        Acquired::Extent { claim, ram } => {
+            // Opened as root (the vCPU threads join it after the launcher gave root up).
+            let cpuset = GuestsCpuset::open(&claim.isolation())?;
+            // The keeper takes the claim over: it records the partition while it runs and
+            // gives it back, scrubbed, however the launcher ends.
+            let mode = match checked.sandbox {
+                Sandbox::On(_) => KeeperMode::Confined,
+                Sandbox::Off => KeeperMode::Unconfined,
+            };
+            let keeper = Keeper::spawn(*claim, mode).map_err(|b| {
+                // The claim (scrubbed and freed as it drops) stays with us.
+                let (e, claim) = *b;
+                drop(claim);
+                e
+            })?;
+            crate::sys::timeline::mark("keeper");
+            let keeper = std::cell::RefCell::new(keeper);
+            let result = {
+                let obs = KeeperObserver {
+                    inner: observer,
+                    keeper: &keeper,
+                };
+                run(checked, ram, started, cpuset, &obs)
+            };
+            // The guest is gone (or never ran): the keeper scrubs, then frees the cores
+            // and the extent.
+            let released = keeper.into_inner().finish();
+            let mut report = result?;
+            let r = released?;
+            report.pool = Some(PoolOutcome {
+                name: r.name,
+                offset: r.offset,
+                len: r.len,
+                scrub: r.scrub,
+            });
+            Ok(report)
+        }
+    }
+}
+
+// The FADT names the RTC's century register; the RTC device must keep it there.
+const _: () = assert!(boot::acpi::RTC_CENTURY_REG == devices::rtc::CENTURY_REG);

@@ -1,0 +1,474 @@
+//! Confinement of a running VMM (docs/security.md).
+//!
+//! Everything that needs root happens first: opening /dev/kvm, the disks, the console and
+//! the pool, mapping guest memory, creating the VM, its devices and vCPUs, opening the
+//! reserved cores' cpuset. Then, while the launcher is still one thread, [`drop_privileges`]
+//! makes it an unprivileged identity of its own (by default one no other running VMM has:
+//! [`launch_identity`]) with no capabilities and
+//! `no_new_privs`; then every thread installs the seccomp filter of its [`Role`] before it
+//! touches anything the guest controls: the vCPU threads before their first `KVM_RUN`, the
+//! block queue workers before they serve a queue, the launcher's main thread once it has
+//! started them. A system call outside a thread's list raises SIGSYS; the handler names the
+//! thread and the call on stderr and ends the process with [`EXIT_SECCOMP`].
+//!
+//! The lists are what each thread was seen to call on this VMM's paths (docs/security.md
+//! says how they were found), ioctls by number where the thread uses KVM.
+
+/// The first uid (and gid) of the per-launch range: a VMM runs as `LAUNCH_ID_BASE + its
+/// pid`. Far above system users, systemd's dynamic users and the usual subordinate id
+/// ranges; `pid_max` is at most 2^22, so the range ends below 3,004,194,304.
+pub const LAUNCH_ID_BASE: u32 = 3_000_000_000;
+/// Errors setting up the sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// 4294967295, which is `(uid_t)-1`: "no change" to the kernel, nobody to run as.
+    #[error("{0} 4294967295 is (uid_t)-1, which names nobody: give a real user or group")]
+    InvalidId(&'static str),
+    /// The user to run as does not exist.
+    #[error(
+        "--uid {0:?}: no such user (without --uid the VMM runs as an identity of its own, \
+         which needs no user)"
+    )]
+    NoSuchUser(String),
+    /// The group does not exist.
+    #[error("--gid {0:?}: no such group")]
+    NoSuchGroup(String),
+    /// The user asked to run as root.
+    #[error("--uid {0}: the VMM does not run as root (--no-sandbox keeps root, for debugging)")]
+    Root(String),
+    /// An unprivileged launcher was asked to become someone else.
+    #[error("--uid/--gid: only root can run the VMM as another user (this is uid {0})")]
+    NotRoot(u32),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Os {
+        /// What failed.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A filter could not be built or installed.
+    #[error("seccomp filter for {role}: {why}")]
+    Filter {
+        /// The thread kind.
+        role: &'static str,
+        /// Why.
+        why: String,
+    },
+    /// The drop did not take.
+    #[error("after dropping privileges: {0}")]
+    StillPrivileged(String),
+}
+
+impl From<crate::sys::seccomp::SeccompError> for SandboxError {
+    fn from(e: crate::sys::seccomp::SeccompError) -> Self {
+        Self::Filter {
+            role: e.role,
+            why: e.why,
+        }
+    }
+}
+
+impl SandboxError {
+    /// Whether the user's input is at fault (the CLI exits with status 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            Self::NoSuchUser(_)
+                | Self::NoSuchGroup(_)
+                | Self::Root(_)
+                | Self::NotRoot(_)
+                | Self::InvalidId(_)
+        )
+    }
+}
+
+fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
+    move |source| SandboxError::Os { what, source }
+}
+
+/// Who the VMM becomes after setup.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Identity {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+    /// The user's name, for messages.
+    pub user: String,
+}
+
+/// Whether, and as whom, the VMM is confined.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sandbox {
+    /// `--no-sandbox`: root, every capability, no filters (debugging).
+    Off,
+    /// Confined.
+    On(Identity),
+}
+
+fn lookup_user(name: &str) -> Option<(u32, u32, String)> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwnam_r writes into `pw` and `buf` (its length given) and sets `out` to
+    // `&pw` or null; nothing is kept beyond this call but the copied fields.
+    let r = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    (r == 0 && !out.is_null()).then(|| (pw.pw_uid, pw.pw_gid, name.to_string()))
+}
+
+fn lookup_uid(uid: u32) -> Option<(u32, u32, String)> {
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: as in lookup_user; pw_name points into `buf`, read before it goes.
+    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if r != 0 || out.is_null() {
+        return None;
+    }
+    // SAFETY: pw_name is a NUL-terminated string in `buf`, which is alive.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }
+        .to_string_lossy()
+        .into_owned();
+    Some((pw.pw_uid, pw.pw_gid, name))
+}
+
+fn lookup_group(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut gr: libc::group = {
+        // SAFETY: `group` is plain data (integers and pointers); all-zero is a valid value
+        // that getgrnam_r overwrites.
+        unsafe { std::mem::zeroed() }
+    };
+    let mut buf = vec![0 as libc::c_char; 64 * 1024];
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: as for getpwnam_r.
+    let r = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
+    (r == 0 && !out.is_null()).then_some(gr.gr_gid)
+}
+
+fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: `passwd` is plain data (integers and pointers); all-zero is a valid value that
+    // the lookup overwrites.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The identity a VMM runs as when `--uid` names none: uid and gid `LAUNCH_ID_BASE + pid`,
+/// which no other running process (so no other partition's VMM) has, with no passwd entry.
+/// One VMM taken over by its guest then shares nothing with another: not its processes,
+/// not its files, not its API socket.
+pub fn launch_identity() -> Identity {
+    let n = LAUNCH_ID_BASE + std::process::id();
+    Identity {
+        uid: n,
+        gid: n,
+        user: format!("partition-{}", std::process::id()),
+    }
+}
+
+/// The identity for `--uid` (a name or number; default [`launch_identity`]) and `--gid` (a
+/// name or number; default the user's group).
+pub fn resolve(uid: Option<&str>, gid: Option<&str>) -> Result<Identity, SandboxError> {
+    let Some(spec) = uid else {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if me != 0 {
+            return Err(SandboxError::NotRoot(me));
+        }
+        let mut who = launch_identity();
+        if let Some(g) = gid {
+            who.gid = match g.parse::<u32>() {
+                Ok(u32::MAX) => return Err(SandboxError::InvalidId("--gid")),
+                Ok(n) => n,
+                Err(_) => {
+                    lookup_group(g).ok_or_else(|| SandboxError::NoSuchGroup(g.to_string()))?
+                }
+            };
+            if who.gid == 0 {
+                return Err(SandboxError::Root(format!("{} (group 0)", who.user)));
+            }
+        }
+        return Ok(who);
+    };
+    let (uid_n, user_gid, user) = match spec.parse::<u32>() {
+        // (uid_t)-1 is "no change" to setresuid, never an id to run as.
+        Ok(u32::MAX) => return Err(SandboxError::InvalidId("--uid")),
+        Ok(n) => lookup_uid(n).unwrap_or((n, n, format!("uid {n}"))),
+        Err(_) => lookup_user(spec).ok_or_else(|| SandboxError::NoSuchUser(spec.to_string()))?,
+    };
+    if uid_n == 0 {
+        return Err(SandboxError::Root(spec.to_string()));
+    }
+    let gid_n = match gid {
+        None => user_gid,
+        Some(g) => match g.parse::<u32>() {
+            Ok(u32::MAX) => return Err(SandboxError::InvalidId("--gid")),
+            Ok(n) => n,
+            Err(_) => lookup_group(g).ok_or_else(|| SandboxError::NoSuchGroup(g.to_string()))?,
+        },
+    };
+    if gid_n == 0 {
+        return Err(SandboxError::Root(format!("{spec} (group 0)")));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me != 0 && me != uid_n {
+        return Err(SandboxError::NotRoot(me));
+    }
+    Ok(Identity {
+        uid: uid_n,
+        gid: gid_n,
+        user,
+    })
+}
+
+/// Makes the calling process `who`: supplementary groups dropped, real, effective and saved
+/// ids changed (which empties the capability sets), `no_new_privs` set, no core dumps.
+/// Call while the process has one thread. Checked afterwards: an error if anything stayed.
+pub fn drop_privileges(who: &Identity) -> Result<(), SandboxError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let groups = [who.gid];
+        // SAFETY: one gid from a local array.
+        if unsafe { libc::setgroups(1, groups.as_ptr()) } != 0 {
+            return Err(os("setgroups")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: plain id changes of the calling process.
+        if unsafe { libc::setresgid(who.gid, who.gid, who.gid) } != 0 {
+            return Err(os("setresgid")(std::io::Error::last_os_error()));
+        }
+        // SAFETY: as above; leaving uid 0 for good clears the capability sets.
+        if unsafe { libc::setresuid(who.uid, who.uid, who.uid) } != 0 {
+            return Err(os("setresuid")(std::io::Error::last_os_error()));
+        }
+    }
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(os("PR_SET_NO_NEW_PRIVS")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: as above.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let (r, e, s) = resuid();
+    if [r, e, s] != [who.uid; 3] {
+        return Err(SandboxError::StillPrivileged(format!(
+            "uids are {r}/{e}/{s}, not {}",
+            who.uid
+        )));
+    }
+    let caps = capabilities().map_err(os("capget"))?;
+    if caps != (0, 0) {
+        return Err(SandboxError::StillPrivileged(format!(
+            "capabilities effective {:#x} permitted {:#x}",
+            caps.0, caps.1
+        )));
+    }
+    Ok(())
+}
+
+fn resuid() -> (u32, u32, u32) {
+    let (mut r, mut e, mut s) = (0, 0, 0);
+    // SAFETY: three out-pointers to locals.
+    unsafe { libc::getresuid(&mut r, &mut e, &mut s) };
+    (r, e, s)
+}
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_V3: u32 = 0x2008_0522;
+
+/// The calling thread's (effective, permitted) capability sets.
+pub fn capabilities() -> std::io::Result<(u64, u64)> {
+    let mut h = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut d = [CapData::default(); 2];
+    // SAFETY: capget with a version-3 header and room for its two data words.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| (hi as u64) << 32 | lo as u64;
+    Ok((
+        join(d[0].effective, d[1].effective),
+        join(d[0].permitted, d[1].permitted),
+    ))
+}
+
+/// Empties the calling process's capability sets while keeping its uid (the keeper stays
+/// uid 0 so it can write the root-owned ledger and pool, with no capability beyond a file
+/// owner's), and locks root's special treatment away (`SECBIT_NOROOT`).
+pub fn drop_capabilities() -> Result<(), SandboxError> {
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    // SAFETY: prctl with integer arguments (needs CAP_SETPCAP, which root still has).
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_SECUREBITS,
+            SECBIT_NOROOT | SECBIT_NOROOT_LOCKED,
+            0,
+            0,
+            0,
+        )
+    };
+    let mut h = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let d = [CapData::default(); 2];
+    // SAFETY: capset with a version-3 header and two zeroed data words.
+    if unsafe { libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()) } != 0 {
+        return Err(os("capset")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(os("PR_SET_NO_NEW_PRIVS")(std::io::Error::last_os_error()));
+    }
+    match capabilities().map_err(os("capget"))? {
+        (0, 0) => Ok(()),
+        (e, p) => Err(SandboxError::StillPrivileged(format!(
+            "capabilities effective {e:#x} permitted {p:#x}"
+        ))),
+    }
+}
+
+/// One thread's view of its own confinement, from /proc/self/task/TID/status.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ThreadConfinement {
+    /// Thread name.
+    pub name: String,
+    /// Real, effective, saved, filesystem uid.
+    pub uid: [u32; 4],
+    /// Effective capabilities (hex as the kernel prints it, parsed).
+    pub cap_eff: u64,
+    /// `NoNewPrivs`.
+    pub no_new_privs: bool,
+    /// `Seccomp`: 0 off, 1 strict, 2 filter.
+    pub seccomp: u32,
+}
+
+/// Parses one /proc/.../status text.
+pub fn parse_status(text: &str) -> Option<ThreadConfinement> {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':').map(str::trim))
+    };
+    let mut uid = [0u32; 4];
+    let ids: Vec<u32> = field("Uid")?
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    if ids.len() != 4 {
+        return None;
+    }
+    uid.copy_from_slice(&ids);
+    Some(ThreadConfinement {
+        name: field("Name")?.to_string(),
+        uid,
+        cap_eff: u64::from_str_radix(field("CapEff")?, 16).ok()?,
+        no_new_privs: field("NoNewPrivs")? == "1",
+        seccomp: field("Seccomp")?.parse().ok()?,
+    })
+}
+
+/// Every thread of process `pid`, as its status says.
+pub fn threads_of(pid: u32) -> Vec<ThreadConfinement> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| parse_status(&s))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_parse() {
+        let text = "Name:\tvcpu0\nUmask:\t0022\nUid:\t999\t999\t999\t999\nGid:\t998\t998\t998\t998\n\
+                    CapEff:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\n";
+        let t = parse_status(text).unwrap();
+        assert_eq!(t.name, "vcpu0");
+        assert_eq!(t.uid, [999; 4]);
+        assert_eq!((t.cap_eff, t.no_new_privs, t.seccomp), (0, true, 2));
+        assert_eq!(parse_status("Name:\tx\n"), None);
+        // This test process: not confined.
+        let me = threads_of(std::process::id());
+        assert!(!me.is_empty());
+    }
+
+    #[test]
+    fn users_resolve_or_are_refused_clearly() {
+        // No --uid: this launch's own identity, as root; refused otherwise.
+        match resolve(None, None) {
+            Ok(who) => {
+                assert_eq!(who.uid, LAUNCH_ID_BASE + std::process::id());
+                assert_eq!(
+                    (who.gid, who.user),
+                    (who.uid, format!("partition-{}", std::process::id()))
+                );
+                assert!(matches!(
+                    resolve(None, Some("0")),
+                    Err(SandboxError::Root(_))
+                ));
+            }
+            Err(SandboxError::NotRoot(_)) => assert!(unsafe_not_root()),
+            Err(e) => panic!("{e}"),
+        }
+        assert!(matches!(
+            resolve(Some("no-such-user-xyz"), None),
+            Err(SandboxError::NoSuchUser(_))
+        ));
+        assert!(matches!(
+            resolve(Some("0"), None),
+            Err(SandboxError::Root(_))
+        ));
+        assert!(matches!(
+            resolve(Some("root"), None),
+            Err(SandboxError::Root(_))
+        ));
+        assert!(matches!(
+            resolve(Some("4294967295"), None),
+            Err(SandboxError::InvalidId("--uid"))
+        ));
+        assert!(matches!(
+            resolve(Some("65534"), Some("4294967295")),
+            Err(SandboxError::InvalidId("--gid"))
+        ));
+        assert!(matches!(
+            resolve(Some("65534"), Some("no-such-group-xyz")),
+            Err(SandboxError::NoSuchGroup(_))
+        ));
+        assert!(matches!(
+            resolve(Some("65534"), Some("0")),
+            Err(SandboxError::Root(_))
+        ));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let who = resolve(Some("65534"), None).unwrap();
+            assert_eq!((who.uid, who.gid), (65534, 65534));
+        }
+        assert!(resolve(Some("nobody"), None).is_ok() || unsafe_not_root());
+    }
+
+    fn unsafe_not_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() != 0 }
+    }
+}
