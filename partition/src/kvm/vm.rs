@@ -22,9 +22,6 @@ pub const MSR_STAR: u32 = 0xc000_0081;
 
 /// GSIs the in-kernel IOAPIC has (its pins); MSI routes take GSIs from here up.
 pub const IOAPIC_PINS: u32 = 24;
-/// First memory slot for device memory (a BAR backed by host memory); RAM takes the
-/// slots below.
-pub const DEVICE_SLOT_BASE: u32 = 16;
 
 /// One entry of the GSI routing table, in our words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,16 +276,16 @@ impl Vm {
             .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
     }
 
-    /// Registers every RAM range of `mem` as a memory slot.
-    pub fn map_memory(&mut self, mem: &GuestMemory) -> Result<(), VmError> {
+    /// Registers every RAM range of `mem` as a memory slot, from `first_slot` on.
+    pub fn map_memory(&mut self, mem: &GuestMemory, first_slot: u32) -> Result<(), VmError> {
         // Kept before the first slot exists, so even a half-mapped VM cannot outlive it.
         self.memory = Some(mem.mem().clone());
-        for (slot, r) in mem.layout().ram_ranges().iter().enumerate() {
+        for (slot, r) in (first_slot..).zip(mem.layout().ram_ranges().iter()) {
             let userspace_addr = mem.host_addr(r).ok_or(VmError::NoHostMapping {
                 guest_addr: r.guest_addr,
             })?;
             let region = kvm_userspace_memory_region {
-                slot: slot as u32,
+                slot,
                 flags: 0,
                 guest_phys_addr: r.guest_addr,
                 memory_size: r.len,
@@ -362,7 +359,8 @@ impl Vm {
     }
 
     /// Maps `len` bytes of host memory at `host_addr` into the guest at `guest_addr` as
-    /// memory slot `DEVICE_SLOT_BASE + index`: guest loads and stores there never exit.
+    /// KVM memory slot `slot` (`crate::machine::resources` hands them out): guest loads and
+    /// stores there never exit.
     /// `len` 0 takes the slot away.
     ///
     /// # Safety
@@ -371,13 +369,13 @@ impl Vm {
     /// (whichever ends first); the caller keeps its owner alive that long.
     pub unsafe fn map_device_memory(
         &self,
-        index: u32,
+        slot: u32,
         guest_addr: u64,
         host_addr: u64,
         len: u64,
     ) -> Result<(), VmError> {
         let region = kvm_userspace_memory_region {
-            slot: DEVICE_SLOT_BASE + index,
+            slot,
             flags: 0,
             guest_phys_addr: guest_addr,
             memory_size: len,

@@ -15,6 +15,7 @@ use pool::Backing;
 use super::config::{
     CORES_FROM_CGROUP, Console, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
 };
+use super::resources::{MachinePlan, ResourceError};
 use crate::config::cores::{self, CoreError};
 use crate::cpu::cpumodel::CpuModel;
 use crate::cpu::idle::IdlePlan;
@@ -31,6 +32,9 @@ pub(super) const MAX_INITRD: u64 = 1 << 30;
 /// Errors launching a partition.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    /// The devices asked for do not fit the machine.
+    #[error("placing the devices: {0}")]
+    Resources(#[from] ResourceError),
     /// Bad core list.
     #[error("--cores: {0}")]
     Cores(#[from] CoreError),
@@ -162,6 +166,7 @@ impl LaunchError {
             | Self::TooLarge { .. }
             | Self::Kernel { .. }
             | Self::Idle(_)
+            | Self::Resources(_)
             | Self::Reservation(_) => true,
             Self::Disk(d) => matches!(
                 d,
@@ -188,6 +193,8 @@ pub struct Checked {
     pub(super) cmdline: String,
     pub(super) cores: Vec<usize>,
     pub(super) layout: MemoryLayout,
+    /// Where every device goes.
+    pub(super) plan: MachinePlan,
     pub(super) kernel: KernelImage,
     pub(super) kernel_name: String,
     pub(super) initrd: Option<Vec<u8>>,
@@ -348,13 +355,24 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         check_api_socket(p)?;
     }
     let disks = crate::machine::disks::open(&cfg.disks)?;
+    let has = |engine: bool| {
+        cfg.devices
+            .iter()
+            .any(|d| matches!(d, crate::machine::pci::DeviceSpec::Engine { .. }) == engine)
+    };
+    let plan = MachinePlan::new(
+        layout.ram_ranges().len(),
+        disks.len(),
+        has(true),
+        has(false),
+    )?;
     let cpu_model =
         crate::cpu::cpumodel::resolve(cfg.cpu_model, crate::cpu::cpumodel::host_is_kvm_pvm());
     // The CPU model's words go first, so the user's own can override them (see
     // `cpumodel::command_line` for `clearcpuid=`).
     let cmdline = boot::compose_cmdline(
         &crate::cpu::cpumodel::command_line(&cpu_model, &cfg.cmdline),
-        &[idle.cmdline, &crate::machine::disks::cmdline(disks.len())],
+        &[idle.cmdline, &crate::machine::disks::cmdline(&plan.disks)],
         kernel.cmdline_max(),
     )?;
     let initrd = match &cfg.initrd {
@@ -372,6 +390,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     };
     Ok(Checked {
         disks,
+        plan,
         idle,
         cpu_model,
         cmdline,

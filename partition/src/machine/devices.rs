@@ -195,6 +195,7 @@ pub(super) fn attach_devices(
         &mut pio,
         &mut mmio,
         &checked.cfg.devices,
+        &mut checked.plan,
         &checked.cores,
     )?;
     // Queue workers go to a core the partition does not use, when there is one.
@@ -206,6 +207,7 @@ pub(super) fn attach_devices(
         memory,
         &mut mmio,
         std::mem::take(&mut checked.disks),
+        &checked.plan.disks,
         checked.cfg.ioeventfd,
         worker_core,
     )?;

@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use boot::acpi::MmioDevice;
-use boot::layout::VIRTIO_MMIO_BASE;
 use devices::Bus;
 use devices::virtio::VirtioInterrupt;
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
@@ -22,9 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
-/// First GSI handed to disks (COM1 has 4).
-pub const FIRST_GSI: u32 = 5;
-/// Most disks (GSIs 5..=23 on the IOAPIC).
+/// Most disks (each takes an IOAPIC pin; `crate::machine::resources` has 19 free).
 pub const MAX_DISKS: usize = 8;
 
 /// Errors parsing or attaching disks.
@@ -181,22 +178,12 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
         .collect()
 }
 
-/// The virtio-mmio windows of `n` disks: 4 KiB each from [`VIRTIO_MMIO_BASE`] up, GSIs from
-/// [`FIRST_GSI`] up. The ACPI DSDT describes these; [`cmdline`] announces the same.
-pub fn windows(n: usize) -> Vec<MmioDevice> {
-    (0..n)
-        .map(|i| MmioDevice {
-            base: VIRTIO_MMIO_BASE + i as u64 * WINDOW,
-            len: WINDOW,
-            gsi: FIRST_GSI + i as u32,
-        })
-        .collect()
-}
-
-/// The command-line words announcing `n` disks, for kernels built with
-/// `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (stock distribution kernels find them in ACPI).
-pub fn cmdline(n: usize) -> String {
-    windows(n)
+/// The command-line words announcing the disks in `windows` (where
+/// `crate::machine::resources` placed them), for kernels built with
+/// `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (stock distribution kernels find them in the ACPI
+/// DSDT, which describes the same windows).
+pub fn cmdline(windows: &[MmioDevice]) -> String {
+    windows
         .iter()
         .map(|w| format!("virtio_mmio.device=4K@{:#x}:{}", w.base, w.gsi))
         .collect::<Vec<_>>()
@@ -209,14 +196,14 @@ pub fn attach(
     mem: &GuestMemory,
     bus: &mut Bus,
     disks: Vec<VirtioBlock>,
+    windows: &[MmioDevice],
     ioeventfd: bool,
     worker_core: Option<usize>,
 ) -> Result<Vec<AttachedDisk>, DiskError> {
     use devices::virtio::VirtioDevice;
     let mut out = Vec::new();
-    let windows = windows(disks.len());
     for (i, (mut d, w)) in disks.into_iter().zip(windows).enumerate() {
-        let MmioDevice { base, gsi, .. } = w;
+        let MmioDevice { base, gsi, .. } = *w;
         d.set_default_core(worker_core);
         let mut doorbells = Vec::new();
         for q in 0..d.queue_sizes().len() {
@@ -286,7 +273,11 @@ mod tests {
             assert!(parse(bad, 0).is_err(), "{bad}");
         }
         assert_eq!(
-            cmdline(2),
+            cmdline(
+                &crate::machine::resources::MachinePlan::new(1, 2, false, false)
+                    .unwrap()
+                    .disks
+            ),
             "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
         );
     }

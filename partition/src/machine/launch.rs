@@ -263,7 +263,7 @@ pub(super) fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, La
     if checked.cpu_model.syscall_repair {
         vm.trap_lstar_writes()?;
     }
-    vm.map_memory(memory)?;
+    vm.map_memory(memory, checked.plan.first_ram_slot)?;
     Ok(vm)
 }
 
@@ -278,7 +278,7 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             cmdline: &checked.cmdline,
             cpus: checked.cores.len(),
             protocol: checked.cfg.protocol,
-            virtio_mmio: &crate::machine::disks::windows(checked.disks.len()),
+            virtio_mmio: &checked.plan.disks,
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
             pci: crate::machine::pci::host_bridge(&checked.cfg.devices),

@@ -13,5 +13,6 @@ pub mod disks;
 pub mod launch;
 pub mod outcome;
 pub mod pci;
+pub mod resources;
 pub mod vcpus;
 pub mod vfio;

@@ -23,17 +23,9 @@ use devices::pci::submit::{
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::kvm::{IOAPIC_PINS, Vm, VmError, routing_table};
+use crate::kvm::{Vm, VmError, routing_table};
+use crate::machine::resources::{EnginePlace, MachinePlan};
 use crate::memory::GuestMemory;
-
-/// Slot of the submission engine (the host bridge is at 0).
-pub const ENGINE_SLOT: u8 = 1;
-/// Where the engine's three BARs go (registers, MSI-X, doorbell): the bottom of the window.
-pub const ENGINE_BARS: [u64; 3] = [
-    PCI_WINDOW_START,
-    PCI_WINDOW_START + BAR_SIZE,
-    PCI_WINDOW_START + 2 * BAR_SIZE,
-];
 
 /// Errors parsing or attaching PCI devices.
 #[derive(Debug, thiserror::Error)]
@@ -110,9 +102,6 @@ pub enum DeviceSpec {
 pub fn same_kind(a: &DeviceSpec, b: &DeviceSpec) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
-
-/// Slot of a passed-through function on bus 0.
-pub const VFIO_SLOT: u8 = 2;
 
 /// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`); `vfio=BDF` is
 /// refused with the reason.
@@ -237,6 +226,8 @@ pub struct AttachedEngine {
     pub mode: DoorbellMode,
     /// The mapped doorbell page (mapped mode).
     pub page: Option<DoorbellPage>,
+    /// Where it was placed.
+    pub place: EnginePlace,
 }
 
 impl AttachedEngine {
@@ -253,7 +244,7 @@ impl AttachedEngine {
             (BAR_DOORBELL, doorbell),
         ]
         .into_iter()
-        .zip(ENGINE_BARS)
+        .zip(self.place.bars)
         .map(|((index, served_by), addr)| BarReport {
             index,
             addr,
@@ -263,7 +254,7 @@ impl AttachedEngine {
         .collect();
         let e = self.shared.engine();
         EngineReport {
-            slot: ENGINE_SLOT,
+            slot: self.place.slot,
             doorbell: self.mode,
             bars,
             msix_vectors: VECTORS,
@@ -282,7 +273,8 @@ impl AttachedEngine {
 enum Doorbell {
     Trap,
     Knock(Arc<EventFd>),
-    Page(DoorbellPage),
+    /// The page and its KVM memory slot.
+    Page(DoorbellPage, u32),
 }
 
 /// The KVM side of the root's functions.
@@ -293,6 +285,8 @@ pub struct KvmPciHost {
     /// (slot, vector) -> (GSI, its irqfd).
     vectors: BTreeMap<(u8, u16), (u32, Arc<EventFd>)>,
     doorbell: Doorbell,
+    /// Where the engine is, if there is one.
+    engine: Option<EnginePlace>,
     /// (slot, BAR) -> the pieces of a passed-through BAR mapped as memory slots.
     mapped: BTreeMap<(u8, usize), Vec<crate::machine::vfio::Piece>>,
 }
@@ -327,7 +321,7 @@ impl PciHost for KvmPciHost {
             }
             return;
         }
-        if slot != ENGINE_SLOT || change.index != BAR_DOORBELL {
+        if Some(slot) != self.engine.map(|e| e.slot) || change.index != BAR_DOORBELL {
             return;
         }
         let r = match &self.doorbell {
@@ -336,12 +330,12 @@ impl PciHost for KvmPciHost {
                 .old
                 .map_or(Ok(()), |a| self.vm.unbind_knock(evt, a))
                 .and_then(|()| change.new.map_or(Ok(()), |a| self.vm.bind_knock(evt, a))),
-            Doorbell::Page(page) => {
+            Doorbell::Page(page, page_slot) => {
                 let (host, len) = page.host_range();
                 let slot = |at: Option<u64>, len| match at {
                     // SAFETY: the page is owned by this host (and the engine thread), both
                     // of which live until the VM is torn down.
-                    Some(a) => unsafe { self.vm.map_device_memory(0, a, host, len) },
+                    Some(a) => unsafe { self.vm.map_device_memory(*page_slot, a, host, len) },
                     None => Ok(()),
                 };
                 slot(change.old, 0).and_then(|()| slot(change.new, len))
@@ -380,13 +374,16 @@ impl devices::Interrupt for Line {
 }
 
 /// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR window, with the host bridge
-/// and the devices of `specs` (None: an empty root on CF8/CFC only, as without PCI).
+/// and the devices of `specs` (None: an empty root on CF8/CFC only, as without PCI), each
+/// where `plan` placed it; a passed-through function takes its GSIs and memory slots from
+/// `plan`'s pools once its vectors and BARs are known.
 pub fn attach(
     vm: &Arc<Vm>,
     memory: &GuestMemory,
     pio: &mut Bus,
     mmio: &mut Bus,
     specs: &[DeviceSpec],
+    plan: &mut MachinePlan,
     cores: &[usize],
 ) -> Result<
     (
@@ -402,6 +399,7 @@ pub fn attach(
         routes: BTreeMap::new(),
         vectors: BTreeMap::new(),
         doorbell: Doorbell::Trap,
+        engine: plan.engine,
         mapped: BTreeMap::new(),
     };
     let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
@@ -409,64 +407,58 @@ pub fn attach(
         functions.push((0, Box::new(HostBridge::new())));
     }
     let mut vfio = None;
-    if let Some(bdf) = specs.iter().find_map(|s| match s {
+    let vfio_spec = specs.iter().find_map(|s| match s {
         DeviceSpec::Vfio { bdf } => Some(bdf),
         DeviceSpec::Engine { .. } => None,
-    }) {
-        // Its BARs above the engine's three pages, 64-bit prefetchable ones in the window
-        // above 4 GiB; its vectors after the engine's GSIs; device memory slots from 1 (0 is
-        // the engine's doorbell page).
+    });
+    if let (Some(bdf), Some(place)) = (vfio_spec, plan.vfio) {
         let windows = devices::pci::passthrough::Windows {
-            low: (PCI_WINDOW_START + 0x10_0000, PCI_WINDOW_END),
-            high: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
+            low: place.low,
+            high: Some(place.high),
         };
-        let gsi_base = IOAPIC_PINS + u32::from(VFIO_SLOT) * VECTORS as u32 + 64;
+        let slot = place.slot;
         let (f, attached) = crate::machine::vfio::attach(
             vm,
             memory,
             crate::machine::vfio::Target {
                 bdf,
-                guest_slot: VFIO_SLOT,
-                first_slot: 1,
-                gsi_base,
+                guest_slot: slot,
+                resources: &mut plan.resources,
                 irq_cores: cores,
             },
             &windows,
         )?;
         for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
-            host.vectors
-                .insert((VFIO_SLOT, v as u16), (*gsi, evt.clone()));
+            host.vectors.insert((slot, v as u16), (*gsi, evt.clone()));
         }
         for (bar, piece) in attached.pieces() {
-            host.mapped
-                .entry((VFIO_SLOT, *bar))
-                .or_default()
-                .push(*piece);
+            host.mapped.entry((slot, *bar)).or_default().push(*piece);
         }
         log::info!(
-            "PCI: {bdf} passed through at 00:{VFIO_SLOT:02x}.0: {} BARs, {} pieces mapped, {} \
+            "PCI: {bdf} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} \
              MSI-X vectors",
             f.bars().len(),
             attached.pieces().len(),
             attached.vectors.len()
         );
-        functions.push((usize::from(VFIO_SLOT), Box::new(f)));
+        functions.push((usize::from(slot), Box::new(f)));
         vfio = Some(attached);
     }
-    if let Some(doorbell) = specs.iter().find_map(|s| match s {
+    let engine_spec = specs.iter().find_map(|s| match s {
         DeviceSpec::Engine { doorbell } => Some(doorbell),
         DeviceSpec::Vfio { .. } => None,
-    }) {
+    });
+    if let (Some(doorbell), Some(place)) = (engine_spec, plan.engine) {
         let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("engine kick eventfd"))?);
         let mut lines: Vec<Box<dyn devices::Interrupt + Sync>> = Vec::new();
         for v in 0..VECTORS as u16 {
-            let gsi = IOAPIC_PINS + u32::from(ENGINE_SLOT) * VECTORS as u32 + u32::from(v);
+            let gsi = place.first_gsi + u32::from(v);
             let evt = Arc::new(vm.irq_line(gsi)?);
-            host.vectors.insert((ENGINE_SLOT, v), (gsi, evt.clone()));
+            host.vectors.insert((place.slot, v), (gsi, evt.clone()));
             lines.push(Box::new(Line(evt)));
         }
         let (f, shared) = SubmitFunction::new(
-            ENGINE_BARS,
+            place.bars,
             *doorbell,
             memory.mem().clone(),
             lines,
@@ -476,7 +468,7 @@ pub fn attach(
                     .map_err(os("engine kick eventfd"))?,
             ),
         )?;
-        let door = ENGINE_BARS[2];
+        let door = place.bars[2];
         let page = match doorbell {
             DoorbellMode::Trap => None,
             DoorbellMode::Ioeventfd => {
@@ -489,17 +481,18 @@ pub fn attach(
                 let (h, len) = page.host_range();
                 // SAFETY: the page is kept by the host (inside the root, on the buses) and
                 // by the engine, which live as long as the VM.
-                unsafe { vm.map_device_memory(0, door, h, len)? };
-                host.doorbell = Doorbell::Page(page.clone());
+                unsafe { vm.map_device_memory(place.doorbell_slot, door, h, len)? };
+                host.doorbell = Doorbell::Page(page.clone(), place.doorbell_slot);
                 Some(page)
             }
         };
-        functions.push((usize::from(ENGINE_SLOT), Box::new(f)));
+        functions.push((usize::from(place.slot), Box::new(f)));
         engine = Some(AttachedEngine {
             shared,
             kick,
             mode: *doorbell,
             page,
+            place,
         });
     }
     let has_functions = !functions.is_empty();
@@ -620,8 +613,9 @@ mod tests {
             (DoorbellMode::Mapped, "memory"),
         ] {
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+            let place = MachinePlan::new(1, 0, true, false).unwrap().engine.unwrap();
             let (_, shared) = SubmitFunction::new(
-                ENGINE_BARS,
+                place.bars,
                 mode,
                 mem.clone(),
                 Vec::new(),
@@ -633,6 +627,7 @@ mod tests {
                 kick,
                 mode,
                 page: None,
+                place,
             }
             .report(Some(3));
             assert_eq!(
@@ -641,7 +636,7 @@ mod tests {
             );
             let served: Vec<_> = r.bars.iter().map(|b| b.served_by).collect();
             assert_eq!(served, ["trap", "trap", door]);
-            assert_eq!(r.bars[2].addr, PCI_WINDOW_START + 2 * BAR_SIZE);
+            assert_eq!(r.bars[2].addr, 0xc000_2000);
             assert_eq!((r.executed, r.error.as_deref()), (0, None));
         }
     }

@@ -40,6 +40,9 @@ use crate::memory::GuestMemory;
 /// Errors passing a function through.
 #[derive(Debug, thiserror::Error)]
 pub enum VfioError {
+    /// The machine has no GSIs or memory slots left for it.
+    #[error("--device vfio: {0}")]
+    Resources(#[from] crate::machine::resources::ResourceError),
     /// The host cannot pass this function through (a usage error: exit 2).
     #[error("--device vfio={bdf}: {why}")]
     Refused {
@@ -311,10 +314,8 @@ pub struct Target<'a> {
     pub bdf: &'a str,
     /// Its slot on the guest's bus 0.
     pub guest_slot: u8,
-    /// The first device memory slot index it may use.
-    pub first_slot: u32,
-    /// The first GSI for its vectors.
-    pub gsi_base: u32,
+    /// The pools it takes its GSIs and KVM memory slots from.
+    pub resources: &'a mut crate::machine::resources::Resources,
     /// The host cores its interrupts are steered to (the partition's).
     pub irq_cores: &'a [usize],
 }
@@ -331,8 +332,7 @@ pub fn attach(
     let Target {
         bdf,
         guest_slot,
-        first_slot,
-        gsi_base,
+        resources,
         irq_cores,
     } = t;
     let sysfs = check_host(bdf)?;
@@ -376,7 +376,6 @@ pub fn attach(
         .map(|(t, p)| vec![t, p])
         .unwrap_or_default();
     let mut pieces = Vec::new();
-    let mut slot = first_slot;
     for (bar, addr) in function.bars().to_vec() {
         // A BAR smaller than a page is trapped: a memory slot is whole pages.
         if !bar.mmap || bar.size < 4096 {
@@ -389,6 +388,11 @@ pub fn attach(
             .collect();
         let base = device.get_region_offset(bar.index as u32);
         for (offset, len) in mappable(bar.size, &in_bar, 4096) {
+            let slot = resources.memory_slots.take(
+                1,
+                1,
+                &format!("{bdf} BAR {} at {offset:#x}", bar.index),
+            )? as u32;
             // SAFETY: maps `len` bytes of the device's BAR region (VFIO gives the file
             // offset); the mapping is ours until AttachedVfio's drop unmaps it.
             let host = unsafe {
@@ -416,7 +420,6 @@ pub fn attach(
             // SAFETY: the mapping lives in AttachedVfio until after the VM is gone.
             unsafe { vm.map_device_memory(slot, addr + offset, p.host, len)? };
             pieces.push((bar.index, p));
-            slot += 1;
         }
     }
     // MSI-X: one irqfd per vector, signalled by the device; MSI (a device without MSI-X):
@@ -427,9 +430,13 @@ pub fn attach(
     } else {
         function.vectors() as u32
     };
-    for v in 0..lines {
-        let evt = Arc::new(vm.irq_line(gsi_base + v)?);
-        vectors.push((gsi_base + v, evt));
+    if lines > 0 {
+        let base = resources
+            .msi
+            .take(u64::from(lines), 1, &format!("{bdf}'s vectors"))? as u32;
+        for gsi in base..base + lines {
+            vectors.push((gsi, Arc::new(vm.irq_line(gsi)?)));
+        }
     }
     if !vectors.is_empty() {
         let fds: Vec<&EventFd> = vectors.iter().map(|(_, e)| e.as_ref()).collect();
