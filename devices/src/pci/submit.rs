@@ -72,6 +72,16 @@ impl DoorbellMode {
     }
 }
 
+impl std::str::FromStr for DoorbellMode {
+    type Err = &'static str;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Self::Trap, Self::Ioeventfd, Self::Mapped]
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or("use trap, ioeventfd or mapped")
+    }
+}
+
 /// What the engine thread and the function share.
 pub struct Shared {
     /// The protocol state.

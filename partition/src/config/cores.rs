@@ -85,6 +85,18 @@ pub fn parse(list: &str) -> Result<Vec<usize>, CoreError> {
     Ok(out)
 }
 
+/// A list built elsewhere (not by [`parse`]) holds no core twice, and is not empty.
+pub fn check_distinct(cores: &[usize]) -> Result<(), CoreError> {
+    if cores.is_empty() {
+        return Err(CoreError::Empty);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    match cores.iter().find(|c| !seen.insert(**c)) {
+        Some(c) => Err(CoreError::Duplicate(*c)),
+        None => Ok(()),
+    }
+}
+
 /// Formats cores as a compact list ("0-3,5").
 pub fn format(cores: &[usize]) -> String {
     let mut sorted = cores.to_vec();

@@ -2,6 +2,7 @@
 //! line or from a TOML file (`deny_unknown_fields`: a misspelt key is an error, not a
 //! silently ignored safety limit), then validated.
 
+use crate::config::keyvalue::{ByteSize, CoreList};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -71,13 +72,13 @@ pub enum PlanError {
 #[serde(deny_unknown_fields)]
 pub struct PlanFile {
     /// Pool size ("1G").
-    pub memory: String,
+    pub memory: ByteSize,
     /// Hugepage size ("2M" or "1G"; default 2M).
-    pub page_size: Option<String>,
+    pub page_size: Option<ByteSize>,
     /// NUMA node for the pages (default: any).
     pub node: Option<u32>,
     /// Cores to reserve ("1", "2-5").
-    pub cores: String,
+    pub cores: CoreList,
     /// State directory (default /run/partition).
     pub state_dir: Option<PathBuf>,
 }
@@ -111,12 +112,31 @@ impl HostPlan {
             source,
         })?;
         let page_size = match page_size {
-            Some(p) => size::parse(p).map_err(|source| PlanError::Size {
+            Some(p) => Some(size::parse(p).map_err(|source| PlanError::Size {
                 field: "page size",
                 source,
-            })?,
-            None => 2 << 20,
+            })?),
+            None => None,
         };
+        Self::from_parts(
+            memory,
+            page_size,
+            node,
+            cores::parse(cores_list)?,
+            available,
+        )
+    }
+
+    /// Validates a plan of typed parts (bytes, a page size or 2 MiB, a node, cores) against
+    /// the cores `available`.
+    pub fn from_parts(
+        memory: u64,
+        page_size: Option<u64>,
+        node: Option<u32>,
+        cores: Vec<usize>,
+        available: &[usize],
+    ) -> Result<Self, PlanError> {
+        let page_size = page_size.unwrap_or(2 << 20);
         if page_size != 2 << 20 && page_size != 1 << 30 {
             return Err(PlanError::PageSize(page_size));
         }
@@ -128,7 +148,7 @@ impl HostPlan {
                 return Err(PlanError::NoNode(n));
             }
         }
-        let cores = cores::parse(cores_list)?;
+        cores::check_distinct(&cores)?;
         cores::check_available(&cores, available)?;
         let housekeeping: Vec<usize> = available
             .iter()
@@ -184,11 +204,11 @@ impl HostPlan {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
-        let plan = Self::new(
-            &f.memory,
-            f.page_size.as_deref(),
+        let plan = Self::from_parts(
+            f.memory.0,
+            f.page_size.map(|p| p.0),
             f.node,
-            &f.cores,
+            f.cores.0,
             available,
         )?;
         Ok((plan, f.state_dir))

@@ -182,6 +182,25 @@ fn err(code: u16, why: impl Into<String>) -> Response {
     }
 }
 
+/// The state `PUT /state` asks for: read by `FromStr`, as every value a user writes is
+/// (`crate::config::keyvalue`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wanted {
+    Paused,
+    Running,
+}
+
+impl std::str::FromStr for Wanted {
+    type Err = &'static str;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "paused" => Ok(Self::Paused),
+            "running" => Ok(Self::Running),
+            _ => Err("state must be \"paused\" or \"running\""),
+        }
+    }
+}
+
 impl ApiState {
     fn state_name(&self) -> &'static str {
         if self.stopping.load(Ordering::SeqCst) {
@@ -251,17 +270,22 @@ impl ApiState {
                 if self.stopping.load(Ordering::SeqCst) {
                     return err(400, "the partition is stopping");
                 }
-                match v.get("state").and_then(Value::as_str) {
-                    Some("paused") => {
+                match v
+                    .get("state")
+                    .and_then(Value::as_str)
+                    .map(str::parse::<Wanted>)
+                {
+                    Some(Ok(Wanted::Paused)) => {
                         let kickers: Vec<_> = self.vcpus.iter().map(|v| v.kicker.clone()).collect();
                         self.pause.pause(&kickers);
                         ok(self.state())
                     }
-                    Some("running") => {
+                    Some(Ok(Wanted::Running)) => {
                         self.pause.resume();
                         ok(self.state())
                     }
-                    _ => err(400, "state must be \"paused\" or \"running\""),
+                    Some(Err(why)) => err(400, why),
+                    None => err(400, "state must be \"paused\" or \"running\""),
                 }
             }
             ("PUT" | "POST", "/actions") => {

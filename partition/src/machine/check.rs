@@ -13,7 +13,7 @@ use boot::regs::BootProtocol;
 use pool::Backing;
 
 use super::config::{
-    CORES_FROM_CGROUP, Console, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
+    Console, CoreSelection, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
 };
 use super::resources::{MachinePlan, ResourceError};
 use crate::config::cores::{self, CoreError};
@@ -278,12 +278,14 @@ pub(super) fn read_limited(
 /// Validates everything the user gave. Nothing is allocated, mapped or created, except
 /// that the console file is opened.
 pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
-    let (cores, cores_from) = if cfg.cores == CORES_FROM_CGROUP {
-        let (c, why) = crate::host::pod::cores_from_cgroup(cfg.kubelet_cpu_state.as_deref())?;
-        (c, Some(why))
-    } else {
-        (cores::parse(&cfg.cores)?, None)
+    let (cores, cores_from) = match &cfg.cores {
+        CoreSelection::FromCgroup => {
+            let (c, why) = crate::host::pod::cores_from_cgroup(cfg.kubelet_cpu_state.as_deref())?;
+            (c, Some(why))
+        }
+        CoreSelection::List(list) => (list.clone(), None),
     };
+    cores::check_distinct(&cores)?;
     cores::check_available(&cores, &cores::available())?;
     let sandbox = match &cfg.sandbox {
         SandboxRequest::Off => Sandbox::Off,
@@ -476,7 +478,7 @@ mod tests {
 
     fn config(source: MemorySource, memory: u64) -> LaunchConfig {
         LaunchConfig {
-            cores: "0".into(),
+            cores: CoreSelection::List(vec![0]),
             memory,
             kernel: KernelSource::Builtin {
                 name: "not-a-kernel",
@@ -514,7 +516,7 @@ mod tests {
         assert!(matches!(e, LaunchError::PageMultiple { .. }), "{e}");
         assert!(e.is_usage());
         let e = refused(LaunchConfig {
-            cores: "0,0".into(),
+            cores: CoreSelection::List(vec![0, 0]),
             ..config(MemorySource::Anonymous(Backing::Anonymous), 64 << 20)
         });
         assert!(matches!(e, LaunchError::Cores(_)), "{e}");

@@ -1,6 +1,7 @@
 //! What to launch, as the CLI, a plan or the API hands it to [`super::launch`]: typed, so
 //! every choice is an enum and every list is parsed before it gets here.
 
+pub use crate::config::keyvalue::CoreSelection;
 use std::path::PathBuf;
 
 use boot::regs::BootProtocol;
@@ -35,8 +36,8 @@ pub enum Console {
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct LaunchConfig {
-    /// Host cores; vCPU i runs on `cores[i]`.
-    pub cores: String,
+    /// Host cores; vCPU i runs on the i-th.
+    pub cores: CoreSelection,
     /// Guest memory in bytes.
     pub memory: u64,
     /// The kernel.
@@ -73,9 +74,6 @@ pub struct LaunchConfig {
     /// PCI functions (`--device`, [`crate::machine::pci`]).
     pub devices: Vec<crate::machine::pci::DeviceSpec>,
 }
-
-/// `--cores` naming no list: the cores of the cgroup this process runs in (a pod's).
-pub const CORES_FROM_CGROUP: &str = "from-cgroup";
 
 /// `--no-sandbox`, or `--uid`/`--gid` (each a name or a number; default the `partition`
 /// user and its group).

@@ -18,6 +18,7 @@ use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
 use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY, WINDOW};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -52,72 +53,58 @@ pub enum DiskError {
     Vm(#[from] crate::kvm::VmError),
 }
 
-fn on_off(spec: &str, key: &str, v: &str) -> Result<bool, DiskError> {
-    match v {
-        "on" | "true" | "1" | "yes" => Ok(true),
-        "off" | "false" | "0" | "no" => Ok(false),
-        _ => Err(DiskError::Spec {
-            spec: spec.into(),
-            why: format!("{key}={v}: use on or off"),
-        }),
+impl From<KeyValueError> for DiskError {
+    fn from(e: KeyValueError) -> Self {
+        Self::Spec {
+            spec: e.spec,
+            why: e.why,
+        }
     }
 }
 
 /// Parses `path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N][,core=N][,sqpoll=on][,id=STR]`.
 pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
+    let mut kv = KeyValues::parse(spec)?;
     let err = |why: String| DiskError::Spec {
         spec: spec.into(),
         why,
     };
-    let mut cfg = BlockConfig::new(PathBuf::new(), format!("partition-disk{index}"));
-    let mut have_path = false;
-    for item in spec.split(',') {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| err(format!("{item:?} is not key=value")))?;
-        match k {
-            "path" if !v.is_empty() => {
-                cfg.path = PathBuf::from(v);
-                have_path = true;
-            }
-            "readonly" => cfg.read_only = on_off(spec, k, v)?,
-            "direct" => cfg.direct = on_off(spec, k, v)?,
-            "sqpoll" => cfg.sqpoll = on_off(spec, k, v)?,
-            "queues" => {
-                cfg.queues = v
-                    .parse::<u16>()
-                    .ok()
-                    .filter(|q| (1..=MAX_QUEUES).contains(q))
-                    .ok_or_else(|| err(format!("queues={v}: 1 to {MAX_QUEUES}")))?
-            }
-            "poll_us" => {
-                let us = v
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|u| *u <= 1_000_000)
-                    .ok_or_else(|| err(format!("poll_us={v}: 0 to 1000000")))?;
-                cfg.poll = Duration::from_micros(us);
-            }
-            "core" => {
-                cfg.worker_core = Some(
-                    v.parse::<usize>()
-                        .ok()
-                        .filter(|c| crate::config::cores::available().contains(c))
-                        .ok_or_else(|| err(format!("core={v}: not an online core")))?,
-                )
-            }
-            "id" if v.len() <= 20 && v.is_ascii() => cfg.id = v.to_string(),
-            "id" => return Err(err("id: at most 20 ASCII characters".into())),
-            _ => {
-                return Err(err(format!(
-                    "unknown or empty key {k:?} (path, readonly, direct, queues, poll_us, core, sqpoll, id)"
-                )));
-            }
+    let path: Option<PathBuf> = kv.get("path")?;
+    let path = path
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| err("path=FILE is required".into()))?;
+    let mut cfg = BlockConfig::new(path, format!("partition-disk{index}"));
+    let on = |v: Option<OnOff>, default| v.map_or(default, |o| o.0);
+    cfg.read_only = on(kv.get("readonly")?, false);
+    cfg.direct = on(kv.get("direct")?, false);
+    cfg.sqpoll = on(kv.get("sqpoll")?, false);
+    if let Some(q) = kv.get::<u16>("queues")? {
+        if !(1..=MAX_QUEUES).contains(&q) {
+            return Err(err(format!("queues={q}: 1 to {MAX_QUEUES}")));
         }
+        cfg.queues = q;
     }
-    if !have_path {
-        return Err(err("path=FILE is required".into()));
+    if let Some(us) = kv.get::<u64>("poll_us")? {
+        if us > 1_000_000 {
+            return Err(err(format!("poll_us={us}: 0 to 1000000")));
+        }
+        cfg.poll = Duration::from_micros(us);
     }
+    if let Some(c) = kv.get::<usize>("core")? {
+        if !crate::config::cores::available().contains(&c) {
+            return Err(err(format!("core={c}: not an online core")));
+        }
+        cfg.worker_core = Some(c);
+    }
+    if let Some(id) = kv.get::<String>("id")? {
+        if id.len() > 20 || !id.is_ascii() {
+            return Err(err("id: at most 20 ASCII characters".into()));
+        }
+        cfg.id = id;
+    }
+    kv.finish(&[
+        "path", "readonly", "direct", "queues", "poll_us", "core", "sqpoll", "id",
+    ])?;
     Ok(cfg)
 }
 

@@ -584,6 +584,119 @@ pub trait Observer {
 
 impl Observer for () {}
 
+impl LaunchReport {
+    /// What the launch prints on stderr when it ends, one sentence a line (the CLI puts
+    /// `partition: ` before each): how it ended, the disks, the engine, the idle and CPU
+    /// model read-back, the pool extent given back, with `timings` where the time went, and
+    /// each vCPU's exits and assists.
+    pub fn sentences(&self, timings: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        let secs = self.ran_for.as_secs_f64();
+        let outcome = Outcome::of(&self.ending);
+        out.push(format!("{} after {secs:.3} s", outcome.describe()));
+        for d in &self.disks {
+            out.push(format!("{d}"));
+        }
+        if let Some(e) = &self.engine {
+            let bars: Vec<String> = e
+                .bars
+                .iter()
+                .map(|b| format!("BAR{} {:#x} {}", b.index, b.addr, b.served_by))
+                .collect();
+            out.push(format!(
+                "engine at 00:{:02x}.0 on {}: doorbell {}; {}; {} commands executed, \
+                 {} doorbells trapped, {} interrupts sent; its thread busy {:.0}% of {:.0} ms{}",
+                e.slot,
+                e.core
+                    .map(|c| format!("core {c}"))
+                    .unwrap_or_else(|| "no free core".into()),
+                e.doorbell.name(),
+                bars.join(", "),
+                e.executed,
+                e.trapped_doorbells,
+                e.interrupts_sent,
+                100.0 * e.thread_cpu_ms / e.thread_ran_ms.max(1e-9),
+                e.thread_ran_ms,
+                e.error
+                    .as_ref()
+                    .map(|x| format!("; stopped: {x}"))
+                    .unwrap_or_default()
+            ));
+        }
+        for line in &self.idle_readback.lines() {
+            out.push(format!("read back: {line}"));
+        }
+        if let Some(note) = self
+            .cpu_model
+            .shown_anyway_note(&self.cpu_model_shown_anyway)
+        {
+            out.push(format!("read back: {note}"));
+        }
+        if let Some(p) = &self.pool {
+            out.push(format!(
+                "{}: extent {:#x}+{:#x} scrubbed in {:.1} ms and returned to the pool",
+                p.name,
+                p.offset,
+                p.len,
+                p.scrub.as_secs_f64() * 1e3
+            ));
+        }
+        if timings {
+            let t = &self.timings;
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            out.push(format!(
+                "timings memory_ms={:.3} vm_ms={:.3} boot_ms={:.3} vcpus_ms={:.3} first_output_ms={}",
+                ms(t.memory),
+                ms(t.vm),
+                ms(t.boot),
+                ms(t.vcpus),
+                t.first_output
+                    .map_or("none".into(), |d| format!("{:.3}", ms(d)))
+            ));
+            if let Some(wall) = t.wall_to_first_byte_ms {
+                let phases: Vec<String> = t
+                    .phases
+                    .iter()
+                    .map(|p| format!("{}={:.3}", p.phase, p.ms))
+                    .collect();
+                eprintln!(
+                    "partition: timeline to the first byte, ms (from main): {} sum={:.3} wall={wall:.3}",
+                    phases.join(" "),
+                    t.phases.iter().map(|p| p.ms).sum::<f64>()
+                );
+            }
+        }
+        for v in &self.vcpus {
+            let exits: Vec<String> = v
+                .exits
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            out.push(format!(
+                "vcpu{} (core {}) exits: {}",
+                v.index,
+                v.core,
+                if exits.is_empty() {
+                    "none".to_string()
+                } else {
+                    exits.join(" ")
+                }
+            ));
+            let assists: Vec<String> = v
+                .assists
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            if !assists.is_empty() {
+                out.push(format!("vcpu{} assists: {}", v.index, assists.join(" ")));
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

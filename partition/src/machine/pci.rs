@@ -23,6 +23,7 @@ use devices::pci::submit::{
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError, routing_table};
 use crate::machine::resources::{EnginePlace, MachinePlan};
 use crate::memory::GuestMemory;
@@ -71,6 +72,15 @@ pub enum PciError {
     },
 }
 
+impl From<KeyValueError> for PciError {
+    fn from(e: KeyValueError) -> Self {
+        Self::Spec {
+            spec: e.spec,
+            why: e.why,
+        }
+    }
+}
+
 impl PciError {
     /// A mistake in what the user asked (exit 2), not a failure of the host.
     pub fn is_usage(&self) -> bool {
@@ -103,75 +113,37 @@ pub fn same_kind(a: &DeviceSpec, b: &DeviceSpec) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
 
-/// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`); `vfio=BDF` is
-/// refused with the reason.
+/// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`) or
+/// `vfio=DDDD:BB:DD.F` (refused with the reason when the host cannot pass it through).
 pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
-    let err = |why: String| PciError::Spec {
-        spec: spec.into(),
-        why,
-    };
-    let mut items = spec.split(',');
-    match items.next().unwrap_or("") {
-        "engine" => {
-            let mut doorbell = None;
-            for item in items {
-                let mode = match item.split_once('=') {
-                    Some(("doorbell", "trap")) => DoorbellMode::Trap,
-                    Some(("doorbell", "ioeventfd")) => DoorbellMode::Ioeventfd,
-                    Some(("doorbell", "mapped")) => DoorbellMode::Mapped,
-                    Some(("doorbell", v)) => {
-                        return Err(err(format!("doorbell={v}: use trap, ioeventfd or mapped")));
-                    }
-                    _ => return Err(err(format!("{item:?}: only doorbell=MODE is known"))),
-                };
-                if doorbell.replace(mode).is_some() {
-                    return Err(err("doorbell= given twice".into()));
-                }
-            }
+    let mut kv = KeyValues::parse_with_kind(spec)?;
+    match kv.head() {
+        Some("engine") => {
+            let doorbell = kv.get::<DoorbellMode>("doorbell")?;
+            kv.finish(&["doorbell"])?;
             Ok(DeviceSpec::Engine {
                 doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
             })
         }
-        v if v.starts_with("vfio=") => {
-            let bdf = &spec["vfio=".len()..];
-            if !is_bdf(bdf) {
-                return Err(err(format!(
-                    "vfio={bdf}: not a PCI address (DDDD:BB:DD.F, as in lspci -D)"
-                )));
-            }
-            match crate::machine::vfio::missing(std::path::Path::new("/"), bdf) {
+        None if spec.starts_with("vfio=") => {
+            let bdf: PciAddress = kv.require("vfio")?;
+            kv.finish(&["vfio"])?;
+            match crate::machine::vfio::missing(std::path::Path::new("/"), &bdf.0) {
                 Some(why) => Err(PciError::Vfio {
                     spec: spec.into(),
                     what: why,
                 }),
-                None => Ok(DeviceSpec::Vfio { bdf: bdf.into() }),
+                None => Ok(DeviceSpec::Vfio { bdf: bdf.0 }),
             }
         }
-        other => Err(err(format!(
-            "{other:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped]"
-        ))),
+        other => Err(kv
+            .error(format!(
+                "{:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped] or \
+                 vfio=DDDD:BB:DD.F",
+                other.unwrap_or(spec)
+            ))
+            .into()),
     }
-}
-
-/// Whether `s` is a full PCI address: 4 hex digits of domain, 2 of bus, 2 of device (up
-/// to 0x1f), 1 of function (0-7), as `DDDD:BB:DD.F`.
-fn is_bdf(s: &str) -> bool {
-    let hex = |t: &str, n: usize| t.len() == n && t.bytes().all(|b| b.is_ascii_hexdigit());
-    let mut parts = s.split(':');
-    let (Some(dom), Some(bus), Some(rest), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return false;
-    };
-    let Some((dev, func)) = rest.split_once('.') else {
-        return false;
-    };
-    hex(dom, 4)
-        && hex(bus, 2)
-        && hex(dev, 2)
-        && u8::from_str_radix(dev, 16).is_ok_and(|d| d < 32)
-        && func.len() == 1
-        && matches!(func.as_bytes()[0], b'0'..=b'7')
 }
 
 /// How a BAR is served, for the report.

@@ -203,7 +203,7 @@ struct LaunchArgs {
     /// cores of the cpuset cgroup this process runs in, if they are exclusive (a pod's under
     /// the kubelet's static CPU manager, docs/kubernetes.md).
     #[arg(long, value_name = "LIST")]
-    cores: String,
+    cores: partition::machine::config::CoreSelection,
     /// Guest memory: 128M, 1G, 2GiB (a multiple of 4 KiB; of 2 MiB with --hugepages or a
     /// 2 MiB pool). With --name, SIZE@OFFSET takes that extent of the pool (OFFSET in bytes,
     /// 0x hex or with a suffix); otherwise the first free extent that fits.
@@ -347,7 +347,9 @@ impl Observer for Progress {
 }
 
 fn launch(a: LaunchArgs) -> ExitCode {
-    if a.kubelet_cpu_state.is_some() && a.cores != partition::machine::config::CORES_FROM_CGROUP {
+    if a.kubelet_cpu_state.is_some()
+        && a.cores != partition::machine::config::CoreSelection::FromCgroup
+    {
         eprintln!("partition: error: --kubelet-cpu-state goes with --cores from-cgroup");
         return ExitCode::from(EXIT_USAGE);
     }
@@ -447,108 +449,9 @@ fn launch(a: LaunchArgs) -> ExitCode {
             });
         }
     };
-    let secs = report.ran_for.as_secs_f64();
     let outcome = partition::machine::outcome::Outcome::of(&report.ending);
-    eprintln!("partition: {} after {secs:.3} s", outcome.describe());
-    let code = outcome.exit_code();
-    for d in &report.disks {
-        eprintln!("partition: {d}");
-    }
-    if let Some(e) = &report.engine {
-        let bars: Vec<String> = e
-            .bars
-            .iter()
-            .map(|b| format!("BAR{} {:#x} {}", b.index, b.addr, b.served_by))
-            .collect();
-        eprintln!(
-            "partition: engine at 00:{:02x}.0 on {}: doorbell {}; {}; {} commands executed, \
-             {} doorbells trapped, {} interrupts sent; its thread busy {:.0}% of {:.0} ms{}",
-            e.slot,
-            e.core
-                .map(|c| format!("core {c}"))
-                .unwrap_or_else(|| "no free core".into()),
-            e.doorbell.name(),
-            bars.join(", "),
-            e.executed,
-            e.trapped_doorbells,
-            e.interrupts_sent,
-            100.0 * e.thread_cpu_ms / e.thread_ran_ms.max(1e-9),
-            e.thread_ran_ms,
-            e.error
-                .as_ref()
-                .map(|x| format!("; stopped: {x}"))
-                .unwrap_or_default()
-        );
-    }
-    for line in &report.idle_readback.lines() {
-        eprintln!("partition: read back: {line}");
-    }
-    if let Some(note) = report
-        .cpu_model
-        .shown_anyway_note(&report.cpu_model_shown_anyway)
-    {
-        eprintln!("partition: read back: {note}");
-    }
-    if let Some(p) = &report.pool {
-        eprintln!(
-            "partition: {}: extent {:#x}+{:#x} scrubbed in {:.1} ms and returned to the pool",
-            p.name,
-            p.offset,
-            p.len,
-            p.scrub.as_secs_f64() * 1e3
-        );
-    }
-    if a.timings {
-        let t = &report.timings;
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-        eprintln!(
-            "partition: timings memory_ms={:.3} vm_ms={:.3} boot_ms={:.3} vcpus_ms={:.3} first_output_ms={}",
-            ms(t.memory),
-            ms(t.vm),
-            ms(t.boot),
-            ms(t.vcpus),
-            t.first_output
-                .map_or("none".into(), |d| format!("{:.3}", ms(d)))
-        );
-        if let Some(wall) = t.wall_to_first_byte_ms {
-            let phases: Vec<String> = t
-                .phases
-                .iter()
-                .map(|p| format!("{}={:.3}", p.phase, p.ms))
-                .collect();
-            eprintln!(
-                "partition: timeline to the first byte, ms (from main): {} sum={:.3} wall={wall:.3}",
-                phases.join(" "),
-                t.phases.iter().map(|p| p.ms).sum::<f64>()
-            );
-        }
-    }
-    for v in &report.vcpus {
-        let exits: Vec<String> = v
-            .exits
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(k, n)| format!("{k}={n}"))
-            .collect();
-        eprintln!(
-            "partition: vcpu{} (core {}) exits: {}",
-            v.index,
-            v.core,
-            if exits.is_empty() {
-                "none".to_string()
-            } else {
-                exits.join(" ")
-            }
-        );
-        let assists: Vec<String> = v
-            .assists
-            .iter()
-            .filter(|(_, n)| *n > 0)
-            .map(|(k, n)| format!("{k}={n}"))
-            .collect();
-        if !assists.is_empty() {
-            eprintln!("partition: vcpu{} assists: {}", v.index, assists.join(" "));
-        }
+    for line in report.sentences(a.timings) {
+        eprintln!("partition: {line}");
     }
     if a.json {
         match serde_json::to_string(&partition::machine::outcome::document(&report)) {
@@ -561,7 +464,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
             Err(e) => eprintln!("partition: error: the report as JSON: {e}"),
         }
     }
-    ExitCode::from(code)
+    ExitCode::from(outcome.exit_code())
 }
 
 fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {

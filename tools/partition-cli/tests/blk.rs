@@ -235,7 +235,7 @@ fn bad_disk_arguments_exit_2() {
         ("readonly=on".to_string(), "path=FILE is required"),
         ("path=/x,queues=0".to_string(), "queues=0"),
         ("path=/x,poll_us=abc".to_string(), "poll_us=abc"),
-        ("path=/x,bogus=1".to_string(), "unknown or empty key"),
+        ("path=/x,bogus=1".to_string(), "unknown key \"bogus\""),
     ];
     let before = host_state();
     for (spec, want) in cases {
