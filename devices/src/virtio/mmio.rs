@@ -97,7 +97,7 @@ impl MmioTransport {
     }
 
     /// Starts the device's threads (before the guest runs).
-    pub fn start(&mut self, hook: super::ThreadHook) -> Result<(), String> {
+    pub fn start(&mut self, hook: super::ThreadHook) -> Result<(), super::DeviceError> {
         self.device.start(hook)
     }
 
@@ -393,7 +393,7 @@ mod tests {
             data.fill(offset as u8);
         }
         fn write_config(&mut self, _: u64, _: &[u8]) {}
-        fn activate(&mut self, a: Activation) -> Result<(), String> {
+        fn activate(&mut self, a: Activation) -> Result<(), crate::virtio::DeviceError> {
             let mut l = self.0.lock().unwrap();
             l.activations += 1;
             l.queues = a.queues;

@@ -77,14 +77,58 @@ pub struct Activation {
 /// Called first on every thread a device starts, with the thread's kind (`blk-worker`):
 /// where the launcher confines it (its seccomp filter). An error leaves the thread unable
 /// to serve.
-pub type ThreadHook = std::sync::Arc<dyn Fn(&'static str) -> Result<(), String> + Send + Sync>;
+pub type ThreadHook = std::sync::Arc<dyn Fn(&'static str) -> Result<(), HookError> + Send + Sync>;
+
+/// Why a [`ThreadHook`] failed (the launcher's own error, carried as it is).
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a device's threads could not start, or an activation could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A system call failed (an eventfd, a thread).
+    #[error("{what}: {source}")]
+    Os {
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// The thread could not be confined, so it serves nothing.
+    #[error("the {thread} thread is not confined: {why}")]
+    NotConfined {
+        /// The thread's kind.
+        thread: &'static str,
+        /// The hook's error.
+        why: String,
+    },
+    /// The thread has no io_uring to serve with.
+    #[error("io_uring: {0}")]
+    Ring(String),
+    /// Activated before [`VirtioDevice::start`], or with more queues than it started.
+    #[error("the queue threads were not started")]
+    NotStarted,
+    /// The transport gave no doorbell for a queue.
+    #[error("no doorbell for queue {0}")]
+    NoDoorbell(usize),
+    /// A queue's thread ended.
+    #[error("queue {0}'s thread is gone")]
+    ThreadGone(usize),
+    /// A queue's thread refused the activation.
+    #[error("queue {queue}: {source}")]
+    Queue {
+        /// The queue.
+        queue: usize,
+        /// Why.
+        source: Box<DeviceError>,
+    },
+}
 
 /// A virtio device behind the MMIO transport. Register logic lives in the transport; the
 /// device owns its config space and what runs once it is activated.
 pub trait VirtioDevice: Send {
     /// Starts the device's threads, before the guest runs (a device without threads has
     /// nothing to do). Activations only hand work to them.
-    fn start(&mut self, _hook: ThreadHook) -> Result<(), String> {
+    fn start(&mut self, _hook: ThreadHook) -> Result<(), DeviceError> {
         Ok(())
     }
     /// Device type.
@@ -98,7 +142,7 @@ pub trait VirtioDevice: Send {
     /// Writes config space (devices may ignore it).
     fn write_config(&mut self, offset: u64, data: &[u8]);
     /// Starts serving the queues.
-    fn activate(&mut self, a: Activation) -> Result<(), String>;
+    fn activate(&mut self, a: Activation) -> Result<(), DeviceError>;
     /// Stops serving (reset, or teardown); waits for in-flight work.
     fn reset(&mut self);
     /// Whether the device found a queue violation and needs a reset.

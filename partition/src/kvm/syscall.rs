@@ -27,6 +27,33 @@ const MSR_SFMASK: u32 = 0xc000_0084;
 /// How many debug exits each vCPU remembers (`SyscallRepair::recent`).
 const RECENT: usize = 64;
 
+/// Why the SYSCALL repair could not go on (the launch stops with it).
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    /// KVM refused a read or write of the vCPU.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// What was being done.
+        what: &'static str,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
+    /// The single step over the handler's first instruction did not end one instruction on.
+    #[error(
+        "the single step over the #PF handler's first instruction ended with DR6 {dr6:#x} at \
+         {pc:#x}, not one instruction on"
+    )]
+    StepFailed {
+        /// DR6 at the exit.
+        dr6: u64,
+        /// Where it stopped.
+        pc: u64,
+    },
+    /// The #PF handler's stack is not in guest memory.
+    #[error("exception frame at {0:#x} not mapped")]
+    FrameUnmapped(u64),
+}
+
 /// One debug exit as the SYSCALL repair saw it (the diagnostic ring).
 #[derive(Clone, Copy, Debug, Default)]
 struct DebugEvent {
@@ -175,8 +202,9 @@ impl SyscallRepair {
         mem: &GuestMemoryMmap,
         counters: &ExitCounters,
         (dr6, pc): (u64, u64),
-    ) -> Result<(), String> {
-        let e = |what: &'static str| move |err: kvm_ioctls::Error| format!("{what}: {err}");
+    ) -> Result<(), RepairError> {
+        let e =
+            |what: &'static str| move |source: kvm_ioctls::Error| RepairError::Kvm { what, source };
         let mut ev = DebugEvent {
             pc,
             dr6,
@@ -187,10 +215,7 @@ impl SyscallRepair {
             if dr6 & DR6_BS == 0 || pc == self.handler {
                 ev.what = "step-failed";
                 self.note(ev);
-                return Err(format!(
-                    "the single step over the #PF handler's first instruction ended with DR6 \
-                     {dr6:#x} at {pc:#x}, not one instruction on"
-                ));
+                return Err(RepairError::StepFailed { dr6, pc });
             }
             ev.what = "stepped";
             self.note(ev);
@@ -214,7 +239,7 @@ impl SyscallRepair {
         let virt = VcpuVirt { fd, mem };
         let mut raw = [0u8; 40];
         virt.read(regs.rsp, &mut raw)
-            .map_err(|_| format!("exception frame at {:#x} not mapped", regs.rsp))?;
+            .map_err(|_| RepairError::FrameUnmapped(regs.rsp))?;
         let mut w = [0u64; 5];
         for (i, x) in w.iter_mut().enumerate() {
             *x = u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or_default());

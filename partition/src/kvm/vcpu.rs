@@ -361,16 +361,33 @@ fn set_msr_error(fd: &mut VcpuFd) {
     run.__bindgen_anon_1.msr.error = 1;
 }
 
+/// Why an instruction was not assisted (the launch stops with an internal error).
+#[derive(Debug, thiserror::Error)]
+pub enum AssistError {
+    /// Not one we assist, or it would fault.
+    #[error("{0}")]
+    Refused(#[from] assist::Refusal),
+    /// KVM refused to show or change the vCPU.
+    #[error("{what}: {source}")]
+    Kvm {
+        /// What was being done.
+        what: &'static str,
+        /// KVM's error.
+        source: kvm_ioctls::Error,
+    },
+}
+
 /// Decodes and carries out the instruction KVM could not emulate, or says why not.
-fn assist_instruction(ctx: &mut VcpuContext, bytes: &[u8]) -> Result<(), String> {
-    let insn = assist::decode(bytes).map_err(|e| e.to_string())?;
-    let (cpu, regs, sregs) = cpu_state(&ctx.fd).map_err(|e| format!("reading the vCPU: {e}"))?;
+fn assist_instruction(ctx: &mut VcpuContext, bytes: &[u8]) -> Result<(), AssistError> {
+    let kvm = |what| move |source| AssistError::Kvm { what, source };
+    let insn = assist::decode(bytes)?;
+    let (cpu, regs, sregs) = cpu_state(&ctx.fd).map_err(kvm("reading the vCPU"))?;
     let virt = VcpuVirt {
         fd: &ctx.fd,
         mem: ctx.memory.mem(),
     };
-    let a = assist::execute(&insn, &cpu, &virt).map_err(|e| e.to_string())?;
-    apply(&ctx.fd, regs, sregs, &a).map_err(|e| format!("applying it: {e}"))?;
+    let a = assist::execute(&insn, &cpu, &virt)?;
+    apply(&ctx.fd, regs, sregs, &a).map_err(kvm("applying it"))?;
     ctx.counters.assisted(a.kind);
     Ok(())
 }

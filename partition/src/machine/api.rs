@@ -451,7 +451,7 @@ impl ApiServer {
     pub fn start(
         socket: ApiSocket,
         state: ApiState,
-        confine: impl FnOnce() -> Result<(), String> + Send + 'static,
+        confine: impl FnOnce() -> Result<(), crate::sys::seccomp::SeccompError> + Send + 'static,
     ) -> std::io::Result<Self> {
         let quit = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
         let q = quit.clone();

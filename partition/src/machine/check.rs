@@ -32,6 +32,9 @@ pub(super) const MAX_INITRD: u64 = 1 << 30;
 /// Errors launching a partition.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
+    /// A device's threads could not start.
+    #[error("starting the disk's queue threads: {0}")]
+    Device(#[from] devices::virtio::DeviceError),
     /// The devices asked for do not fit the machine.
     #[error("placing the devices: {0}")]
     Resources(#[from] ResourceError),

@@ -87,7 +87,7 @@ pub(super) fn start_api(
         started: Instant::now(),
     };
     crate::machine::api::ApiServer::start(sock, state, move || match &filter {
-        Some(f) => crate::sys::seccomp::apply(Role::Api, f).map_err(|e| e.to_string()),
+        Some(f) => crate::sys::seccomp::apply(Role::Api, f),
         None => Ok(()),
     })
     .map_err(|source| LaunchError::Os {

@@ -48,23 +48,19 @@ pub(super) fn start_devices(
 ) -> Result<(), LaunchError> {
     let worker = filters.map(|f| f.worker.clone());
     let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &worker {
-        Some(f) => crate::sys::seccomp::apply(Role::BlockWorker, f).map_err(|e| e.to_string()),
+        Some(f) => crate::sys::seccomp::apply(Role::BlockWorker, f).map_err(Into::into),
         None => Ok(()),
     });
     for d in &devices.disks {
         d.transport
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .start(hook.clone())
-            .map_err(|e| LaunchError::Os {
-                what: "starting the disk's queue threads",
-                source: std::io::Error::other(e),
-            })?;
+            .start(hook.clone())?;
     }
     if let Some(e) = &devices.engine {
         let filter = filters.map(|f| f.engine.clone());
         let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &filter {
-            Some(f) => crate::sys::seccomp::apply(Role::Engine, f).map_err(|e| e.to_string()),
+            Some(f) => crate::sys::seccomp::apply(Role::Engine, f).map_err(Into::into),
             None => Ok(()),
         });
         let wake = match &e.page {

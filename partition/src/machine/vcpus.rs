@@ -52,19 +52,32 @@ pub(super) struct ThreadPolicy {
     pub(super) filter: Option<Arc<seccompiler::BpfProgram>>,
 }
 
+/// Why a vCPU thread could not take its place.
+#[derive(Debug, thiserror::Error)]
+pub enum ThreadError {
+    /// The reserved cores' cpuset refused it.
+    #[error("joining the reserved cores' cpuset: {0}")]
+    Cpuset(#[from] crate::host::isolation::IsolationError),
+    /// The kernel refused the pin.
+    #[error("pinning to core {0} failed")]
+    Pin(usize),
+    /// Its seccomp filter could not be installed.
+    #[error("{0}")]
+    Seccomp(#[from] crate::sys::seccomp::SeccompError),
+}
+
 impl ThreadPolicy {
     /// Joins the cpuset, pins to the core, installs the filter: in that order, because
     /// the cpuset must allow the core and the filter forbids both.
-    fn enter(mut self) -> Result<(), String> {
+    fn enter(mut self) -> Result<(), ThreadError> {
         if let Some(c) = self.cpuset.take() {
-            c.join()
-                .map_err(|e| format!("joining the reserved cores' cpuset: {e}"))?;
+            c.join()?;
         }
         if !core_affinity::set_for_current(core_affinity::CoreId { id: self.core }) {
-            return Err(format!("pinning to core {} failed", self.core));
+            return Err(ThreadError::Pin(self.core));
         }
         if let Some(f) = &self.filter {
-            crate::sys::seccomp::apply(Role::Vcpu, f).map_err(|e| e.to_string())?;
+            crate::sys::seccomp::apply(Role::Vcpu, f)?;
         }
         Ok(())
     }

@@ -23,8 +23,8 @@ use self::request::Limits;
 use self::worker::{Shared, Worker, WorkerConfig};
 use super::queue::MAX_QUEUE_SIZE;
 use super::{
-    Activation, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK, ThreadHook,
-    VirtioDevice, VirtioInterrupt,
+    Activation, DeviceError, F_EVENT_IDX, F_INDIRECT_DESC, F_VERSION_1, QueueCounters, TYPE_BLOCK,
+    ThreadHook, VirtioDevice, VirtioInterrupt,
 };
 
 use virtio_bindings::virtio_blk as vb;
@@ -100,7 +100,7 @@ struct Session {
 /// thread or an io_uring, and the queue thread makes its ring only before it is confined.
 struct QueueThread {
     jobs: Sender<Job>,
-    acks: Receiver<Result<(), String>>,
+    acks: Receiver<Result<(), DeviceError>>,
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
     serving: bool,
@@ -120,7 +120,7 @@ fn queue_thread(
     dev: DeviceParts,
     stop: Arc<EventFd>,
     jobs: Receiver<Job>,
-    acks: Sender<Result<(), String>>,
+    acks: Sender<Result<(), DeviceError>>,
     hook: ThreadHook,
 ) {
     let DeviceParts {
@@ -138,17 +138,20 @@ fn queue_thread(
     // and io_uring_register, so a thread taken over by a guest cannot make a ring the
     // restrictions do not cover. Each activation borrows it and gives it back empty.
     let mut ring = worker::ring(MAX_QUEUE_SIZE, cfg.sqpoll).map_err(|e| e.to_string());
-    let confined = hook("blk-worker");
+    let confined = hook("blk-worker").map_err(|e| e.to_string());
     while let Ok(job) = jobs.recv() {
         let Job::Serve(s) = job else { break };
-        if let Err(e) = &confined {
-            let _ = acks.send(Err(format!("the queue thread is not confined: {e}")));
+        if let Err(why) = &confined {
+            let _ = acks.send(Err(DeviceError::NotConfined {
+                thread: "blk-worker",
+                why: why.clone(),
+            }));
             continue;
         }
         let r = match std::mem::replace(&mut ring, Err("in use".into())) {
             Ok(r) => r,
             Err(e) => {
-                let _ = acks.send(Err(format!("io_uring: {e}")));
+                let _ = acks.send(Err(DeviceError::Ring(e.clone())));
                 ring = Err(e);
                 continue;
             }
@@ -277,7 +280,7 @@ impl VirtioDevice for VirtioBlock {
 
     fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
-    fn start(&mut self, hook: ThreadHook) -> Result<(), String> {
+    fn start(&mut self, hook: ThreadHook) -> Result<(), DeviceError> {
         if !self.workers.is_empty() {
             return Ok(());
         }
@@ -289,7 +292,13 @@ impl VirtioDevice for VirtioBlock {
         for i in 0..self.cfg.queues {
             let (jobs, job_rx) = channel();
             let (ack_tx, acks) = channel();
-            let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| e.to_string())?);
+            let stop =
+                Arc::new(
+                    EventFd::new(libc::EFD_NONBLOCK).map_err(|source| DeviceError::Os {
+                        what: "a queue thread's stop eventfd",
+                        source,
+                    })?,
+                );
             let dev = DeviceParts {
                 disk: self.disk.clone(),
                 lim: self.lim,
@@ -300,7 +309,10 @@ impl VirtioDevice for VirtioBlock {
             let t = std::thread::Builder::new()
                 .name(format!("blk-q{i}"))
                 .spawn(move || queue_thread(dev, st, job_rx, ack_tx, hook))
-                .map_err(|e| e.to_string())?;
+                .map_err(|source| DeviceError::Os {
+                    what: "starting a queue thread",
+                    source,
+                })?;
             self.workers.push(QueueThread {
                 jobs,
                 acks,
@@ -312,10 +324,10 @@ impl VirtioDevice for VirtioBlock {
         Ok(())
     }
 
-    fn activate(&mut self, a: Activation) -> Result<(), String> {
+    fn activate(&mut self, a: Activation) -> Result<(), DeviceError> {
         self.reset();
         if self.workers.len() < a.queues.len() {
-            return Err("the queue threads were not started".into());
+            return Err(DeviceError::NotStarted);
         }
         for (i, q) in a.queues.into_iter().enumerate() {
             let Some(q) = q else {
@@ -326,7 +338,7 @@ impl VirtioDevice for VirtioBlock {
                 .doorbells
                 .get(i)
                 .cloned()
-                .ok_or_else(|| format!("no doorbell for queue {i}"))?;
+                .ok_or(DeviceError::NoDoorbell(i))?;
             let w = &mut self.workers[i];
             let job = Job::Serve(Box::new(Session {
                 queue: q,
@@ -335,13 +347,16 @@ impl VirtioDevice for VirtioBlock {
                 interrupt: a.interrupt.clone(),
                 shared: shared.clone(),
             }));
-            w.jobs
-                .send(job)
-                .map_err(|_| format!("queue {i}'s thread is gone"))?;
+            w.jobs.send(job).map_err(|_| DeviceError::ThreadGone(i))?;
             match w.acks.recv() {
                 Ok(Ok(())) => w.serving = true,
-                Ok(Err(e)) => return Err(format!("queue {i}: {e}")),
-                Err(_) => return Err(format!("queue {i}'s thread is gone")),
+                Ok(Err(e)) => {
+                    return Err(DeviceError::Queue {
+                        queue: i,
+                        source: Box::new(e),
+                    });
+                }
+                Err(_) => return Err(DeviceError::ThreadGone(i)),
             }
             self.shared.push((i as u16, shared));
         }
