@@ -5,12 +5,15 @@
 //! the raw runs; `partition bench` merges it into `benchmarks/results/<host>.json`.
 
 pub mod blk;
+pub mod chart;
 pub mod compare;
 pub mod crosscheck;
 pub mod doc;
+pub mod figures;
 pub mod head;
 pub mod host;
 pub mod hotpaths;
+pub mod lookup;
 pub mod memsetup;
 pub mod nvmecore;
 pub mod probe;

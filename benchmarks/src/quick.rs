@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use crate::report::SEED;
+use crate::lookup::SEED;
 use crate::{Env, HugepageCount, Launch, hotpaths, probe, timed_run};
 
 const GUEST_MB: u64 = 160;

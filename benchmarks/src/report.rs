@@ -1,55 +1,15 @@
 //! The report a person reads: `benchmarks/results/<host>.md` with the guest/host ratio
 //! table beside the seeds' published ratios, the probe's paths and memory staircase, the
 //! other sections' headlines and the cross-checks; and `<host>-ratios.svg`, the ratios
-//! drawn with plotters. Both are made from the results file alone, after every
+//! and the pictures beside it (`crate::figures`). Both are made from the results file alone, after every
 //! `partition bench` (or by `partition bench --report`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use plotters::prelude::*;
 use serde_json::Value;
 
-/// Seed 000's table (KVM guest at default idle against multikernel on the same machine):
-/// (row, our hotpaths names, native us, KVM us, KVM/native).
-pub const SEED: &[(&str, &[&str], f64, f64, f64)] = &[
-    ("Null syscall", &["null_syscall"], 0.070, 0.099, 1.42),
-    ("read()", &["read"], 0.099, 0.124, 1.26),
-    ("write()", &["write"], 0.082, 0.114, 1.39),
-    ("stat()", &["stat"], 0.354, 0.379, 1.07),
-    ("open()/close()", &["open_close"], 0.554, 0.586, 1.06),
-    (
-        "Signal handler install",
-        &["sig_install"],
-        0.123,
-        0.159,
-        1.29,
-    ),
-    ("Signal handler catch", &["sig_catch"], 0.770, 0.881, 1.14),
-    (
-        "Context switch (2 procs)",
-        &["ctx_switch_2cores", "ctx_switch_1core"],
-        1.37,
-        3.42,
-        2.50,
-    ),
-    (
-        "Pipe latency",
-        &["pipe_2cores", "pipe_1core"],
-        3.24,
-        7.06,
-        2.18,
-    ),
-    (
-        "AF_UNIX stream latency",
-        &["unix_2cores", "unix_1core"],
-        4.81,
-        7.48,
-        1.55,
-    ),
-    ("fork + exit", &["fork_exit"], 115.0, 123.0, 1.07),
-    ("fork + /bin/sh", &["fork_sh"], 730.0, 761.0, 1.04),
-];
+use crate::lookup::{SEED, completed, guest_values, host_value, twin_index};
 
 /// Where the report and chart of a results file go.
 pub fn paths(results: &Path) -> (PathBuf, PathBuf) {
@@ -63,34 +23,6 @@ pub fn paths(results: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
-fn host_value(doc: &Value, name: &str) -> Option<(f64, f64, f64)> {
-    let r = doc["sections"]["host"]["rows"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == name)?;
-    Some((
-        r["median"].as_f64()?,
-        r["spread"][0].as_f64()?,
-        r["spread"][1].as_f64()?,
-    ))
-}
-
-/// (policy, value) for a guest benchmark, per measured policy.
-fn guest_values(doc: &Value, name: &str) -> Vec<(String, f64)> {
-    doc["sections"]["guest"]["policies"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter_map(|p| {
-                    let v = p["rows"].as_array()?.iter().find(|r| r["name"] == name)?["median"]
-                        .as_f64()?;
-                    Some((p["policy"].as_str()?.to_string(), v))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn fmt_us(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
@@ -99,10 +31,6 @@ fn fmt_us(v: f64) -> String {
     } else {
         format!("{v:.3}")
     }
-}
-
-fn completed(doc: &Value, s: &str) -> Option<bool> {
-    doc["sections"].get(s).map(|v| v["completed"] == true)
 }
 
 fn status(doc: &Value, s: &str) -> String {
@@ -508,16 +436,6 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
     o
 }
 
-/// The bare-host twin row (index into `submit.host`) a guest row is measured against.
-fn twin_index(doorbell: &str, completion: &str) -> usize {
-    match (doorbell, completion) {
-        ("mapped", "poll") => 0,
-        ("mapped", _) => 1,
-        (_, "poll") => 3,
-        _ => 4,
-    }
-}
-
 fn cell_us(c: &Value) -> String {
     match (
         c["median_ns"].as_f64(),
@@ -689,221 +607,6 @@ fn submit_rows(o: &mut String, sub: &Value, rows: &[Value]) {
     }
 }
 
-/// The submit chart: each guest row's median over its bare-host twin's (1.0 = the bare
-/// host), one bar per doorbell × completion × idle policy.
-pub fn submit_chart(doc: &Value, out: &Path) -> Result<(), String> {
-    let sub = &doc["sections"]["submit"];
-    let host = sub["host"].as_array().cloned().unwrap_or_default();
-    let bars: Vec<(String, Vec<Option<f64>>)> = sub["guest"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|r| {
-            let (d, c) = (
-                r["doorbell"].as_str().unwrap_or("?"),
-                r["completion"].as_str().unwrap_or("?"),
-            );
-            let ratio = r["submit_to_fence"]["median_ns"].as_f64().zip(
-                host.get(twin_index(d, c))
-                    .and_then(|t| t["submit_to_fence"]["median_ns"].as_f64()),
-            );
-            (
-                format!("{d} / {c} / {}", r["policy"].as_str().unwrap_or("?")),
-                vec![ratio.map(|(g, h)| g / h)],
-            )
-        })
-        .collect();
-    let root = SVGBackend::new(out, (900, 40 + 22 * bars.len().max(4) as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    hbars(
-        &root,
-        "submit to fence: guest / bare-host twin (red: beyond the 1.1x goal)",
-        &bars,
-        &[BLUE],
-        None,
-        |v| v > crate::submit::MAPPED_GOAL,
-    )?;
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
-}
-
-/// A category axis label: the name at an integer position, nothing between.
-fn label(names: &[String], x: f64) -> String {
-    let i = x.round();
-    if (x - i).abs() < 0.01 && i >= 0.0 {
-        names.get(i as usize).cloned().unwrap_or_default()
-    } else {
-        String::new()
-    }
-}
-
-/// Horizontal bars, one category per row from the top: `bars` are (label, values), each
-/// value drawn in its colour; a reference line at 1.0 and an optional shaded band.
-fn hbars(
-    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
-    title: &str,
-    bars: &[(String, Vec<Option<f64>>)],
-    colors: &[RGBColor],
-    band: Option<(f64, f64)>,
-    flag: impl Fn(f64) -> bool,
-) -> Result<(), String> {
-    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
-    let n = bars.len().max(1);
-    let xmax = bars
-        .iter()
-        .flat_map(|b| b.1.iter().flatten().copied())
-        .fold(1.5f64, f64::max)
-        * 1.1;
-    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
-    let mut c = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 15))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(230)
-        .build_cartesian_2d(0f64..xmax, -0.5f64..n as f64 - 0.5)
-        .map_err(err)?;
-    c.configure_mesh()
-        .disable_y_mesh()
-        .y_labels(n)
-        .y_label_formatter(&|y| label(&names, n as f64 - 1.0 - *y))
-        .y_label_style(("sans-serif", 11))
-        .x_desc("ratio")
-        .draw()
-        .map_err(err)?;
-    if let Some((lo, hi)) = band {
-        c.draw_series(std::iter::once(Rectangle::new(
-            [(lo, -0.5), (hi, n as f64 - 0.5)],
-            RGBColor(200, 230, 200).filled(),
-        )))
-        .map_err(err)?;
-    }
-    let k = colors.len().max(1) as f64;
-    let h = 0.8 / k;
-    for (j, color) in colors.iter().enumerate() {
-        c.draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
-            let v = (*b.1.get(j)?)?;
-            let y = n as f64 - 1.0 - i as f64 + 0.4 - h * (j as f64 + 1.0);
-            let fill = if flag(v) { RED } else { *color };
-            Some(Rectangle::new(
-                [(0.0, y + 0.03), (v, y + h - 0.03)],
-                fill.filled(),
-            ))
-        }))
-        .map_err(err)?;
-    }
-    c.draw_series(LineSeries::new(
-        vec![(1.0, -0.5), (1.0, n as f64 - 0.5)],
-        BLACK,
-    ))
-    .map_err(err)?;
-    Ok(())
-}
-
-/// The chart: seed and measured guest/host ratios per hot path; the probe's memory
-/// staircase ratio by working set; the cross-check ratios against the ±20% band.
-pub fn chart(doc: &Value, out: &Path) -> Result<(), String> {
-    let root = SVGBackend::new(out, (1650, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let panels = root.split_evenly((1, 3));
-    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
-
-    // 1: hot-path ratios, the seed's and ours (first measured policy).
-    let first_policy = doc["sections"]["guest"]["policies"]
-        .as_array()
-        .and_then(|a| a.first())
-        .and_then(|p| p["policy"].as_str())
-        .map(String::from);
-    let measured = completed(doc, "guest") == Some(true);
-    let bars: Vec<(String, Vec<Option<f64>>)> = SEED
-        .iter()
-        .map(|(row, names, _, _, ratio)| {
-            let ours = first_policy.as_ref().filter(|_| measured).and_then(|p| {
-                let g = guest_values(doc, names[0])
-                    .into_iter()
-                    .find(|x| &x.0 == p)?
-                    .1;
-                Some(g / host_value(doc, names[0])?.0)
-            });
-            (row.to_string(), vec![Some(*ratio), ours])
-        })
-        .collect();
-    let title = match (&first_policy, measured) {
-        (Some(p), true) => format!("guest/host: seed 000 (grey), ours --idle {p} (blue)"),
-        _ => "guest/host: seed 000 (grey); ours not measured on this host".to_string(),
-    };
-    hbars(
-        &panels[0],
-        &title,
-        &bars,
-        &[RGBColor(160, 160, 160), BLUE],
-        None,
-        |_| false,
-    )?;
-
-    // 2: memory staircase ratio.
-    let pts: Vec<(f64, f64)> = doc["sections"]["probe"]["mem_lat"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| {
-                    Some((
-                        (r["bytes"].as_f64()?).log2(),
-                        r["guest_over_host"].as_f64()?,
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let ymax2 = pts.iter().map(|p| p.1).fold(2.0f64, f64::max) * 1.1;
-    let mut c = ChartBuilder::on(&panels[1])
-        .caption(
-            "memory latency, probe guest / host (same chase)",
-            ("sans-serif", 15),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(40)
-        .build_cartesian_2d(9f64..28f64, 0f64..ymax2)
-        .map_err(err)?;
-    c.configure_mesh()
-        .x_desc("working set, log2 bytes (10 = 1 KiB, 20 = 1 MiB)")
-        .y_desc("ratio")
-        .draw()
-        .map_err(err)?;
-    c.draw_series(LineSeries::new(vec![(9.0, 1.0), (28.0, 1.0)], BLACK))
-        .map_err(err)?;
-    c.draw_series(LineSeries::new(pts.clone(), BLUE))
-        .map_err(err)?;
-    c.draw_series(pts.iter().map(|p| Circle::new(*p, 3, BLUE.filled())))
-        .map_err(err)?;
-
-    // 3: cross-checks.
-    let cc: Vec<(String, Vec<Option<f64>>)> = doc["sections"]["crosscheck"]["rows"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| {
-                    let tool = r["theirs"].as_str()?.split_whitespace().next()?;
-                    Some((
-                        format!("{} ({tool})", r["row"].as_str()?),
-                        vec![r["ours_over_theirs"].as_f64()],
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    hbars(
-        &panels[2],
-        "ours / independent tool (band ±20%, red outside)",
-        &cc,
-        &[BLUE],
-        Some((0.8, 1.2)),
-        |v| (v - 1.0).abs() > crate::crosscheck::TOLERANCE,
-    )?;
-    root.present().map_err(|e| e.to_string())?;
-    Ok(())
-}
-
 /// Writes the report and the chart for `results`.
 pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
     let text =
@@ -919,12 +622,14 @@ pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    chart(&doc, &svg)?;
+    let pictures = crate::figures::write(&doc, results, &host)?;
     let mut text = markdown(&doc, &host, &svg_name);
-    if doc["sections"]["submit"]["guest"].is_array() {
-        let name = format!("{host}-submit.svg");
-        submit_chart(&doc, &svg.with_file_name(&name))?;
-        text.push_str(&format!("\n![submit to fence, guest over twin]({name})\n"));
+    for p in pictures.iter().skip(1) {
+        let name = p
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        text.push_str(&format!("\n![{name}]({name})\n"));
     }
     std::fs::write(&md, text).map_err(|e| format!("{}: {e}", md.display()))?;
     Ok((md, svg))
@@ -1034,28 +739,22 @@ mod tests {
             md.contains("| edu | write to result | trap/poll | 86.00 (85.90-86.10) | 90.00 |"),
             "{md}"
         );
-        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
-            std::env::temp_dir().join("report-test-"),
-        )
-        .unwrap();
-        let p = dir.as_path().join("s.svg");
-        submit_chart(&d, &p).unwrap();
-        let svg = std::fs::read_to_string(&p).unwrap();
-        assert!(svg.contains("mapped / poll / hlt") && svg.contains("trap / irq / hlt"));
+        // The picture groups by doorbell mode, with the twin beside ours.
+        let svg = crate::chart::svg(&crate::figures::submit(&d));
+        assert!(svg.contains(">doorbell mapped</text>") && svg.contains(">doorbell trap</text>"));
+        assert!(svg.contains(">poll completion, --idle hlt</text>"), "{svg}");
+        assert!(
+            svg.contains(">550 ns</text>") && svg.contains(">500 ns</text>"),
+            "{svg}"
+        );
     }
 
     #[test]
-    fn the_chart_is_an_svg_with_the_rows() {
-        let dir = vmm_sys_util::tempdir::TempDir::new_with_prefix(
-            std::env::temp_dir().join("report-test-"),
-        )
-        .unwrap();
-        let p = dir.as_path().join("c.svg");
-        chart(&doc(), &p).unwrap();
-        let svg = std::fs::read_to_string(&p).unwrap();
+    fn the_ratios_picture_has_the_rows() {
+        let svg = crate::chart::svg(&crate::figures::ratios(&doc()));
         assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("Null syscall"));
-        assert!(svg.contains("memory latency"));
+        assert!(svg.contains(">Null syscall</text>"));
+        assert!(svg.contains("Memory latency"));
         assert!(svg.matches("<rect").count() > 12);
     }
 }
