@@ -181,7 +181,11 @@ impl Vm {
                 return Err(VmError::MissingCap(name));
             }
         }
+        // The launch timeline splits VM creation: opening /dev/kvm, KVM_CREATE_VM, the
+        // in-kernel irqchip and PIT (the rest of `vm` is idle caps and memory slots).
+        crate::sys::timeline::mark("kvm_open");
         let fd = kvm.create_vm().map_err(kvm_err("creating the VM"))?;
+        crate::sys::timeline::mark("vm_create");
         fd.set_tss_address(KVM_TSS_ADDR)
             .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
         // Not every host implements it; only VMX without unrestricted guest needs it.
@@ -196,6 +200,7 @@ impl Vm {
         };
         fd.create_pit2(pit)
             .map_err(kvm_err("creating the in-kernel PIT"))?;
+        crate::sys::timeline::mark("irqchip");
         Ok(Self {
             kvm,
             fd,

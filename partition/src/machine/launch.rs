@@ -260,9 +260,11 @@ pub(super) fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, La
     let mut vm = Vm::new()?;
     vm.apply_idle(&checked.idle)?;
     vm.report_emulation_failures()?;
+    crate::sys::timeline::mark("vm_caps");
     if checked.cpu_model.syscall_repair {
         vm.trap_lstar_writes()?;
     }
+    crate::sys::timeline::mark("msr_filter");
     vm.map_memory(memory, checked.plan.first_ram_slot)?;
     Ok(vm)
 }
