@@ -131,11 +131,11 @@ fn one_core_linux64_reports_what_it_was_given() {
             "vm_create",
             "irqchip",
             "vm_caps",
-            "msr_filter",
             "vm",
             "boot",
             "devices",
             "vcpus",
+            "msr_filter",
             "confine",
             "vcpu_start",
             "guest_to_first_byte"
