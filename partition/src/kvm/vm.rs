@@ -165,7 +165,7 @@ pub struct Vm {
     fd: VmFd,
     /// The guest memory behind the memory slots: a clone keeps its mappings alive for as
     /// long as the VM (and so any vCPU) can reach them. Dropped after `fd`.
-    memory: Option<vm_memory::GuestMemoryMmap>,
+    memory: std::sync::OnceLock<vm_memory::GuestMemoryMmap>,
 }
 
 impl Vm {
@@ -204,7 +204,7 @@ impl Vm {
         Ok(Self {
             kvm,
             fd,
-            memory: None,
+            memory: std::sync::OnceLock::new(),
         })
     }
 
@@ -282,9 +282,9 @@ impl Vm {
     }
 
     /// Registers every RAM range of `mem` as a memory slot, from `first_slot` on.
-    pub fn map_memory(&mut self, mem: &GuestMemory, first_slot: u32) -> Result<(), VmError> {
+    pub fn map_memory(&self, mem: &GuestMemory, first_slot: u32) -> Result<(), VmError> {
         // Kept before the first slot exists, so even a half-mapped VM cannot outlive it.
-        self.memory = Some(mem.mem().clone());
+        let _ = self.memory.set(mem.mem().clone());
         for (slot, r) in (first_slot..).zip(mem.layout().ram_ranges().iter()) {
             let userspace_addr = mem.host_addr(r).ok_or(VmError::NoHostMapping {
                 guest_addr: r.guest_addr,

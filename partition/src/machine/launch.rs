@@ -130,19 +130,9 @@ pub fn run(
     drop(ram);
     let t_mem = Instant::now();
     crate::sys::timeline::mark_at("memory", t_mem);
-    let vm = Arc::new(build_vm(&checked, &memory)?);
+    let (vm, lstar) = build_vm(&checked, &memory)?;
     let t_vm = Instant::now();
     crate::sys::timeline::mark_at("vm", t_vm);
-    // The SYSCALL repair's MSR filter: KVM takes milliseconds over it (13 ms median on
-    // kvm_pvm, where it waits in the kernel, not on our CPU), so it is installed on a thread
-    // of its own while the boot structures, devices and vCPUs are made, and joined before
-    // any vCPU can run. KVM accepts the filter at any time before the guest's WRMSR.
-    let lstar = checked.cpu_model.syscall_repair.then(|| {
-        let vm = vm.clone();
-        std::thread::Builder::new()
-            .name("msr-filter".into())
-            .spawn(move || vm.trap_lstar_writes())
-    });
     let boot = write_boot(&checked, &memory)?;
     let t_boot = Instant::now();
     crate::sys::timeline::mark_at("boot", t_boot);
@@ -152,10 +142,6 @@ pub fn run(
     let t_vcpus = Instant::now();
     crate::sys::timeline::mark_at("vcpus", t_vcpus);
     if let Some(t) = lstar {
-        let t = t.map_err(|source| LaunchError::Os {
-            what: "starting the MSR filter's thread",
-            source,
-        })?;
         t.join().map_err(|_| LaunchError::Os {
             what: "installing the MSR filter",
             source: std::io::Error::other("its thread panicked"),
@@ -276,14 +262,47 @@ pub fn run(
     })
 }
 
-/// The VM, with the idle plan's and the CPU model's settings and the guest's memory slots.
-pub(super) fn build_vm(checked: &Checked, memory: &GuestMemory) -> Result<Vm, LaunchError> {
-    let mut vm = Vm::new()?;
+/// The thread installing the SYSCALL repair's MSR filter.
+type FilterThread = std::thread::JoinHandle<Result<(), crate::kvm::VmError>>;
+
+/// The VM, with the idle plan's and the CPU model's settings and the guest's memory slots,
+/// and the thread installing the MSR filter (the caller joins it before any vCPU runs).
+pub(super) fn build_vm(
+    checked: &Checked,
+    memory: &GuestMemory,
+) -> Result<(Arc<Vm>, Option<FilterThread>), LaunchError> {
+    let vm = Arc::new(Vm::new()?);
     vm.apply_idle(&checked.idle)?;
     vm.report_emulation_failures()?;
     crate::sys::timeline::mark("vm_caps");
-    vm.map_memory(memory, checked.plan.first_ram_slot)?;
-    Ok(vm)
+    // The SYSCALL repair's MSR filter: KVM takes milliseconds over it (13 ms median on
+    // kvm_pvm, waiting in the kernel, not on our CPU), and over the first memory slot as
+    // long again, so the filter goes in on a thread of its own, beside the memory slots,
+    // the boot structures, devices and vCPUs, and is joined before any vCPU can run.
+    // KVM accepts the filter at any time before the guest's WRMSR.
+    let lstar = match checked.cpu_model.syscall_repair {
+        false => None,
+        true => {
+            let vm = vm.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("msr-filter".into())
+                    .spawn(move || vm.trap_lstar_writes())
+                    .map_err(|source| LaunchError::Os {
+                        what: "starting the MSR filter's thread",
+                        source,
+                    })?,
+            )
+        }
+    };
+    let mapped = vm.map_memory(memory, checked.plan.first_ram_slot);
+    if let Err(e) = mapped {
+        if let Some(t) = lstar {
+            let _ = t.join();
+        }
+        return Err(e.into());
+    }
+    Ok((vm, lstar))
 }
 
 /// Kernel, initrd, command line and the boot structures, in guest memory.
