@@ -74,22 +74,6 @@ fn fit(label: &str) -> String {
     }
 }
 
-/// A byte count as people read it: 512 B, 4 KiB, 1 MiB, 8 GiB.
-pub fn bytes(b: f64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if (v - v.round()).abs() < 0.05 {
-        format!("{:.0} {}", v.round(), units[i])
-    } else {
-        format!("{v:.1} {}", units[i])
-    }
-}
-
 /// One labelled row: a value per series (None: no bar).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Row {
@@ -373,10 +357,6 @@ mod tests {
         assert_eq!(Unit::Millis.tick(1.0), "1 ms");
         assert_eq!(fit("short"), "short");
         assert_eq!(fit(&"x".repeat(60)).chars().count(), 46);
-        assert_eq!(bytes(512.0), "512 B");
-        assert_eq!(bytes(4096.0), "4 KiB");
-        assert_eq!(bytes(268_435_456.0), "256 MiB");
-        assert_eq!(bytes(1536.0), "1.5 KiB");
     }
 
     #[test]

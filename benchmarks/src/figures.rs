@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::chart::{BLUE, GREY, Group, LIGHT, ORANGE, Panel, Row, Unit, bytes, svg};
+use partition::config::size::format as bytes;
+
+use crate::chart::{BLUE, GREY, Group, LIGHT, ORANGE, Panel, Row, Unit, svg};
 use crate::lookup::{SEED, completed, guest_values, host_value, twin_index};
 
 fn series(names: &[(&str, &'static str)]) -> Vec<(String, &'static str)> {
@@ -76,7 +78,7 @@ pub fn ratios(doc: &Value) -> Vec<Panel> {
         .filter_map(|r| {
             let host = r["host_ns"].as_f64()?;
             Some(Row {
-                label: bytes(r["bytes"].as_f64()?),
+                label: bytes(r["bytes"].as_u64()?),
                 values: vec![
                     r["guest_over_host"].as_f64(),
                     r["qemu_ns"].as_f64().map(|q| q / host),
@@ -298,11 +300,11 @@ pub fn memsetup(doc: &Value) -> Vec<Panel> {
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let mut sizes: Vec<f64> = rows
+    let mut sizes: Vec<u64> = rows
         .iter()
-        .filter_map(|r| r["size_bytes"].as_f64())
+        .filter_map(|r| r["size_bytes"].as_u64())
         .collect();
-    sizes.sort_by(f64::total_cmp);
+    sizes.sort_unstable();
     sizes.dedup();
     let group = |key: &str| -> Vec<Group> {
         sizes
@@ -311,7 +313,7 @@ pub fn memsetup(doc: &Value) -> Vec<Panel> {
                 title: format!("{} guest", bytes(size)),
                 rows: rows
                     .iter()
-                    .filter(|r| r["size_bytes"].as_f64() == Some(size))
+                    .filter(|r| r["size_bytes"].as_u64() == Some(size))
                     .filter_map(|r| {
                         let source = r["source"].as_str()?;
                         let v = r[key]["median"].as_f64()?;

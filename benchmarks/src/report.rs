@@ -205,14 +205,7 @@ pub fn markdown(doc: &Value, host: &str, svg_name: &str) -> String {
              | working set | host ns | probe guest ns | guest/host |\n|---|---|---|---|"
         );
         for r in st {
-            let b = r["bytes"].as_u64().unwrap_or(0);
-            let size = if b >= 1 << 20 {
-                format!("{} MiB", b >> 20)
-            } else if b >= 1024 {
-                format!("{} KiB", b >> 10)
-            } else {
-                format!("{b} B")
-            };
+            let size = partition::config::size::format(r["bytes"].as_u64().unwrap_or(0));
             let f = |k: &str| r[k].as_f64().map_or("—".into(), |v| format!("{v:.2}"));
             let _ = writeln!(
                 o,
