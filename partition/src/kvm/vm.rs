@@ -153,6 +153,9 @@ pub enum VmError {
         /// Guest address of the range.
         guest_addr: u64,
     },
+    /// Guest RAM was mapped into this VM already (only one memory is kept alive for it).
+    #[error("guest RAM is mapped into this VM already")]
+    MemoryMapped,
 }
 
 fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -281,10 +284,14 @@ impl Vm {
             .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))
     }
 
-    /// Registers every RAM range of `mem` as a memory slot, from `first_slot` on.
+    /// Registers every RAM range of `mem` as a memory slot, from `first_slot` on. Once per
+    /// VM: the VM keeps the one memory its slots point into.
     pub fn map_memory(&self, mem: &GuestMemory, first_slot: u32) -> Result<(), VmError> {
-        // Kept before the first slot exists, so even a half-mapped VM cannot outlive it.
-        let _ = self.memory.set(mem.mem().clone());
+        // Kept before the first slot exists, so even a half-mapped VM cannot outlive it; a
+        // second memory is refused, never registered without being kept.
+        self.memory
+            .set(mem.mem().clone())
+            .map_err(|_| VmError::MemoryMapped)?;
         for (slot, r) in (first_slot..).zip(mem.layout().ram_ranges().iter()) {
             let userspace_addr = mem.host_addr(r).ok_or(VmError::NoHostMapping {
                 guest_addr: r.guest_addr,
@@ -476,6 +483,20 @@ mod tests {
                 None
             }
         }
+    }
+
+    #[test]
+    fn guest_ram_is_mapped_once() {
+        let Some(vm) = vm_or_skip("guest_ram_is_mapped_once") else {
+            return;
+        };
+        let layout = boot::layout::MemoryLayout::new(8 << 20).unwrap();
+        let ram = pool::RamSource::Anonymous(pool::Backing::Anonymous);
+        let a = GuestMemory::new(&ram, layout).unwrap();
+        let b = GuestMemory::new(&ram, layout).unwrap();
+        vm.map_memory(&a, 0).unwrap();
+        // A second memory would be registered without the VM keeping it alive: refused.
+        assert!(matches!(vm.map_memory(&b, 4), Err(VmError::MemoryMapped)));
     }
 
     #[test]
