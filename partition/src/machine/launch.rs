@@ -275,11 +275,11 @@ pub(super) fn build_vm(
     vm.apply_idle(&checked.idle)?;
     vm.report_emulation_failures()?;
     crate::sys::timeline::mark("vm_caps");
-    // The SYSCALL repair's MSR filter: KVM takes milliseconds over it (13 ms median on
-    // kvm_pvm, waiting in the kernel, not on our CPU), and over the first memory slot as
-    // long again, so the filter goes in on a thread of its own, beside the memory slots,
-    // the boot structures, devices and vCPUs, and is joined before any vCPU can run.
-    // KVM accepts the filter at any time before the guest's WRMSR.
+    // The SYSCALL repair's MSR filter: KVM takes milliseconds over it (13.4 ms median on
+    // kvm_pvm, docs/boot.md), and the memory slots take milliseconds after it too, so the
+    // filter goes in on a thread of its own, beside the memory slots, the boot structures,
+    // devices and vCPUs, and is joined before any vCPU can run. KVM accepts the filter at
+    // any time before the guest's WRMSR.
     let lstar = match checked.cpu_model.syscall_repair {
         false => None,
         true => {
