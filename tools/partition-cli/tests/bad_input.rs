@@ -147,6 +147,15 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             format!("memory = \"64M\"\ncores = \"1\"\nstate_dir = \"{state_dir}\"\n").as_bytes(),
         ))
     };
+    let typed_plan = |name: &str, memory: &str, cores: &str| {
+        s(&dir.file(
+            name,
+            format!("memory = \"{memory}\"\ncores = \"{cores}\"\n").as_bytes(),
+        ))
+    };
+    let plan_bad_size = typed_plan("bad-size.toml", "lots", "1");
+    let plan_twice_core = typed_plan("twice-core.toml", "64M", "1,1");
+    let disk_key_twice = format!("{twice_spec},readonly=on,readonly=off");
     let relative_plan = plan("relative.toml", "here");
     let empty_plan = plan("empty.toml", "");
     let elsewhere_plan = plan("elsewhere.toml", "/run/partition-elsewhere");
@@ -196,6 +205,30 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             ]
             .concat(),
             "already attached, and read-write",
+        ),
+        (
+            "a --disk key given twice",
+            [&PROBE_16M[..], &["--disk", &disk_key_twice]].concat(),
+            "readonly= given twice",
+        ),
+        (
+            "a --device key given twice",
+            [
+                &PROBE_16M[..],
+                &["--device", "engine,doorbell=trap,doorbell=mapped"],
+            ]
+            .concat(),
+            "doorbell= given twice",
+        ),
+        (
+            "a plan whose memory is not a size",
+            vec!["reserve", "--plan", &plan_bad_size],
+            "\"lots\" is not a size",
+        ),
+        (
+            "a plan listing a core twice",
+            vec!["reserve", "--plan", &plan_twice_core],
+            "listed more than once",
         ),
         (
             "endless plan file",
