@@ -6,12 +6,16 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use partition::config::size::format as bytes;
 
 use crate::chart::{BLUE, GREY, Group, LIGHT, ORANGE, Panel, Row, Unit, svg};
-use crate::lookup::{SEED, completed, guest_values, host_value, twin_index};
+use crate::doc::Results;
+use crate::doc::blk::{GuestRow, Metric, Peers};
+use crate::doc::memsetup::MemSetupRow;
+use crate::doc::wake::{PolicyRow, WakeHost, WakeMetric, WakeRow};
+use crate::head::Cell;
+use crate::lookup::{SEED, guest_values, host_value, twin_index};
+use crate::stats::Summary;
 
 fn series(names: &[(&str, &'static str)]) -> Vec<(String, &'static str)> {
     names.iter().map(|(n, c)| (n.to_string(), *c)).collect()
@@ -29,19 +33,19 @@ fn panel(title: &str, unit: Unit, s: &[(&str, &'static str)], groups: Vec<Group>
     }
 }
 
-fn median_ns(v: &Value) -> Option<f64> {
-    v["median_ns"].as_f64()
+fn median_ns(c: &Option<Cell>) -> Option<f64> {
+    c.map(|c| c.median_ns)
 }
 
 /// The ratios picture: hot paths (seed 000 and ours), the memory staircase by working set,
 /// the cross-checks against their ±20% band.
-pub fn ratios(doc: &Value) -> Vec<Panel> {
-    let first_policy = doc["sections"]["guest"]["policies"]
-        .as_array()
-        .and_then(|a| a.first())
-        .and_then(|p| p["policy"].as_str())
-        .map(String::from);
-    let measured = completed(doc, "guest") == Some(true);
+pub fn ratios(doc: &Results) -> Vec<Panel> {
+    let first_policy = doc
+        .guest
+        .as_ref()
+        .and_then(|g| g.policies.as_ref()?.first())
+        .map(|p| p.policy.clone());
+    let measured = doc.completed("guest") == Some(true);
     let rows = SEED
         .iter()
         .map(|(row, names, _, _, ratio)| {
@@ -71,18 +75,15 @@ pub fn ratios(doc: &Value) -> Vec<Panel> {
             rows,
         }],
     );
-    let stair: Vec<Row> = doc["sections"]["probe"]["mem_lat"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let stair: Vec<Row> = doc
+        .probe
+        .iter()
+        .flat_map(|p| p.mem_lat.iter().flatten())
         .filter_map(|r| {
-            let host = r["host_ns"].as_f64()?;
+            let host = r.host_ns?;
             Some(Row {
-                label: bytes(r["bytes"].as_u64()?),
-                values: vec![
-                    r["guest_over_host"].as_f64(),
-                    r["qemu_ns"].as_f64().map(|q| q / host),
-                ],
+                label: bytes(r.bytes),
+                values: vec![r.guest_over_host, r.qemu_ns.map(|q| q / host)],
             })
         })
         .collect();
@@ -95,15 +96,15 @@ pub fn ratios(doc: &Value) -> Vec<Panel> {
             rows: stair,
         }],
     );
-    let cc: Vec<Row> = doc["sections"]["crosscheck"]["rows"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let cc: Vec<Row> = doc
+        .crosscheck
+        .iter()
+        .flat_map(|c| c.rows.iter().flatten())
         .filter_map(|r| {
-            let tool = r["theirs"].as_str()?.split_whitespace().next()?;
+            let tool = r.theirs.split_whitespace().next()?;
             Some(Row {
-                label: format!("{} ({tool})", r["row"].as_str()?),
-                values: vec![r["ours_over_theirs"].as_f64()],
+                label: format!("{} ({tool})", r.row),
+                values: vec![r.ours_over_theirs],
             })
         })
         .collect();
@@ -124,32 +125,30 @@ pub fn ratios(doc: &Value) -> Vec<Panel> {
 }
 
 /// Submit to fence by doorbell mode: ours (red past the goal), the bare-host twin, QEMU.
-pub fn submit(doc: &Value) -> Vec<Panel> {
-    let sub = &doc["sections"]["submit"];
-    let host = sub["host"].as_array().cloned().unwrap_or_default();
-    let qemu = sub["qemu"].as_array().cloned().unwrap_or_default();
+pub fn submit(doc: &Results) -> Vec<Panel> {
+    let Some(sub) = &doc.submit else {
+        return Vec::new();
+    };
     let mut groups: Vec<Group> = Vec::new();
     for mode in ["trap", "ioeventfd", "mapped"] {
-        let rows: Vec<Row> = sub["guest"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["doorbell"].as_str() == Some(mode))
+        let rows: Vec<Row> = sub
+            .guest
+            .iter()
+            .filter(|r| r.doorbell == mode)
             .map(|r| {
-                let c = r["completion"].as_str().unwrap_or("?");
-                let twin = host
+                let c = r.completion.as_str();
+                let twin = sub
+                    .host
                     .get(twin_index(mode, c))
-                    .and_then(|t| median_ns(&t["submit_to_fence"]));
-                let peer = qemu
+                    .and_then(|t| median_ns(&t.submit_to_fence));
+                let peer = sub
+                    .qemu
                     .iter()
-                    .find(|q| q["peer_of"].as_str() == Some(&format!("{mode}/{c} submit to fence")))
-                    .and_then(|q| median_ns(&q["latency"]));
+                    .find(|q| q.peer_of == format!("{mode}/{c} submit to fence"))
+                    .and_then(|q| median_ns(&q.latency));
                 Row {
-                    label: format!(
-                        "{c} completion, --idle {}",
-                        r["policy"].as_str().unwrap_or("?")
-                    ),
-                    values: vec![median_ns(&r["submit_to_fence"]), twin, peer],
+                    label: format!("{c} completion, --idle {}", r.policy),
+                    values: vec![median_ns(&r.submit_to_fence), twin, peer],
                 }
             })
             .collect();
@@ -173,32 +172,43 @@ pub fn submit(doc: &Value) -> Vec<Panel> {
 }
 
 /// Wakeups: IPI and shared-memory round trips and timer lateness, per idle policy and peer.
-pub fn wake(doc: &Value) -> Vec<Panel> {
-    let w = &doc["sections"]["wake"];
+pub fn wake(doc: &Results) -> Vec<Panel> {
+    let Some(w) = &doc.wake else {
+        return Vec::new();
+    };
     let who = |name: &str| {
         if name.starts_with("qemu") { 2 } else { 0 }
     };
-    let measure = |key: &str, host_keys: &[(&str, &str)]| {
-        let mut rows: Vec<Row> = w["policies"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .chain(w["peers"].as_array().into_iter().flatten())
+    let measured: Vec<&WakeRow> = w
+        .policies
+        .iter()
+        .flatten()
+        .filter_map(|p| match p {
+            PolicyRow::Measured(r) => Some(&**r),
+            PolicyRow::Refused { .. } => None,
+        })
+        .chain(w.peers.iter().flatten())
+        .collect();
+    let metric = |m: &Option<WakeMetric>| m.as_ref().map(|m| m.median_ns);
+    type Pick = fn(&WakeRow) -> &Option<WakeMetric>;
+    type HostPick = fn(&WakeHost) -> &Option<WakeMetric>;
+    let measure = |key: Pick, host_keys: &[(HostPick, &str)]| {
+        let mut rows: Vec<Row> = measured
+            .iter()
             .filter_map(|p| {
-                let name = p["name"].as_str()?;
-                let v = median_ns(&p[key])?;
+                let v = metric(key(p))?;
                 let mut values = vec![None, None, None];
-                values[who(name)] = Some(v);
-                let label = if who(name) == 2 {
-                    name.to_string()
+                values[who(&p.name)] = Some(v);
+                let label = if who(&p.name) == 2 {
+                    p.name.clone()
                 } else {
-                    format!("--idle {name}")
+                    format!("--idle {}", p.name)
                 };
                 Some(Row { label, values })
             })
             .collect();
         for (k, label) in host_keys {
-            if let Some(v) = median_ns(&w["host"][*k]) {
+            if let Some(v) = w.host.as_ref().and_then(|h| metric(k(h))) {
                 rows.push(Row {
                     label: label.to_string(),
                     values: vec![None, Some(v), None],
@@ -211,23 +221,26 @@ pub fn wake(doc: &Value) -> Vec<Panel> {
         Group {
             title: "IPI round trip (vCPU to vCPU and back)".into(),
             rows: measure(
-                "ipi_round_trip",
+                |r| &r.ipi_round_trip,
                 &[
-                    ("futex_pingpong", "host: futex ping-pong"),
-                    ("spin_pingpong", "host: spin ping-pong"),
+                    (|h| &h.futex_pingpong, "host: futex ping-pong"),
+                    (|h| &h.spin_pingpong, "host: spin ping-pong"),
                 ],
             ),
         },
         Group {
             title: "shared-memory round trip".into(),
             rows: measure(
-                "shm_round_trip",
-                &[("spin_pingpong", "host: spin ping-pong")],
+                |r| &r.shm_round_trip,
+                &[(|h| &h.spin_pingpong, "host: spin ping-pong")],
             ),
         },
         Group {
             title: "timer lateness".into(),
-            rows: measure("timer_lateness", &[("timer_lateness", "host: timer")]),
+            rows: measure(
+                |r| &r.timer_lateness,
+                &[(|h| &h.timer_lateness, "host: timer")],
+            ),
         },
     ];
     vec![panel(
@@ -239,38 +252,38 @@ pub fn wake(doc: &Value) -> Vec<Panel> {
 }
 
 /// Block: 4 KiB read latency, ours by doorbell and cache, QEMU's, the host's own reads.
-pub fn blk(doc: &Value) -> Vec<Panel> {
-    let b = &doc["sections"]["blk"];
-    let cache = |r: &Value| {
-        r["cache"]
-            .as_str()
-            .and_then(|c| c.split(':').next())
-            .unwrap_or("?")
-            .to_string()
+pub fn blk(doc: &Results) -> Vec<Panel> {
+    let Some(b) = &doc.blk else {
+        return Vec::new();
     };
-    let rows = |key: &str| {
+    let cache = |c: &str| c.split(':').next().unwrap_or("?").to_string();
+    let qemu: &[GuestRow] = match &b.qemu {
+        Some(Peers::Rows(r)) => r,
+        _ => &[],
+    };
+    type Pick = fn(&GuestRow) -> &Option<Metric>;
+    let rows = |key: Pick| {
         let mut out: Vec<Row> = Vec::new();
-        for (list, slot) in [("ours", 0), ("qemu", 2)] {
-            for r in b[list].as_array().into_iter().flatten() {
-                let Some(v) = r[key]["median"].as_f64() else {
+        for (list, slot) in [(b.ours.as_deref().unwrap_or_default(), 0), (qemu, 2)] {
+            for r in list {
+                let Some(v) = key(r).as_ref().map(|m| m.median) else {
                     continue;
                 };
                 let mut values = vec![None, None, None];
                 values[slot] = Some(v);
-                let name = r["name"].as_str().unwrap_or("?");
                 let label = if slot == 0 {
-                    format!("ours {name}, {}", cache(r))
+                    format!("ours {}, {}", r.name, cache(&r.cache))
                 } else {
-                    format!("{name}, {}", cache(r))
+                    format!("{}, {}", r.name, cache(&r.cache))
                 };
                 out.push(Row { label, values });
             }
         }
-        for r in b["host"].as_array().into_iter().flatten() {
-            if let (Some(name), Some(v)) = (r["name"].as_str(), r["lat4k"]["median"].as_f64()) {
+        for r in b.host.iter().flatten() {
+            if let Some(m) = &r.lat4k {
                 out.push(Row {
-                    label: name.to_string(),
-                    values: vec![None, Some(v), None],
+                    label: r.name.clone(),
+                    values: vec![None, Some(m.median), None],
                 });
             }
         }
@@ -283,11 +296,11 @@ pub fn blk(doc: &Value) -> Vec<Panel> {
         vec![
             Group {
                 title: "the guest polls for the completion".into(),
-                rows: rows("lat4k_guest_polls"),
+                rows: rows(|r| &r.lat4k_guest_polls),
             },
             Group {
                 title: "the guest waits for the interrupt".into(),
-                rows: rows("lat4k_guest_waits_for_irq"),
+                rows: rows(|r| &r.lat4k_guest_waits_for_irq),
             },
         ],
     )]
@@ -295,33 +308,31 @@ pub fn blk(doc: &Value) -> Vec<Panel> {
 
 /// Memory set-up: launch to the first serial byte and the VMM's CPU time, by guest size and
 /// source (ours and QEMU's).
-pub fn memsetup(doc: &Value) -> Vec<Panel> {
-    let rows = doc["sections"]["memsetup"]["rows"]
-        .as_array()
-        .cloned()
+pub fn memsetup(doc: &Results) -> Vec<Panel> {
+    let rows: &[MemSetupRow] = doc
+        .memsetup
+        .as_ref()
+        .and_then(|m| m.rows.as_deref())
         .unwrap_or_default();
-    let mut sizes: Vec<u64> = rows
-        .iter()
-        .filter_map(|r| r["size_bytes"].as_u64())
-        .collect();
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.size_bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let group = |key: &str| -> Vec<Group> {
+    type Pick = fn(&MemSetupRow) -> &Option<Summary>;
+    let group = |key: Pick| -> Vec<Group> {
         sizes
             .iter()
             .map(|&size| Group {
                 title: format!("{} guest", bytes(size)),
                 rows: rows
                     .iter()
-                    .filter(|r| r["size_bytes"].as_u64() == Some(size))
+                    .filter(|r| r.size_bytes == size)
                     .filter_map(|r| {
-                        let source = r["source"].as_str()?;
-                        let v = r[key]["median"].as_f64()?;
-                        let slot = if source.starts_with("qemu") { 1 } else { 0 };
+                        let v = key(r).as_ref()?.median;
+                        let slot = if r.source.starts_with("qemu") { 1 } else { 0 };
                         let mut values = vec![None, None];
                         values[slot] = Some(v);
                         Some(Row {
-                            label: source.to_string(),
+                            label: r.source.clone(),
                             values,
                         })
                     })
@@ -335,30 +346,31 @@ pub fn memsetup(doc: &Value) -> Vec<Panel> {
             "Launch to the guest's first serial byte, median",
             Unit::Millis,
             &s,
-            group("first_byte_ms"),
+            group(|r| &r.first_byte_ms),
         ),
         panel(
             "The VMM's own CPU time to the first byte, median",
             Unit::Millis,
             &s,
-            group("vmm_cpu_ms_at_first_byte"),
+            group(|r| &r.vmm_cpu_ms_at_first_byte),
         ),
     ]
 }
 
 /// A passed-through controller's reads (submit-vfio): by completion, ours beside the
 /// bare-host twin and QEMU with the same device.
-pub fn submit_vfio(doc: &Value) -> Vec<Panel> {
-    let s = &doc["sections"]["submit-vfio"];
+pub fn submit_vfio(doc: &Results) -> Vec<Panel> {
+    let Some(s) = &doc.submit_vfio else {
+        return Vec::new();
+    };
     let groups = ["poll", "irq"]
         .iter()
         .map(|c| {
             let of = |who: &str| {
-                s["rows"].as_array().into_iter().flatten().find_map(|r| {
-                    (r["completion"].as_str() == Some(c) && r["who"].as_str() == Some(who))
-                        .then(|| median_ns(&r["latency"]))
-                        .flatten()
-                })
+                s.rows
+                    .iter()
+                    .find(|r| r.completion == *c && r.who == who)
+                    .and_then(|r| median_ns(&r.latency))
             };
             Group {
                 title: format!("{c} completion"),
@@ -369,7 +381,7 @@ pub fn submit_vfio(doc: &Value) -> Vec<Panel> {
             }
         })
         .collect();
-    let device = s["device"].as_str().unwrap_or("a passed-through device");
+    let device = s.device.as_deref().unwrap_or("a passed-through device");
     vec![panel(
         &format!("Passthrough: {device}, submit to completion, median"),
         Unit::Nanos,
@@ -383,17 +395,16 @@ pub fn submit_vfio(doc: &Value) -> Vec<Panel> {
 }
 
 /// Every picture of `doc` that has figures: (file name, SVG text), named after `host`.
-pub fn all(doc: &Value, host: &str) -> Vec<(String, String)> {
-    let has = |s: &str| doc["sections"][s].is_object();
+pub fn all(doc: &Results, host: &str) -> Vec<(String, String)> {
     let mut out = vec![(format!("{host}-ratios.svg"), svg(&ratios(doc)))];
     for (name, draw) in [
-        ("submit", submit as fn(&Value) -> Vec<Panel>),
+        ("submit", submit as fn(&Results) -> Vec<Panel>),
         ("wake", wake),
         ("blk", blk),
         ("memsetup", memsetup),
         ("submit-vfio", submit_vfio),
     ] {
-        if has(name) {
+        if doc.head(name).is_some() {
             out.push((format!("{host}-{name}.svg"), svg(&draw(doc))));
         }
     }
@@ -401,7 +412,7 @@ pub fn all(doc: &Value, host: &str) -> Vec<(String, String)> {
 }
 
 /// Writes [`all`] beside `results`; the paths written.
-pub fn write(doc: &Value, results: &Path, host: &str) -> Result<Vec<PathBuf>, String> {
+pub fn write(doc: &Results, results: &Path, host: &str) -> Result<Vec<PathBuf>, String> {
     all(doc, host)
         .into_iter()
         .map(|(name, text)| {
@@ -416,11 +427,13 @@ pub fn write(doc: &Value, results: &Path, host: &str) -> Result<Vec<PathBuf>, St
 mod tests {
     use super::*;
 
-    fn committed(name: &str) -> Value {
+    fn committed(name: &str) -> Results {
         let p = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("results")
             .join(name);
-        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        let doc = Results::read(&p).unwrap();
+        assert!(doc.unreadable.is_empty(), "{:?}", doc.unreadable);
+        doc
     }
 
     /// Renders `text` as resvg would show it; the count of pixels of `colour`.

@@ -1,6 +1,6 @@
 //! What every section of the results file shares: its [`Head`] (whether it completed, when,
 //! on what, and why not), a measured [`Cell`] and an [`Ordering`] claim between two
-//! figures. Every harness builds these; [`crate::doc`] gathers the harnesses' sections.
+//! figures. Every harness builds these; the sections' own types are in [`crate::doc`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -1,8 +1,8 @@
-//! Lookups into a results file that the report's tables and its pictures share: seed 000's
+//! Lookups into a results file ([`Results`]) that the report's tables and its pictures share: seed 000's
 //! table, whether a section completed, a hot path's host and guest figures, the bare-host
 //! twin of a submit row.
 
-use serde_json::Value;
+use crate::doc::Results;
 
 /// Seed 000's table (KVM guest at default idle against multikernel on the same machine):
 /// (row, our hotpaths names, native us, KVM us, KVM/native).
@@ -45,36 +45,28 @@ pub const SEED: &[(&str, &[&str], f64, f64, f64)] = &[
     ("fork + /bin/sh", &["fork_sh"], 730.0, 761.0, 1.04),
 ];
 
-pub fn host_value(doc: &Value, name: &str) -> Option<(f64, f64, f64)> {
-    let r = doc["sections"]["host"]["rows"]
-        .as_array()?
+/// A hot path's bare-host figure: (median, min, max).
+pub fn host_value(doc: &Results, name: &str) -> Option<(f64, f64, f64)> {
+    let r = doc
+        .host
+        .as_ref()?
+        .rows
+        .as_ref()?
         .iter()
-        .find(|r| r["name"] == name)?;
-    Some((
-        r["median"].as_f64()?,
-        r["spread"][0].as_f64()?,
-        r["spread"][1].as_f64()?,
-    ))
+        .find(|r| r.name == name)?;
+    Some((r.median, r.spread[0], r.spread[1]))
 }
 
 /// (policy, value) for a guest benchmark, per measured policy.
-pub fn guest_values(doc: &Value, name: &str) -> Vec<(String, f64)> {
-    doc["sections"]["guest"]["policies"]
-        .as_array()
-        .map(|ps| {
-            ps.iter()
-                .filter_map(|p| {
-                    let v = p["rows"].as_array()?.iter().find(|r| r["name"] == name)?["median"]
-                        .as_f64()?;
-                    Some((p["policy"].as_str()?.to_string(), v))
-                })
-                .collect()
+pub fn guest_values(doc: &Results, name: &str) -> Vec<(String, f64)> {
+    doc.guest
+        .iter()
+        .flat_map(|g| g.policies.iter().flatten())
+        .filter_map(|p| {
+            let r = p.rows.iter().find(|r| r.name == name)?;
+            Some((p.policy.clone(), r.median))
         })
-        .unwrap_or_default()
-}
-
-pub fn completed(doc: &Value, s: &str) -> Option<bool> {
-    doc["sections"].get(s).map(|v| v["completed"] == true)
+        .collect()
 }
 
 /// The bare-host twin row (index into `submit.host`) a guest row is measured against.

@@ -30,10 +30,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
+use crate::doc::memsetup::{
+    MemSetupChecks, MemSetupParams, MemSetupRow, MemSetupSection, PoolPreallocation,
+};
 use crate::head::Head;
-use crate::stats::{Summary, summary};
+use crate::stats::summary;
 use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 
 /// The memory sources compared.
@@ -107,103 +108,6 @@ fn ok(source: &str, status: std::process::ExitStatus) -> bool {
         "qemu" | "qemu-hugetlbfs" => status.code() == Some(1),
         _ => status.success(),
     }
-}
-
-/// Runs the section.
-/// The `memsetup` section.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MemSetupSection {
-    /// Completion, times, provenance.
-    #[serde(flatten)]
-    pub head: Head,
-    /// How.
-    pub method: String,
-    /// What was run.
-    pub params: MemSetupParams,
-    /// The pool the `pool` rows come from, and how long reserving it took.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool_preallocation: Option<PoolPreallocation>,
-    /// Why there are no QEMU rows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qemu_note: Option<String>,
-    /// Why there is no QEMU hugetlbfs row.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub qemu_hugetlbfs_note: Option<String>,
-    /// One per (source, size).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rows: Option<Vec<MemSetupRow>>,
-    /// The section's claims, checked.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checks: Option<MemSetupChecks>,
-    /// What failed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failures: Option<Vec<String>>,
-}
-
-/// What `memsetup` ran.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MemSetupParams {
-    /// Guest sizes.
-    pub sizes_bytes: Vec<u64>,
-    /// Rounds (after the warm-up).
-    pub runs: usize,
-    /// Memory sources.
-    pub sources: Vec<String>,
-    /// The pool partition's core.
-    pub reserved_core: usize,
-    /// Where launchers run.
-    pub host_core: usize,
-}
-
-/// The benchmark's pool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PoolPreallocation {
-    /// Its size.
-    pub bytes: u64,
-    /// `partition reserve`'s preallocation time, when it said.
-    pub seconds: Option<f64>,
-}
-
-/// One (source, size).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MemSetupRow {
-    /// Memory source.
-    pub source: String,
-    /// Guest size.
-    pub size_bytes: u64,
-    /// Spawn to first serial byte, ms.
-    pub first_byte_ms: Option<Summary>,
-    /// The VMM's memory setup, ms (ours only).
-    pub memory_ms: Option<Summary>,
-    /// VMM CPU time at the first byte, ms.
-    pub vmm_cpu_ms_at_first_byte: Option<Summary>,
-    /// VMM resident set at the first byte, KiB.
-    pub vmm_rss_kib_at_first_byte: Option<Summary>,
-    /// VMM hugetlb pages mapped at the first byte, KiB.
-    pub vmm_hugetlb_kib_at_first_byte: Option<Summary>,
-    /// The guest's memory, KiB.
-    pub guest_memory_kib: u64,
-    /// Per run: first byte, ms.
-    pub runs_first_byte_ms: Vec<f64>,
-    /// Per run: memory setup, ms.
-    pub runs_memory_ms: Vec<f64>,
-    /// Per run: VMM CPU, ms.
-    pub runs_vmm_cpu_ms: Vec<f64>,
-    /// Per run: VMM RSS, KiB.
-    pub runs_vmm_rss_kib: Vec<f64>,
-}
-
-/// What the section claims, checked against its medians.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MemSetupChecks {
-    /// Pool first byte at the largest size over the smallest.
-    pub pool_first_byte_largest_over_smallest: Option<f64>,
-    /// That ratio at most 1.5.
-    pub pool_first_byte_within_1_5x: Option<bool>,
-    /// Fresh prefaulted memory's setup over the pool's, at the largest size.
-    pub anon_prefault_memory_over_pool_memory_at_largest: Option<f64>,
-    /// That ratio at least 100.
-    pub pool_memory_at_least_100x_smaller: Option<bool>,
 }
 
 pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
