@@ -101,8 +101,9 @@ enum Cmd {
     /// Measure: write benchmark sections into benchmarks/results/<host>.json, then the
     /// report (<host>.md) and chart (<host>-ratios.svg) beside it.
     ///
-    /// Sections (`--list`): host, guest, probe, crosscheck, wake, blk, memsetup, sandbox,
-    /// builds (only with --baseline). Benchmarks
+    /// Sections (`--list` says what each measures): host, guest, probe, crosscheck, wake,
+    /// blk, submit, submit-vfio (only with --vfio), memsetup, sandbox, builds (only with
+    /// --baseline). Benchmarks
     /// use state directories, pools and hugepages of their own and give them back;
     /// `--quick` prints a minute's look instead of storing anything.
     Bench(bench::BenchArgs),
@@ -538,6 +539,30 @@ fn write_out(path: &std::path::Path, bytes: &[u8], mode: u32) -> ExitCode {
         Err(e) => {
             eprintln!("partition: error: {}: {e}", path.display());
             ExitCode::from(EXIT_VMM_ERROR)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn bench_help_names_every_section() {
+        let mut cmd = super::Cli::command();
+        let help = cmd
+            .find_subcommand_mut("bench")
+            .expect("a bench subcommand")
+            .render_long_help()
+            .to_string();
+        // Whole words: "submit-vfio" does not name "submit".
+        let words: Vec<&str> = help
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .collect();
+        for s in benchmarks::sections::ALL {
+            for (name, _) in s.names() {
+                assert!(words.contains(name), "`bench --help` does not name {name}");
+            }
         }
     }
 }
