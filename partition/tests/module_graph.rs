@@ -296,7 +296,10 @@ fn the_benchmark_sections_types_live_in_doc() {
         })
         .map(|(name, _)| name)
         .collect();
-    assert!(outside.is_empty(), "section types outside doc/: {outside:?}");
+    assert!(
+        outside.is_empty(),
+        "section types outside doc/: {outside:?}"
+    );
     let doc = modules(&crate_src("../benchmarks/src"));
     assert!(doc["doc::memsetup"].contains("pub struct MemSetupSection "));
 }
