@@ -586,6 +586,7 @@ fn submit_rows(o: &mut String, sub: &SubmitSection) {
             p99_us(t.p99),
         );
     }
+    mapped_breakdown(o, sub);
     if !sub.qemu.is_empty() {
         let _ = writeln!(
             o,
@@ -638,6 +639,49 @@ fn submit_rows(o: &mut String, sub: &SubmitSection) {
     }
     for n in &sub.not_measured {
         let _ = writeln!(o, "- Not measured: {n}");
+    }
+}
+
+/// The mapped doorbell with a polled fence, the guest and the twin each with and without
+/// timing the doorbell write (what timing it adds, on both sides).
+fn mapped_breakdown(o: &mut String, sub: &SubmitSection) {
+    let twin = sub.host.get(twin_index("mapped", "poll"));
+    let rows: Vec<_> = sub
+        .guest
+        .iter()
+        .filter(|r| r.doorbell == "mapped" && r.completion == "poll")
+        .filter(|r| r.submit_to_fence_timed_doorbell.is_some())
+        .collect();
+    let Some(twin) = twin.filter(|_| !rows.is_empty()) else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\nThe mapped doorbell with a polled fence, with and without the doorbell write timed \
+         (a full fence and a TSC read before the store, one after), µs:\n\n| idle | guest | \
+         guest, write timed | twin | twin, write timed | guest/twin | guest/twin, both \
+         timed |\n|---|---|---|---|---|---|---|"
+    );
+    let ratio = |g: Option<Cell>, h: Option<Cell>| {
+        g.zip(h).map_or("—".into(), |(g, h)| {
+            format!("{:.2}x", g.median_ns / h.median_ns)
+        })
+    };
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.policy,
+            cell_us(r.submit_to_fence),
+            cell_us(r.submit_to_fence_timed_doorbell),
+            cell_us(twin.submit_to_fence),
+            cell_us(twin.submit_to_fence_timed_doorbell),
+            ratio(r.submit_to_fence, twin.submit_to_fence),
+            ratio(
+                r.submit_to_fence_timed_doorbell,
+                twin.submit_to_fence_timed_doorbell
+            ),
+        );
     }
 }
 
@@ -771,11 +815,13 @@ mod tests {
             sub["guest"] = json!([
                 {"doorbell": "mapped", "policy": "hlt", "completion": "poll",
                  "submit_to_fence": cell(550.0), "p99": cell(600.0), "trapped_doorbells": 0,
-                 "engine_thread_busy": 0.99},
+                 "engine_thread_busy": 0.99, "submit_to_fence_timed_doorbell": cell(600.0)},
                 {"doorbell": "trap", "policy": "hlt", "completion": "irq",
                  "submit_to_fence": cell(80000.0), "p99": cell(90000.0), "trapped_doorbells": 1100}]);
+            let mut mapped_poll = twin("polls page", "polls fence", 500.0);
+            mapped_poll["submit_to_fence_timed_doorbell"] = cell(540.0);
             sub["host"] = json!([
-                twin("polls page", "polls fence", 500.0),
+                mapped_poll,
                 twin("polls page", "eventfd", 5000.0),
                 twin("polls page", "futex", 6000.0),
                 twin("eventfd", "polls fence", 8000.0),
@@ -806,6 +852,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("- Not measured: QEMU peers"), "{md}");
+        assert!(
+            md.contains("| hlt | 0.55 (0.45-0.65) | 0.60 (0.50-0.70) | 0.50 (0.40-0.60) | 0.54 (0.44-0.64) | 1.10x | 1.11x |"),
+            "{md}"
+        );
         assert!(
             md.contains("| edu | write to result | trap/poll | 86.00 (85.90-86.10) | 90.00 |"),
             "{md}"

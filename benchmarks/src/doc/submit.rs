@@ -69,6 +69,10 @@ pub struct GuestRow {
     /// (absent from results written before it was measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_thread_busy: Option<f64>,
+    /// Polled rows: submit to fence again, with the doorbell write itself timed (a full
+    /// fence and a TSC read before it, one after): what timing the write adds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_to_fence_timed_doorbell: Option<Cell>,
 }
 
 /// One bare-host twin.
@@ -84,6 +88,10 @@ pub struct HostRow {
     pub submit_to_fence: Option<Cell>,
     /// p99 within a run.
     pub p99: Option<Cell>,
+    /// The mapped/poll twin: its driver run again with the guest's timed doorbell write
+    /// (a full fence and a TSC read before the doorbell store, one after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_to_fence_timed_doorbell: Option<Cell>,
 }
 
 /// One QEMU peer figure.

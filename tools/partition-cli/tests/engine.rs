@@ -76,13 +76,19 @@ fn the_guest_finds_the_engine_and_every_doorbell_mode_completes() {
                 .contains("probe: pci engine msix vectors=2 table=bar2+0x0 pba=bar2+0x800"),
             "{ctx}"
         );
-        // Both completions measured, nothing lost.
-        for completion in ["poll", "irq"] {
-            let want = format!("probe: engine test=submit completion={completion} n={N} ");
+        // Both completions measured, and the polled pass again with the doorbell write
+        // timed (three passes), nothing lost.
+        for (test, completion) in [
+            ("submit", "poll"),
+            ("submit", "irq"),
+            ("submit-timed", "poll"),
+            ("doorbell", "none"),
+        ] {
+            let want = format!("probe: engine test={test} completion={completion} n={N} ");
             assert!(o.stdout.contains(&want), "no {want:?}: {ctx}");
         }
         let warm = N / 10;
-        let submitted = 2 * (N + warm);
+        let submitted = 3 * (N + warm);
         assert!(
             o.stdout.contains(&format!(
                 "probe: engine submitted={submitted} head={submitted} status=0x1"
