@@ -5,6 +5,7 @@
 //! linux-loader copies anything, so a bad image is a clear error, never a panic or a
 //! write outside guest memory.
 
+use std::borrow::Cow;
 use std::io::Cursor;
 
 use linux_loader::bootparam::setup_header;
@@ -113,10 +114,12 @@ pub enum KernelKind {
     },
 }
 
-/// A recognised, validated kernel image held in memory.
+/// A recognised, validated kernel image held in memory: read from a file (owned), or a
+/// built-in image borrowed where the binary holds it (no copy: the launch's resident set
+/// does not carry the image twice).
 #[derive(Clone, Debug)]
 pub struct KernelImage {
-    bytes: Vec<u8>,
+    bytes: Cow<'static, [u8]>,
     kind: KernelKind,
 }
 
@@ -146,8 +149,9 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 impl KernelImage {
-    /// Recognises and validates `bytes`.
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, KernelError> {
+    /// Recognises and validates `bytes` (a `Vec<u8>` or a `&'static [u8]`).
+    pub fn from_bytes(bytes: impl Into<Cow<'static, [u8]>>) -> Result<Self, KernelError> {
+        let bytes = bytes.into();
         let kind = if bytes.starts_with(b"\x7fELF") {
             parse_elf(&bytes)?
         } else if u32_at(&bytes, 0x202) == Some(HDRS_MAGIC) && u16_at(&bytes, 0x1fe) == Some(0xaa55)
@@ -235,7 +239,7 @@ impl KernelImage {
     /// Loads the image into `mem` with linux-loader. Call [`Self::check_fits`] first.
     pub fn load<M: GuestMemoryBackend>(&self, mem: &M) -> Result<LoadedKernel, KernelError> {
         let (start, end) = self.footprint();
-        let mut cursor = Cursor::new(self.bytes.as_slice());
+        let mut cursor = Cursor::new(&*self.bytes);
         match &self.kind {
             KernelKind::Elf {
                 entry,

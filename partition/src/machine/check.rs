@@ -3,6 +3,7 @@
 //! devices) into [`Checked`] before anything is allocated or KVM is opened; and the one
 //! error type of the whole launch pipeline, [`LaunchError`].
 
+use std::borrow::Cow;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -334,10 +335,10 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     }
     let (bytes, kernel_name) = match &cfg.kernel {
         KernelSource::Path(p) => (
-            read_limited("--kernel", p, layout.size())?,
+            Cow::Owned(read_limited("--kernel", p, layout.size())?),
             p.display().to_string(),
         ),
-        KernelSource::Builtin { name, bytes } => (bytes.to_vec(), name.to_string()),
+        KernelSource::Builtin { name, bytes } => (Cow::Borrowed(*bytes), name.to_string()),
     };
     let kernel = KernelImage::from_bytes(bytes).map_err(|source| LaunchError::Kernel {
         path: kernel_name.clone(),
