@@ -210,9 +210,20 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     }
     // --report renders a results file into the report and the chart.
     let dir = Scratch::new("bench-report");
+    // Sections in the shape the harness writes them (the report reads them as types); a
+    // third that does not is named in the report, not a reason to write none.
     let results = dir.file(
         "box.json",
-        br#"{"sections":{"host":{"completed":true,"rows":[{"name":"null_syscall","unit":"us","median":0.2,"spread":[0.19,0.21]}]},"guest":{"completed":false,"reason":"no image here","policies":[]}}}"#,
+        br#"{"sections":{
+            "host":{"completed":true,"started_at":"x","provenance":{},"method":"m",
+                "params":{"runs":3,"cpus":[0,1],"pinning":"p","hotpaths_args":[]},
+                "rows":[{"name":"null_syscall","unit":"us","median":0.2,"spread":[0.19,0.21],
+                         "runs":3,"per_run":[0.19,0.2,0.21]}]},
+            "guest":{"completed":false,"reason":"no image here","started_at":"x","provenance":{},
+                "params":{"runs":0,"runs_asked":3,"vcpus_on_cores":[1],"memory":"1G",
+                          "hotpaths_args":"","time_limit_s":60},
+                "policies":[]},
+            "probe":{"completed":true}}}"#,
     );
     let out = run(
         &["bench", "--report", "--results", results.to_str().unwrap()],
@@ -228,6 +239,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
         md.contains("The guest columns are empty: no image here"),
         "{md}"
     );
+    assert!(md.contains("| probe | **does not read**: "), "{md}");
     let svg = std::fs::read_to_string(dir.path("box-ratios.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
     // A results file that is not JSON is an error, not an empty report.
