@@ -192,6 +192,12 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             names.join(" and "),
             a.runs
         );
+        // Dirty pages first: a build just before (scripts/bench.sh makes one, a baseline
+        // another) leaves gigabytes to write back, and a launch's claim fsyncs the ledger,
+        // which then waits behind them (a pool launch's claim took 212 ms right after 3 GB
+        // were written, 2-18 ms otherwise, on the development host).
+        // SAFETY: sync has no arguments and cannot fail.
+        unsafe { libc::sync() };
         for (name, section) in section.run(&env, &opts, &wanted) {
             let completed = section.head().completed;
             let reason = section.head().reason.clone().unwrap_or_default();
