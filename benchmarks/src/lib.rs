@@ -518,7 +518,7 @@ pub struct OutcomeJson {
 }
 
 /// The report's `timings`, milliseconds.
-#[derive(Clone, Copy, Debug, serde::Deserialize)]
+#[derive(Clone, Debug, serde::Deserialize)]
 pub struct TimingsJson {
     /// Getting guest memory.
     pub memory_ms: f64,
@@ -530,6 +530,19 @@ pub struct TimingsJson {
     pub vcpus_ms: f64,
     /// Launch to the guest's first serial byte.
     pub first_output_ms: Option<f64>,
+    /// The launch's timeline to the first byte, phase by phase (empty when the guest never
+    /// wrote a byte).
+    #[serde(default)]
+    pub timeline: Vec<PhaseJson>,
+}
+
+/// One phase of the timeline.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct PhaseJson {
+    /// Its name (`args`, `check`, `acquire`, ...).
+    pub phase: String,
+    /// Its length, ms.
+    pub ms: f64,
 }
 
 impl LaunchJson {

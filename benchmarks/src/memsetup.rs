@@ -245,6 +245,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                         e.first_byte.push(ms(r.first_byte.unwrap_or_default()));
                         if let Ok(j) = crate::LaunchJson::from_stdout(&r.stdout) {
                             e.memory.push(j.timings.memory_ms);
+                            e.add_timeline(&j.timings.timeline);
                         }
                         if let Some(p) = r.at_first_byte {
                             e.cpu.push(p.cpu_ns as f64 / 1e6);
@@ -290,6 +291,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
             runs_memory_ms: v.memory.clone(),
             runs_vmm_cpu_ms: v.cpu.clone(),
             runs_vmm_rss_kib: v.rss.clone(),
+            runs_timeline_ms: v.timeline.clone(),
         })
         .collect();
     let med = |source: &str, size: u64, which: usize| {
@@ -332,6 +334,20 @@ struct Samples {
     cpu: Vec<f64>,
     rss: Vec<f64>,
     hugetlb: Vec<f64>,
+    /// Phase → its length per run, in the order the phases ran.
+    timeline: Vec<(String, Vec<f64>)>,
+}
+
+impl Samples {
+    /// Adds one run's timeline (a phase missing from a run is not invented).
+    fn add_timeline(&mut self, phases: &[crate::PhaseJson]) {
+        for p in phases {
+            match self.timeline.iter_mut().find(|(n, _)| *n == p.phase) {
+                Some((_, v)) => v.push(p.ms),
+                None => self.timeline.push((p.phase.clone(), vec![p.ms])),
+            }
+        }
+    }
 }
 
 /// Mounts a 2 MiB hugetlbfs at `dir` (the pool crate's mount, as `partition reserve` uses).
@@ -353,6 +369,25 @@ fn clear_dir(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runs_timeline_is_kept_phase_by_phase_in_order() {
+        let ph = |n: &str, ms: f64| crate::PhaseJson {
+            phase: n.into(),
+            ms,
+        };
+        let mut s = Samples::default();
+        s.add_timeline(&[ph("args", 0.5), ph("acquire", 3.0), ph("memory", 0.7)]);
+        s.add_timeline(&[ph("args", 0.4), ph("acquire", 212.0), ph("memory", 0.8)]);
+        assert_eq!(
+            s.timeline,
+            vec![
+                ("args".to_string(), vec![0.5, 0.4]),
+                ("acquire".to_string(), vec![3.0, 212.0]),
+                ("memory".to_string(), vec![0.7, 0.8]),
+            ]
+        );
+    }
 
     #[test]
     fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {

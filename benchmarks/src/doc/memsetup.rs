@@ -87,6 +87,10 @@ pub struct MemSetupRow {
     pub runs_vmm_cpu_ms: Vec<f64>,
     /// Per run: VMM RSS, KiB.
     pub runs_vmm_rss_kib: Vec<f64>,
+    /// Our launches: each phase of the VMM's timeline to the first byte (`launch
+    /// --timings`), per run, ms, in the order the phases ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs_timeline_ms: Vec<(String, Vec<f64>)>,
 }
 
 /// What the section claims, checked against its medians.
