@@ -18,7 +18,8 @@ pub(super) struct Filters {
 
 /// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
 /// the sandbox's user. Called once everything that needs root exists and before any
-/// thread is started; `None` with `--no-sandbox`.
+/// thread is started but the vCPU threads' seats (which confirm the drop themselves when
+/// handed their vCPUs); `None` with `--no-sandbox`.
 pub(super) fn confine(
     sandbox: &Sandbox,
     pci: bool,

@@ -21,7 +21,7 @@ use super::confine::confine;
 use super::control::{Control, start_api};
 use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
-use super::vcpus::{create_vcpus, reports, run_vcpus};
+use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
 use crate::cpu::readback::Readback;
 use crate::host::claim::{ClaimRequest, ExtentClaim};
 use crate::host::isolation::GuestsCpuset;
@@ -110,7 +110,7 @@ impl Observer for KeeperObserver<'_> {
 
 /// Runs a checked launch to its end on `ram`. `started` is when the caller began getting
 /// the memory (so memory setup counts towards the timings); `cpuset` is where vCPU threads
-/// go before they pin. The steps, in order: memory, VM, boot structures, devices, vCPUs,
+/// go before they pin (they do it first, while the VM is built). The steps, in order: memory, VM, boot structures, devices, vCPUs,
 /// confinement, run and wait, stop, report.
 pub fn run(
     mut checked: Checked,
@@ -119,6 +119,8 @@ pub fn run(
     cpuset: Option<GuestsCpuset>,
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
+    // The vCPU threads first: they take their cores while the VM is built.
+    let seats = Seats::start(&checked.cores, cpuset)?;
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
     let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
     // Mapped, the pool file is let go: the VMM keeps its own extent's mapping and no
@@ -138,7 +140,7 @@ pub fn run(
     crate::sys::timeline::mark_at("boot", t_boot);
     let devices = attach_devices(&mut checked, &vm, &memory)?;
     crate::sys::timeline::mark("devices");
-    let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory, cpuset)?;
+    let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory)?;
     let t_vcpus = Instant::now();
     crate::sys::timeline::mark_at("vcpus", t_vcpus);
     if let Some(t) = lstar {
@@ -166,8 +168,9 @@ pub fn run(
         )?),
         None => None,
     };
-    // Everything that needs root exists: give it up, then start the threads, each under
-    // its own filter.
+    // Everything that needs root exists: give it up, then start the threads (and hand the
+    // vCPU threads, already waiting on their cores, their vCPUs), each under its own
+    // filter.
     let filters = confine(
         &checked.sandbox,
         devices.engine.is_some() || devices.vfio.is_some(),
@@ -176,6 +179,10 @@ pub fn run(
     let control = Control::new()?;
     for t in &mut vcpus.threads {
         t.policy.filter = filters.as_ref().map(|f| f.vcpu.clone());
+        t.policy.uid = match &checked.sandbox {
+            Sandbox::On(who) => Some(who.uid),
+            Sandbox::Off => None,
+        };
         t.ctx.pause = control.pause.clone();
     }
     start_devices(&devices, filters.as_ref())?;
@@ -193,6 +200,7 @@ pub fn run(
     };
     crate::sys::timeline::mark("confine");
     let ran = run_vcpus(
+        seats,
         vcpus.threads,
         &vcpus.handles,
         &signals,

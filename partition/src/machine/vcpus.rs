@@ -1,6 +1,7 @@
-//! The vCPU threads above [`crate::kvm::vcpu`]: creating each vCPU with its CPUID, the
-//! thread policy (join the reserved cores' cpuset, pin, confine) before its first `KVM_RUN`,
-//! and waiting for the first stop, kicking and joining the rest.
+//! The vCPU threads above [`crate::kvm::vcpu`]: their seats (one thread per vCPU, started
+//! first, which joins the reserved cores' cpuset and pins itself while the launcher builds
+//! the VM), creating each vCPU with its CPUID, the thread's confinement before its first
+//! `KVM_RUN`, and waiting for the first stop, kicking and joining the rest.
 
 use super::check::{Checked, LaunchError};
 use super::outcome::{Ending, Observer, VcpuReport};
@@ -32,22 +33,20 @@ pub(super) struct Vcpus {
     pub(super) cpuid_back: Option<kvm_bindings::CpuId>,
 }
 
-/// A vCPU and where its thread must run.
+/// A vCPU and how its thread is confined.
 pub(super) struct VcpuThread {
     /// What the run loop needs.
     pub(super) ctx: VcpuContext,
-    /// Where it runs.
+    /// Its confinement.
     pub(super) policy: ThreadPolicy,
 }
 
-/// Where a vCPU thread runs, set up on the thread itself before its first `KVM_RUN`.
+/// How a vCPU thread is confined, on the thread itself before its first `KVM_RUN` (its
+/// seat has already put it on its core).
+#[derive(Default)]
 pub(super) struct ThreadPolicy {
-    /// The host core it is pinned to.
-    core: usize,
-    /// The reserved cores' cpuset it joins before pinning, if any. Joined, the cpuset's
-    /// `tasks` file is let go: the last vCPU thread to join closes it, so the running VMM
-    /// holds no writable cgroup file.
-    cpuset: Option<Arc<GuestsCpuset>>,
+    /// The sandbox's user, which the thread checks it now is (none with `--no-sandbox`).
+    pub(super) uid: Option<u32>,
     /// The seccomp filter it installs last (none with `--no-sandbox`).
     pub(super) filter: Option<Arc<seccompiler::BpfProgram>>,
 }
@@ -64,23 +63,111 @@ pub enum ThreadError {
     /// Its seccomp filter could not be installed.
     #[error("{0}")]
     Seccomp(#[from] crate::sys::seccomp::SeccompError),
+    /// The stop signals could not be blocked in it.
+    #[error("blocking the stop signals: {0}")]
+    Signals(std::io::Error),
+    /// It did not give up root with the process.
+    #[error("{0}")]
+    Sandbox(#[from] crate::sys::sandbox::SandboxError),
 }
 
 impl ThreadPolicy {
-    /// Joins the cpuset, pins to the core, installs the filter: in that order, because
-    /// the cpuset must allow the core and the filter forbids both.
-    fn enter(mut self) -> Result<(), ThreadError> {
-        if let Some(c) = self.cpuset.take() {
-            c.join()?;
-        }
-        if !core_affinity::set_for_current(core_affinity::CoreId { id: self.core }) {
-            return Err(ThreadError::Pin(self.core));
+    /// Confirms the thread gave up root with the process (its own `no_new_privs`, its uid,
+    /// no capabilities), then installs the filter.
+    fn enter(self) -> Result<(), ThreadError> {
+        if let Some(uid) = self.uid {
+            crate::sys::sandbox::confirm_thread(uid)?;
         }
         if let Some(f) = &self.filter {
             crate::sys::seccomp::apply(Role::Vcpu, f)?;
         }
         Ok(())
     }
+}
+
+/// What a seat runs once its vCPU exists: told whether the seat took its place.
+type SeatJob = Box<dyn FnOnce(Result<(), ThreadError>) + Send>;
+
+/// The vCPU threads, started before the vCPUs exist so that the slow part of taking their
+/// places overlaps the VM's construction: joining the reserved cores' cpuset moves the
+/// thread between cgroups, which waits for an RCU grace period (3-15 ms measured on the
+/// development host), and pinning. Each then waits for its job. Dropped without jobs, the
+/// threads end and are joined.
+pub(super) struct Seats {
+    seats: Vec<(
+        std::sync::mpsc::Sender<SeatJob>,
+        std::thread::JoinHandle<()>,
+    )>,
+}
+
+impl Seats {
+    /// One thread per core, named `vcpu<index>`: blocks the stop signals (the launcher's
+    /// signalfd takes them), joins `cpuset` if given, pins itself to its core. The cpuset's
+    /// `tasks` file is let go once every seat joined: the running VMM holds no writable
+    /// cgroup file.
+    pub(super) fn start(
+        cores: &[usize],
+        cpuset: Option<GuestsCpuset>,
+    ) -> Result<Self, LaunchError> {
+        let cpuset = cpuset.map(Arc::new);
+        let mut out = Self {
+            seats: Vec::with_capacity(cores.len()),
+        };
+        for (index, &core) in cores.iter().enumerate() {
+            let (tx, rx) = std::sync::mpsc::channel::<SeatJob>();
+            let cpuset = cpuset.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn(move || {
+                    let placed = take_place(core, cpuset);
+                    if let Ok(job) = rx.recv() {
+                        job(placed);
+                    }
+                })
+                .map_err(|source| LaunchError::Os {
+                    what: "starting a vCPU thread",
+                    source,
+                })?;
+            out.seats.push((tx, t));
+        }
+        Ok(out)
+    }
+
+    /// Gives each seat its job, in order; the threads to join.
+    fn seat(mut self, jobs: Vec<SeatJob>) -> Vec<std::thread::JoinHandle<()>> {
+        let mut threads = Vec::with_capacity(self.seats.len());
+        let mut jobs = jobs.into_iter();
+        for (tx, t) in self.seats.drain(..) {
+            if let Some(job) = jobs.next() {
+                // A seat that already ended (it cannot before a job) just joins.
+                let _ = tx.send(job);
+            }
+            threads.push(t);
+        }
+        threads
+    }
+}
+
+impl Drop for Seats {
+    fn drop(&mut self) {
+        for (tx, t) in self.seats.drain(..) {
+            drop(tx);
+            let _ = t.join();
+        }
+    }
+}
+
+/// A seat's first steps: the stop signals blocked, the cpuset joined, the core pinned (in
+/// that order: the cpuset must allow the core).
+fn take_place(core: usize, cpuset: Option<Arc<GuestsCpuset>>) -> Result<(), ThreadError> {
+    crate::sys::signals::block_in_this_thread().map_err(ThreadError::Signals)?;
+    if let Some(c) = cpuset {
+        c.join()?;
+    }
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
+        return Err(ThreadError::Pin(core));
+    }
+    Ok(())
 }
 
 /// One vCPU per core, configured (CPUID, LAPIC; vCPU 0 the entry registers), not running.
@@ -90,10 +177,7 @@ pub(super) fn create_vcpus(
     boot: &BootInfo,
     devices: &Devices,
     memory: &Arc<GuestMemory>,
-    cpuset: Option<GuestsCpuset>,
 ) -> Result<Vcpus, LaunchError> {
-    // Only the vCPU contexts hold it (each drops its share once joined).
-    let cpuset = cpuset.map(Arc::new);
     let supported = vm.supported_cpuid()?;
     let n = checked.cores.len();
     let idle_cpuid = IdleCpuid {
@@ -128,20 +212,18 @@ pub(super) fn create_vcpus(
             syscall: SyscallRepair::new(checked.cpu_model.syscall_repair),
             guest_faults: devices.guest_faults.clone(),
         };
-        let policy = ThreadPolicy {
-            core,
-            cpuset: cpuset.clone(),
-            filter: None,
-        };
-        out.threads.push(VcpuThread { ctx, policy });
+        out.threads.push(VcpuThread {
+            ctx,
+            policy: ThreadPolicy::default(),
+        });
     }
-    drop(cpuset);
     Ok(out)
 }
 
-/// Starts one thread per vCPU, waits for the first stop (or a signal), stops and joins
-/// them all: how it ended, and for how long the vCPUs ran.
+/// Sets each vCPU running on its seat, waits for the first stop (or a signal), stops and
+/// joins them all: how it ended, and for how long the vCPUs ran.
 pub(super) fn run_vcpus(
+    seats: Seats,
     vcpus: Vec<VcpuThread>,
     handles: &[VcpuHandle],
     signals: &SignalGuard,
@@ -156,15 +238,14 @@ pub(super) fn run_vcpus(
 
     observer.running();
     let spawned = Instant::now();
-    let mut threads = Vec::with_capacity(vcpus.len());
-    for VcpuThread { ctx, policy } in vcpus {
-        let exit_evt = exit_evt.clone();
-        let first_stop = first_stop.clone();
-        let index = ctx.index;
-        let t = std::thread::Builder::new()
-            .name(format!("vcpu{index}"))
-            .spawn(move || {
-                let reason = match policy.enter() {
+    let jobs: Vec<SeatJob> = vcpus
+        .into_iter()
+        .map(|VcpuThread { ctx, policy }| {
+            let exit_evt = exit_evt.clone();
+            let first_stop = first_stop.clone();
+            let index = ctx.index;
+            Box::new(move |placed: Result<(), ThreadError>| {
+                let reason = match placed.and_then(|()| policy.enter()) {
                     Ok(()) => kvm_vcpu::run(ctx),
                     Err(why) => StopReason::RunError(format!("vcpu{index}: {why}")),
                 };
@@ -173,18 +254,10 @@ pub(super) fn run_vcpus(
                     f.get_or_insert((index, reason));
                 }
                 let _ = exit_evt.write(1);
-            });
-        match t {
-            Ok(t) => threads.push(t),
-            Err(e) => {
-                stop_all(handles, threads);
-                return Err(LaunchError::Os {
-                    what: "starting a vCPU thread",
-                    source: e,
-                });
-            }
-        }
-    }
+            }) as SeatJob
+        })
+        .collect();
+    let threads = seats.seat(jobs);
 
     // The launcher's own thread, from here on only waiting, kicking, joining and reporting.
     if let Some(f) = main_filter {
@@ -267,5 +340,69 @@ pub(super) fn stop_all(handles: &[VcpuHandle], threads: Vec<std::thread::JoinHan
     // kick) makes that KVM_RUN return at once, so joining cannot hang.
     for t in threads {
         let _ = t.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_seat_takes_its_core_first_and_runs_its_job_there() {
+        let seats = Seats::start(&[0], None).expect("a seat");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: SeatJob = Box::new(move |placed| {
+            // SAFETY: sched_getcpu has no preconditions.
+            let cpu = unsafe { libc::sched_getcpu() };
+            let name = std::thread::current().name().map(String::from);
+            let _ = tx.send((placed.is_ok(), cpu, name));
+        });
+        for t in seats.seat(vec![job]) {
+            t.join().unwrap();
+        }
+        let (placed, cpu, name) = rx.recv().unwrap();
+        assert!(placed);
+        assert_eq!(cpu, 0, "pinned before the job ran");
+        assert_eq!(name.as_deref(), Some("vcpu0"));
+    }
+
+    #[test]
+    fn seats_given_no_job_end_and_are_joined() {
+        // A launch that fails before its vCPUs run drops its seats: nothing runs, nothing
+        // is left behind, the drop does not hang.
+        let ran = Arc::new(AtomicUsize::new(0));
+        let seats = Seats::start(&[0, 0], None).expect("two seats");
+        let count = |n: &Arc<AtomicUsize>| -> SeatJob {
+            let n = n.clone();
+            Box::new(move |_| {
+                n.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        drop(seats);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        // Fewer jobs than seats: the one without a job ends on its own.
+        let seats = Seats::start(&[0, 0], None).expect("two seats");
+        for t in seats.seat(vec![count(&ran)]) {
+            t.join().unwrap();
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_seat_that_cannot_pin_tells_its_job() {
+        // 1023: the highest core core_affinity can name; no machine here has it online.
+        let seats = Seats::start(&[1023], None).expect("a seat");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: SeatJob = Box::new(move |placed| {
+            let _ = tx.send(placed.err().map(|e| e.to_string()));
+        });
+        for t in seats.seat(vec![job]) {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            rx.recv().unwrap().as_deref(),
+            Some("pinning to core 1023 failed")
+        );
     }
 }

@@ -225,7 +225,10 @@ pub fn resolve(uid: Option<&str>, gid: Option<&str>) -> Result<Identity, Sandbox
 
 /// Makes the calling process `who`: supplementary groups dropped, real, effective and saved
 /// ids changed (which empties the capability sets), `no_new_privs` set, no core dumps.
-/// Call while the process has one thread. Checked afterwards: an error if anything stayed.
+/// glibc changes the ids of every thread of the process; `no_new_privs` and the check are
+/// the calling thread's, so a thread that already existed confirms its own with
+/// [`confirm_thread`] (the vCPU threads, started early to take their cores). Checked
+/// afterwards: an error if anything stayed.
 pub fn drop_privileges(who: &Identity) -> Result<(), SandboxError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
@@ -264,6 +267,27 @@ pub fn drop_privileges(who: &Identity) -> Result<(), SandboxError> {
         )));
     }
     Ok(())
+}
+
+/// For a thread that existed when the process dropped its privileges: sets its own
+/// `no_new_privs` and checks that it runs as `uid` with empty capability sets.
+pub fn confirm_thread(uid: u32) -> Result<(), SandboxError> {
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(os("PR_SET_NO_NEW_PRIVS")(std::io::Error::last_os_error()));
+    }
+    let (r, e, s) = resuid();
+    if [r, e, s] != [uid; 3] {
+        return Err(SandboxError::StillPrivileged(format!(
+            "a thread's uids are {r}/{e}/{s}, not {uid}"
+        )));
+    }
+    match capabilities().map_err(os("capget"))? {
+        (0, 0) => Ok(()),
+        (e, p) => Err(SandboxError::StillPrivileged(format!(
+            "a thread's capabilities: effective {e:#x} permitted {p:#x}"
+        ))),
+    }
 }
 
 fn resuid() -> (u32, u32, u32) {
@@ -398,6 +422,28 @@ pub fn threads_of(pid: u32) -> Vec<ThreadConfinement> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_thread_that_kept_its_ids_is_not_confirmed() {
+        // This test thread keeps the test process's ids; asked to be someone else, it is
+        // refused (and has set only its own no_new_privs).
+        let (r, ..) = resuid();
+        let other = r.wrapping_add(4242);
+        let e = std::thread::spawn(move || confirm_thread(other))
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("a thread's uids are"), "{e}");
+        if r != 0 {
+            return;
+        }
+        // Root with its capabilities, asked to be root: refused on the capabilities.
+        let e = std::thread::spawn(|| confirm_thread(0))
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("a thread's capabilities"), "{e}");
+    }
 
     #[test]
     fn status_lines_parse() {

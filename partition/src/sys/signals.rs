@@ -11,6 +11,25 @@ use std::time::Duration;
 /// The signals a guard blocks.
 pub const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 
+/// Blocks the stop signals in the calling thread for the rest of its life: for a thread
+/// started before a [`SignalGuard`] exists that must not take them (they go to the guard's
+/// signalfd once it does, and kill the process as usual before).
+pub fn block_in_this_thread() -> std::io::Result<()> {
+    // SAFETY: sigset_t is plain data; all-zero is a valid value to start from.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t.
+    unsafe { libc::sigemptyset(&mut set) };
+    for s in STOP_SIGNALS {
+        // SAFETY: as above; s is a valid signal number.
+        unsafe { libc::sigaddset(&mut set, s) };
+    }
+    // SAFETY: a valid sigset_t; no old mask wanted.
+    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
 /// Blocks the stop signals in this thread until dropped; pending ones can be taken from
 /// its signalfd.
 pub struct SignalGuard {
