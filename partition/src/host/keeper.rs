@@ -224,16 +224,9 @@ struct StopSignalsHeld(libc::sigset_t);
 
 impl StopSignalsHeld {
     fn new() -> Self {
-        // SAFETY: sigset_t is plain data; all-zero is valid and sigemptyset initialises it.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
+        let set = crate::sys::signals::stop_set();
+        // SAFETY: sigset_t is plain data; all-zero is valid.
         let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: initialising a local set.
-        unsafe { libc::sigemptyset(&mut set) };
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            // SAFETY: adding a valid signal to a local set.
-            unsafe { libc::sigaddset(&mut set, sig) };
-        }
         // SAFETY: blocking signals for the calling thread, the old mask saved locally.
         unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
         Self(old)

@@ -247,31 +247,19 @@ pub fn drop_privileges(who: &Identity) -> Result<(), SandboxError> {
         }
     }
     // SAFETY: prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(os("PR_SET_NO_NEW_PRIVS")(std::io::Error::last_os_error()));
-    }
-    // SAFETY: as above.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let (r, e, s) = resuid();
-    if [r, e, s] != [who.uid; 3] {
-        return Err(SandboxError::StillPrivileged(format!(
-            "uids are {r}/{e}/{s}, not {}",
-            who.uid
-        )));
-    }
-    let caps = capabilities().map_err(os("capget"))?;
-    if caps != (0, 0) {
-        return Err(SandboxError::StillPrivileged(format!(
-            "capabilities effective {:#x} permitted {:#x}",
-            caps.0, caps.1
-        )));
-    }
-    Ok(())
+    no_new_privs_as(who.uid, "")
 }
 
 /// For a thread that existed when the process dropped its privileges: sets its own
 /// `no_new_privs` and checks that it runs as `uid` with empty capability sets.
 pub fn confirm_thread(uid: u32) -> Result<(), SandboxError> {
+    no_new_privs_as(uid, "a thread's ")
+}
+
+/// Sets the calling thread's `no_new_privs`, then checks it runs as `uid` (real, effective
+/// and saved) with empty capability sets; `whose` starts the messages.
+fn no_new_privs_as(uid: u32, whose: &str) -> Result<(), SandboxError> {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(os("PR_SET_NO_NEW_PRIVS")(std::io::Error::last_os_error()));
@@ -279,13 +267,13 @@ pub fn confirm_thread(uid: u32) -> Result<(), SandboxError> {
     let (r, e, s) = resuid();
     if [r, e, s] != [uid; 3] {
         return Err(SandboxError::StillPrivileged(format!(
-            "a thread's uids are {r}/{e}/{s}, not {uid}"
+            "{whose}uids are {r}/{e}/{s}, not {uid}"
         )));
     }
     match capabilities().map_err(os("capget"))? {
         (0, 0) => Ok(()),
         (e, p) => Err(SandboxError::StillPrivileged(format!(
-            "a thread's capabilities: effective {e:#x} permitted {p:#x}"
+            "{whose}capabilities: effective {e:#x} permitted {p:#x}"
         ))),
     }
 }

@@ -15,6 +15,16 @@ pub const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 /// started before a [`SignalGuard`] exists that must not take them (they go to the guard's
 /// signalfd once it does, and kill the process as usual before).
 pub fn block_in_this_thread() -> std::io::Result<()> {
+    let set = stop_set();
+    // SAFETY: a valid sigset_t; no old mask wanted.
+    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// The set of [`STOP_SIGNALS`].
+pub fn stop_set() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; all-zero is a valid value to start from.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` is a valid sigset_t.
@@ -23,11 +33,7 @@ pub fn block_in_this_thread() -> std::io::Result<()> {
         // SAFETY: as above; s is a valid signal number.
         unsafe { libc::sigaddset(&mut set, s) };
     }
-    // SAFETY: a valid sigset_t; no old mask wanted.
-    match unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } {
-        0 => Ok(()),
-        e => Err(std::io::Error::from_raw_os_error(e)),
-    }
+    set
 }
 
 /// Blocks the stop signals in this thread until dropped; pending ones can be taken from
@@ -41,15 +47,8 @@ impl SignalGuard {
     /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and threads it starts) and opens a
     /// signalfd for them.
     pub fn new() -> std::io::Result<Self> {
+        let set = stop_set();
         // SAFETY: sigset_t is plain data; all-zero is a valid value to start from.
-        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `set` is a valid sigset_t.
-        unsafe { libc::sigemptyset(&mut set) };
-        for s in STOP_SIGNALS {
-            // SAFETY: as above; s is a valid signal number.
-            unsafe { libc::sigaddset(&mut set, s) };
-        }
-        // SAFETY: as above.
         let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
         // SAFETY: both pointers are to valid sigset_t values.
         let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
