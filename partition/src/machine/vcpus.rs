@@ -90,9 +90,9 @@ type SeatJob = Box<dyn FnOnce(Result<(), ThreadError>) + Send>;
 
 /// The vCPU threads, started before the vCPUs exist so that the slow part of taking their
 /// places overlaps the VM's construction: joining the reserved cores' cpuset moves the
-/// thread between cgroups, which waits for an RCU grace period (3-15 ms measured on the
-/// development host), and pinning. Each then waits for its job. Dropped without jobs, the
-/// threads end and are joined.
+/// thread between cgroups, which waits for an RCU grace period (docs/security.md, "The
+/// vCPU threads' seats", has the measurement), and pinning. Each then waits for its job.
+/// Dropped without jobs, the threads end and are joined.
 pub(super) struct Seats {
     seats: Vec<(
         std::sync::mpsc::Sender<SeatJob>,
