@@ -167,6 +167,9 @@ struct Mailbox {
     arg2: AtomicU64,
     /// With `OP_CALL`: the `fn(u64, u64)` to run, as an address.
     func: AtomicU64,
+    /// The AP stores a command's `seq` here once it is waiting for that command's first
+    /// message (see [`wait_ready`]).
+    ready: AtomicU64,
     done: AtomicU64,
 }
 
@@ -180,6 +183,7 @@ static MAILBOX: Mailbox = Mailbox {
     arg: AtomicU64::new(0),
     arg2: AtomicU64::new(0),
     func: AtomicU64::new(0),
+    ready: AtomicU64::new(0),
     done: AtomicU64::new(0),
 };
 
@@ -208,7 +212,7 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
         }
         let n = MAILBOX.arg.load(Ordering::Acquire);
         match MAILBOX.op.load(Ordering::Acquire) {
-            OP_PINGPONG => respond(n, bsp_apic, m),
+            OP_PINGPONG => respond(n, MAILBOX.arg2.load(Ordering::Acquire), seq, bsp_apic, m),
             OP_CALL => {
                 let addr = MAILBOX.func.load(Ordering::Acquire) as usize;
                 // SAFETY: only `post_call` stores here, and it stores a `fn(u64, u64)`.
@@ -229,16 +233,27 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
     }
 }
 
-fn respond(n: u64, bsp_apic: u32, m: Mode) {
+/// The AP's half of the IPI ping-pong: `n` rounds. `pings` is how many PINGs this AP had
+/// taken when the BSP posted the command (only the BSP sends PING, and only after posting),
+/// so the count of rounds does not depend on when this AP gets here: a PING that arrives
+/// before it is counted against that figure, not lost (the rig's TCG once took over 5 ms to
+/// bring the AP here, and a responder that read the counter itself then waited for a PING
+/// that had already come).
+fn respond(n: u64, pings: u64, seq: u64, bsp_apic: u32, m: Mode) {
     match m {
-        Mode::Hlt | Mode::Mwait => sys::pingpong(n, bsp_apic, m == Mode::Mwait, false),
+        Mode::Hlt | Mode::Mwait => {
+            // Ring 0 runs with interrupts off outside `sti; hlt`/`sti; mwait` and reads the
+            // counter before each wait, so a PING that comes early stays pending in the APIC
+            // until the wait; ring 3 must not take it first.
+            sys::set_interrupts(false);
+            MAILBOX.ready.store(seq, Ordering::Release);
+            sys::pingpong(n, bsp_apic, m == Mode::Mwait, false)
+        }
         _ => {
             sys::set_interrupts(true);
-            // Count pings rather than snapshot the counter each round: with interrupts on,
-            // the next ping may be handled before this loop comes round.
-            let start = count(VEC_PING);
+            MAILBOX.ready.store(seq, Ordering::Release);
             for i in 0..n {
-                wait_word(count_addr(VEC_PING), start + i, m);
+                wait_word(count_addr(VEC_PING), pings + i, m);
                 smp::send_ipi(bsp_apic, 0x4000 | VEC_PONG as u32);
             }
         }
@@ -265,6 +280,13 @@ pub fn post_call(ap_apic: u32, f: fn(u64, u64), arg: u64, arg2: u64) -> u64 {
 /// Waits until AP 1 finished command `seq`.
 pub fn wait_posted(seq: u64) {
     wait_done(seq)
+}
+
+/// Waits until AP 1 says it is waiting for command `seq`'s first message.
+fn wait_ready(seq: u64) {
+    while MAILBOX.ready.load(Ordering::Acquire) != seq {
+        core::hint::spin_loop();
+    }
 }
 
 fn wait_done(seq: u64) {
@@ -342,12 +364,16 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
         say!("wake test=ipi skipped: one CPU");
         return;
     };
-    // IPI ping-pong, both sides idling in the mode.
+    // IPI ping-pong, both sides idling in the mode. The AP counts PINGs from the figure
+    // posted with the command; once it says it is ready, it is given `probe.wake_settle_us`
+    // (default 5000) to settle into its idle wait, so the first rounds do not time its way
+    // there (the warm-up rounds are dropped in any case).
+    MAILBOX.arg2.store(count(VEC_PING), Ordering::Release);
     let seq = post(ap, OP_PINGPONG, total as u64);
+    wait_ready(seq);
+    spin_for(arg("probe.wake_settle_us", 5000) * tsc_khz / 1000);
     match m {
         Mode::Hlt | Mode::Mwait => {
-            // Give the AP time to reach its wait (it runs ring-0 code to get there).
-            spin_for(tsc_khz * 5);
             sys::pingpong(total as u64, ap, m == Mode::Mwait, true);
             for (i, b) in buf.iter_mut().take(total).enumerate() {
                 // SAFETY: ring 0 wrote `total` (< MAX_SAMPLES) samples into wake_samples.
@@ -355,7 +381,6 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
             }
         }
         _ => {
-            spin_for(tsc_khz * 5);
             sys::set_interrupts(true);
             for s in buf.iter_mut().take(total) {
                 let old = count(VEC_PONG);
