@@ -543,6 +543,9 @@ pub struct PhaseJson {
     pub phase: String,
     /// Its length, ms.
     pub ms: f64,
+    /// The VMM's CPU time in it (all threads), ms (0 from a VMM before it was recorded).
+    #[serde(default)]
+    pub cpu_ms: f64,
 }
 
 impl LaunchJson {

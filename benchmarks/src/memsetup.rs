@@ -225,10 +225,15 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                         continue;
                     }
                 }
-                let r = timed_run(
-                    launch_cmd(env, &state, source, size, &probe, &hugetlbfs),
-                    Duration::from_secs(300),
-                );
+                let mut cmd = launch_cmd(env, &state, source, size, &probe, &hugetlbfs);
+                if !source.starts_with("qemu") {
+                    // The timeline then starts at the spawn: exec and loading are a phase.
+                    cmd.env(
+                        partition::sys::timeline::EXEC_ENV,
+                        partition::sys::timeline::monotonic_ns().to_string(),
+                    );
+                }
+                let r = timed_run(cmd, Duration::from_secs(300));
                 if source == "qemu-hugetlbfs" {
                     // QEMU unlinks its backing file; whatever is left goes before the pages do.
                     clear_dir(&hugetlbfs);
@@ -292,6 +297,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
             runs_vmm_cpu_ms: v.cpu.clone(),
             runs_vmm_rss_kib: v.rss.clone(),
             runs_timeline_ms: v.timeline.clone(),
+            runs_timeline_cpu_ms: v.timeline_cpu.clone(),
         })
         .collect();
     let med = |source: &str, size: u64, which: usize| {
@@ -336,15 +342,22 @@ struct Samples {
     hugetlb: Vec<f64>,
     /// Phase → its length per run, in the order the phases ran.
     timeline: Vec<(String, Vec<f64>)>,
+    /// Phase → the VMM's CPU time in it per run, the same order.
+    timeline_cpu: Vec<(String, Vec<f64>)>,
 }
 
 impl Samples {
     /// Adds one run's timeline (a phase missing from a run is not invented).
     fn add_timeline(&mut self, phases: &[crate::PhaseJson]) {
         for p in phases {
-            match self.timeline.iter_mut().find(|(n, _)| *n == p.phase) {
-                Some((_, v)) => v.push(p.ms),
-                None => self.timeline.push((p.phase.clone(), vec![p.ms])),
+            for (list, value) in [
+                (&mut self.timeline, p.ms),
+                (&mut self.timeline_cpu, p.cpu_ms),
+            ] {
+                match list.iter_mut().find(|(n, _)| *n == p.phase) {
+                    Some((_, v)) => v.push(value),
+                    None => list.push((p.phase.clone(), vec![value])),
+                }
             }
         }
     }
@@ -375,6 +388,7 @@ mod tests {
         let ph = |n: &str, ms: f64| crate::PhaseJson {
             phase: n.into(),
             ms,
+            cpu_ms: ms / 2.0,
         };
         let mut s = Samples::default();
         s.add_timeline(&[ph("args", 0.5), ph("acquire", 3.0), ph("memory", 0.7)]);
@@ -387,6 +401,7 @@ mod tests {
                 ("memory".to_string(), vec![0.7, 0.8]),
             ]
         );
+        assert_eq!(s.timeline_cpu[1], ("acquire".to_string(), vec![1.5, 106.0]));
     }
 
     #[test]

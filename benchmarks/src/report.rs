@@ -412,6 +412,54 @@ fn memsetup(o: &mut String, m: &MemSetupSection) {
             med(&r.vmm_hugetlb_kib_at_first_byte, 1024.0, 0),
         );
     }
+    memsetup_timeline(o, rows);
+}
+
+/// Where our pool launches' time to the first byte goes: each phase's median wall and CPU
+/// time, per size (the per-run figures are in the results file).
+fn memsetup_timeline(o: &mut String, rows: &[crate::doc::memsetup::MemSetupRow]) {
+    let pool: Vec<_> = rows
+        .iter()
+        .filter(|r| r.source == "pool" && !r.runs_timeline_ms.is_empty())
+        .collect();
+    let Some(first) = pool.first() else {
+        return;
+    };
+    let med = |v: Option<&Vec<f64>>| v.and_then(|v| crate::stats::summary(v)).map(|s| s.median);
+    let _ = write!(
+        o,
+        "\nWhere the pool launch's time to the first byte goes (`launch --timings`; `exec` is \
+         spawn to `main`): median per phase, wall / VMM CPU, ms. Each column's medians need \
+         not add up to its total.\n\n| phase |"
+    );
+    for r in &pool {
+        let _ = write!(o, " {} MiB |", r.size_bytes >> 20);
+    }
+    let _ = write!(o, "\n|---|");
+    for _ in &pool {
+        let _ = write!(o, "---|");
+    }
+    for (phase, _) in &first.runs_timeline_ms {
+        let _ = write!(o, "\n| {phase} |");
+        for r in &pool {
+            let find = |l: &Vec<(String, Vec<f64>)>| {
+                l.iter().find(|(n, _)| n == phase).map(|(_, v)| v.clone())
+            };
+            let wall = med(find(&r.runs_timeline_ms).as_ref());
+            let cpu = med(find(&r.runs_timeline_cpu_ms).as_ref());
+            let _ = write!(o, " {} / {} |", num(wall, 2), num(cpu, 2));
+        }
+    }
+    let _ = write!(o, "\n| **total** |");
+    for r in &pool {
+        let _ = write!(
+            o,
+            " {} / {} |",
+            num(r.first_byte_ms.map(|s| s.median), 1),
+            num(r.vmm_cpu_ms_at_first_byte.map(|s| s.median), 1)
+        );
+    }
+    let _ = writeln!(o);
 }
 
 /// Two variants of the same paths (benchmarks/src/compare.rs).
@@ -868,6 +916,24 @@ mod tests {
             svg.contains(">550 ns</text>") && svg.contains(">500 ns</text>"),
             "{svg}"
         );
+    }
+
+    #[test]
+    fn the_pool_launch_timeline_shows_each_phase_wall_and_cpu() {
+        let doc = doc_with(|s| {
+            let rows = s["memsetup"]["rows"].as_array_mut().unwrap();
+            for r in rows.iter_mut().filter(|r| r["source"] == "pool") {
+                r["runs_timeline_ms"] =
+                    json!([["exec", [3.0, 5.0, 4.0]], ["args", [1.0, 1.0, 1.0]]]);
+                r["runs_timeline_cpu_ms"] = json!([["exec", [2.0, 2.5, 2.25]]]);
+            }
+        });
+        let md = markdown(&doc, "vm", "vm.svg");
+        let sizes = md.matches("| exec | 4.00 / 2.25 |").count();
+        assert_eq!(sizes, 1, "{md}");
+        // A phase with no CPU figure (a VMM before they were recorded) shows none.
+        assert!(md.contains("| args | 1.00 / — |"), "{md}");
+        assert!(md.contains("Where the pool launch's time"), "{md}");
     }
 
     #[test]

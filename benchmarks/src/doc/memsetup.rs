@@ -91,6 +91,9 @@ pub struct MemSetupRow {
     /// --timings`), per run, ms, in the order the phases ran.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs_timeline_ms: Vec<(String, Vec<f64>)>,
+    /// The VMM's CPU time (all its threads) in each of those phases, per run, ms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs_timeline_cpu_ms: Vec<(String, Vec<f64>)>,
 }
 
 /// What the section claims, checked against its medians.

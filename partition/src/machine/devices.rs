@@ -3,7 +3,6 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use devices::Bus;
 use devices::i8042::{I8042, I8042_BASE, I8042_LEN};
@@ -92,7 +91,7 @@ pub(super) struct Devices {
     pub(super) pio: Arc<Bus>,
     pub(super) mmio: Arc<Bus>,
     pub(super) serial: Arc<Mutex<SerialPort>>,
-    pub(super) first_byte: Arc<std::sync::OnceLock<Instant>>,
+    pub(super) first_byte: Arc<std::sync::OnceLock<crate::sys::timeline::Stamp>>,
     /// Lines of the guest's console that report a fatal signal or an Oops
     /// (`console::FAULT_LINES`).
     pub(super) guest_faults: Arc<std::sync::atomic::AtomicU64>,
@@ -224,13 +223,14 @@ pub(super) fn attach_devices(
 /// Passes output through and notes when the first byte went by.
 pub(super) struct FirstByte {
     pub(super) inner: Box<dyn Write + Send>,
-    pub(super) at: Arc<std::sync::OnceLock<Instant>>,
+    pub(super) at: Arc<std::sync::OnceLock<crate::sys::timeline::Stamp>>,
 }
 
 impl Write for FirstByte {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        if !b.is_empty() {
-            let _ = self.at.set(Instant::now());
+        // One stamp (a CPU clock read is a system call), at the first byte.
+        if !b.is_empty() && self.at.get().is_none() {
+            let _ = self.at.set(crate::sys::timeline::Stamp::now());
         }
         self.inner.write(b)
     }

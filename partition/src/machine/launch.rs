@@ -216,7 +216,10 @@ pub fn run(
     let disks = devices.shut_down();
     drop(signals);
 
-    let first_output = devices.first_byte.get().map(|t| t.duration_since(started));
+    let first_output = devices
+        .first_byte
+        .get()
+        .map(|t| t.at.duration_since(started));
     let timeline = devices
         .first_byte
         .get()
@@ -250,8 +253,9 @@ pub fn run(
             boot: t_boot.duration_since(t_vm),
             vcpus: t_vcpus.duration_since(t_boot),
             first_output,
-            wall_to_first_byte_ms: timeline.as_ref().map(|t| t.1),
-            phases: timeline.map(|t| t.0).unwrap_or_default(),
+            wall_to_first_byte_ms: timeline.as_ref().map(|t| t.wall_ms),
+            cpu_to_first_byte_ms: timeline.as_ref().map(|t| t.cpu_ms),
+            phases: timeline.map(|t| t.phases).unwrap_or_default(),
         },
         pool: None,
         disks,

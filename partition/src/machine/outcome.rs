@@ -217,8 +217,10 @@ pub struct TimingsDoc {
     pub first_output_ms: Option<f64>,
     /// From the process's `main` to the guest's first serial byte.
     pub wall_to_first_byte_ms: Option<f64>,
+    /// The VMM's CPU time (all its threads) over the same span.
+    pub cpu_to_first_byte_ms: Option<f64>,
     /// Where that went, phase by phase, in order (`partition::sys::timeline`); they add up to
-    /// `wall_to_first_byte_ms`.
+    /// `wall_to_first_byte_ms` and their `cpu_ms` to `cpu_to_first_byte_ms`.
     pub timeline: Vec<crate::sys::timeline::Phase>,
 }
 
@@ -235,6 +237,7 @@ impl From<&Timings> for TimingsDoc {
             vcpus_ms: ms(t.vcpus),
             first_output_ms: t.first_output.map(ms),
             wall_to_first_byte_ms: t.wall_to_first_byte_ms,
+            cpu_to_first_byte_ms: t.cpu_to_first_byte_ms,
             timeline: t.phases.clone(),
         }
     }
@@ -568,6 +571,8 @@ pub struct Timings {
     /// From the process's `main` to the guest's first serial byte, ms (None: no byte, or
     /// the timeline was not started).
     pub wall_to_first_byte_ms: Option<f64>,
+    /// The process's CPU time (all threads) over the same span, ms.
+    pub cpu_to_first_byte_ms: Option<f64>,
     /// Where that time went, phase by phase (`crate::sys::timeline`): they add up to it.
     pub phases: Vec<crate::sys::timeline::Phase>,
 }
@@ -657,12 +662,15 @@ impl LaunchReport {
                 let phases: Vec<String> = t
                     .phases
                     .iter()
-                    .map(|p| format!("{}={:.3}", p.phase, p.ms))
+                    .map(|p| format!("{}={:.3}/{:.3}", p.phase, p.ms, p.cpu_ms))
                     .collect();
                 eprintln!(
-                    "partition: timeline to the first byte, ms (from main): {} sum={:.3} wall={wall:.3}",
+                    "partition: timeline to the first byte, ms wall/CPU (from main): {} \
+                     sum={:.3}/{:.3} wall={wall:.3} cpu={:.3}",
                     phases.join(" "),
-                    t.phases.iter().map(|p| p.ms).sum::<f64>()
+                    t.phases.iter().map(|p| p.ms).sum::<f64>(),
+                    t.phases.iter().map(|p| p.cpu_ms).sum::<f64>(),
+                    t.cpu_to_first_byte_ms.unwrap_or_default()
                 );
             }
         }
@@ -772,6 +780,7 @@ mod tests {
             vcpus: Duration::from_millis(1),
             first_output: None,
             wall_to_first_byte_ms: None,
+            cpu_to_first_byte_ms: None,
             phases: Vec::new(),
         };
         let d = TimingsDoc::from(&t);

@@ -461,4 +461,15 @@ fn the_timeline_counts_exec_when_the_caller_says_when_it_spawned() {
         (sum - wall).abs() <= wall * 0.1,
         "sum {sum} wall {wall}: {t}"
     );
+    // Each phase's CPU time: exec and loading cost some, they add up to the total, and
+    // the total is at most what the host's CPUs could give in the wall time.
+    let cpu = |p: &serde_json::Value| p["cpu_ms"].as_f64().unwrap();
+    assert!(cpu(&phases[0]) > 0.0, "{t}");
+    assert!(phases.iter().all(|p| cpu(p) >= 0.0), "{t}");
+    let cpu_sum: f64 = phases.iter().map(cpu).sum();
+    let cpu_total = t["cpu_to_first_byte_ms"].as_f64().unwrap();
+    assert!(cpu_total > 0.0, "{t}");
+    assert!((cpu_sum - cpu_total).abs() <= 0.01, "{t}");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    assert!(cpu_total <= wall * cpus, "{t}");
 }
