@@ -126,8 +126,6 @@ fn extra(role: Role) -> &'static [i64] {
             libc::SYS_newfstatat,
             libc::SYS_statx,
             libc::SYS_lseek,
-            libc::SYS_fsync,
-            libc::SYS_fdatasync,
             libc::SYS_flock,
             libc::SYS_rename,
             libc::SYS_renameat,

@@ -1,5 +1,5 @@
 //! Holding the ledger: the exclusive or shared `flock` on its lock file under which it is
-//! read and changed (written whole, fsynced, renamed into place), and a partition's own
+//! read and changed (written whole, renamed into place), and a partition's own
 //! lock that says its launcher is alive.
 
 use super::{LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, VERSION};

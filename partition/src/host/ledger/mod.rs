@@ -1,7 +1,8 @@
 //! The ledger: one JSON file in the state directory recording what `reserve` took from the
 //! host and which partition owns what. Changed only under an exclusive `flock` on a lock
-//! file, by writing a temporary file, fsyncing it, renaming it over the ledger and fsyncing
-//! the directory: a crash leaves either the old ledger or the new one, never a mix.
+//! file, by writing a temporary file and renaming it over the ledger: a writer that dies
+//! leaves either the old ledger or the new one, never a mix. Not fsynced: nothing it
+//! records outlives the host's boot (`StateDir::replace`).
 
 use std::path::{Component, Path, PathBuf};
 
