@@ -7,8 +7,8 @@
 #
 #   scripts/bench.sh [--only host,probe] [--runs 5]        (as root)
 #   scripts/bench.sh --baseline REV [--only builds]        also builds `partition` at git
-#       revision REV (a worktree under target/baseline/) and compares it with this build
-#       (the builds section)
+#       revision REV (a worktree in $TMPDIR, removed at the end; built into
+#       target/baseline/) and compares it with this build (the builds section)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -20,20 +20,35 @@ apt_install gcc qemu-system-x86 python3 rt-tests stress-ng fio
 cargo build --release --quiet -p partition-cli
 
 args=()
+baseline_src=()
+drop_baselines() {
+    local s
+    for s in "${baseline_src[@]}"; do
+        git worktree remove --force "$s" 2>/dev/null || rm -rf "$s"
+    done
+    git worktree prune
+}
+trap drop_baselines EXIT
 while [ $# -gt 0 ]; do
     case "$1" in
         --baseline)
             [ $# -ge 2 ] || die "--baseline needs a git revision"
             rev=$(git rev-parse --short "$2^{commit}") || die "--baseline $2: not a revision"
-            src=target/baseline/src-$rev
-            if [ ! -d "$src" ]; then
-                say "checking out $rev into $src"
-                git worktree add --detach "$src" "$rev" >&2
-            fi
+            # Checked out outside this directory: cargo reads .cargo/config.toml from the
+            # directory it runs in and every one above, and a revision from before that
+            # file existed must not be built with it (its nested builds expect the old
+            # layout). Removed when the bench ends.
+            src=$(mktemp -d "${TMPDIR:-/tmp}/partition-baseline-$rev.XXXXXX")
+            say "checking out $rev into $src"
+            git worktree add --detach "$src" "$rev" >&2
+            baseline_src+=("$src")
             say "building the baseline ($rev)"
-            cargo build --release --quiet -p partition-cli --manifest-path "$src/Cargo.toml" \
-                --target-dir target/baseline/target
-            args+=(--baseline "target/baseline/target/release/partition" --baseline-label "$rev")
+            out=$PWD/target/baseline/target-$rev
+            (cd "$src" && cargo build --release --quiet -p partition-cli --target-dir "$out")
+            # Its binary is where its own configuration put it.
+            bin=target/baseline/target-$rev/release/partition
+            [ -e "$src/.cargo/config.toml" ] && bin=target/baseline/target-$rev/$TRIPLE/release/partition
+            args+=(--baseline "$bin" --baseline-label "$rev")
             shift 2 ;;
         *) args+=("$1"); shift ;;
     esac
@@ -69,4 +84,4 @@ export PARTITION_LMBENCH=$PWD/$lmbin
 # per idle policy (about six minutes each there); docs/benchmarks.md says what those rows mean.
 scripts/guest-image.sh >/dev/null || say "building the guest image failed; the guest section will say so"
 
-exec ./target/release/partition bench "$@"
+./target/$TRIPLE/release/partition bench "$@"

@@ -15,7 +15,7 @@ apt_install gcc
 
 say "building (release)"
 cargo build --release --quiet -p partition-cli
-P=./target/release/partition
+P=./target/$TRIPLE/release/partition
 # A state directory of its own, so a real reservation in /run/partition is left alone.
 export PARTITION_STATE_DIR=/run/partition-demo
 

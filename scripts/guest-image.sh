@@ -32,8 +32,8 @@ say "building hotpaths"
 # --release --locked`, glibc linked statically by its .cargo/config.toml), without
 # building the whole VMM for it; what the environment sets for the outer build stays out.
 (cd benchmarks/hotpaths && env -u RUSTFLAGS -u CARGO_TARGET_DIR -u CARGO_BUILD_TARGET_DIR \
-    -u CARGO_ENCODED_RUSTFLAGS cargo build --release --locked --quiet)
-cp benchmarks/hotpaths/target/release/hotpaths "$dl/hotpaths"
+    -u CARGO_ENCODED_RUSTFLAGS cargo build --release --locked --quiet --target "$TRIPLE")
+cp "benchmarks/hotpaths/target/$TRIPLE/release/hotpaths" "$dl/hotpaths"
 
 # Debian's kernel source: the versioned package the linux-source metapackage points at.
 # (Whole outputs are captured before parsing: an early-exiting reader would SIGPIPE apt.)

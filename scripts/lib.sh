@@ -1,6 +1,9 @@
 # Shared helpers for the scripts in this directory. Source it; do not run it.
 
 die() { echo "error: $*" >&2; exit 1; }
+# Where cargo puts our binaries: .cargo/config.toml names the target (to link glibc
+# statically), so they are under target/TRIPLE/{debug,release}.
+TRIPLE=x86_64-unknown-linux-gnu
 say() { echo "==> $*" >&2; }
 
 need_root() {

@@ -51,9 +51,9 @@ for line in sys.stdin:
 root=$(pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 case "$target" in /*) ;; *) target=$root/$target ;; esac
-files=(--partition "$target/debug/partition")
+files=(--partition "$target/$TRIPLE/debug/partition")
 # The tests find the binary under test where cargo built it.
-files+=(--file "$target/debug/partition:$target/debug/partition")
+files+=(--file "$target/$TRIPLE/debug/partition:$target/$TRIPLE/debug/partition")
 script="$target/rig/suite.sh"
 mkdir -p "$target/rig"
 {

@@ -158,7 +158,7 @@ fi
 # Our binary, its libraries, the command and the files asked for: a second archive the
 # kernel unpacks over the first.
 if [ -z "$bin" ]; then
-    bin=target/release/partition
+    bin=target/$TRIPLE/release/partition
     if [ ! -x "$bin" ] || [ -n "$(find partition devices boot pool tools/partition-cli tools/probe-guest -newer "$bin" -name '*.rs' -print -quit)" ]; then
         need_cargo
         say "rig: cargo build --release -p partition-cli"

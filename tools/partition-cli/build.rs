@@ -20,13 +20,18 @@ fn watch(dir: &Path) {
     }
 }
 
+/// The target the nested builds are for, named explicitly (the repository's
+/// .cargo/config.toml names it too, so that its flags stay off build scripts): their
+/// binaries are under `<target dir>/TRIPLE/release/`.
+const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
 /// `cargo build --release` in `dir` into `target`, in a clean environment: the outer
 /// build's flags, wrappers (clippy) and target directory must not leak in.
 fn nested_build(dir: &Path, target: &Path, offline: bool) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(dir)
-        .args(["build", "--release", "--locked", "--target-dir"])
+        .args(["build", "--release", "--locked", "--target", TRIPLE, "--target-dir"])
         .arg(target)
         .env_clear();
     if offline {
@@ -61,7 +66,7 @@ fn main() {
     let target = out.join("probe-target");
     nested_build(&probe, &target, true);
     std::fs::copy(
-        target.join("release/probe-guest"),
+        target.join(TRIPLE).join("release/probe-guest"),
         out.join("probe-guest.elf"),
     )
     .expect("copying the probe guest ELF");
@@ -69,6 +74,9 @@ fn main() {
     // hotpaths depends on libc from crates.io: not offline.
     let target = out.join("hotpaths-target");
     nested_build(&hotpaths, &target, false);
-    std::fs::copy(target.join("release/hotpaths"), out.join("hotpaths"))
+    std::fs::copy(
+        target.join(TRIPLE).join("release/hotpaths"),
+        out.join("hotpaths"),
+    )
         .expect("copying the hotpaths binary");
 }
