@@ -31,7 +31,14 @@ fn nested_build(dir: &Path, target: &Path, offline: bool) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(dir)
-        .args(["build", "--release", "--locked", "--target", TRIPLE, "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            TRIPLE,
+            "--target-dir",
+        ])
         .arg(target)
         .env_clear();
     if offline {
@@ -78,5 +85,5 @@ fn main() {
         target.join(TRIPLE).join("release/hotpaths"),
         out.join("hotpaths"),
     )
-        .expect("copying the hotpaths binary");
+    .expect("copying the hotpaths binary");
 }
