@@ -107,51 +107,66 @@ pub enum Sandbox {
     On(Identity),
 }
 
+/// The user and group databases, read as files: the VMM is linked statically
+/// (.cargo/config.toml), and glibc's name service cannot load its modules into a static
+/// program (`getpwnam_r` crashed there). Users and groups that only a name service such as
+/// LDAP knows are given to `--uid`/`--gid` as numbers.
+const PASSWD: &str = "/etc/passwd";
+const GROUP: &str = "/etc/group";
+/// Largest database read.
+const DB_LIMIT: u64 = 16 << 20;
+
+fn read_db(path: &str) -> String {
+    crate::sys::files::read_limited(std::path::Path::new(path), DB_LIMIT)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Which passwd(5) entry.
+#[derive(Clone, Copy)]
+enum UserKey<'a> {
+    Name(&'a str),
+    Uid(u32),
+}
+
+/// The first passwd(5) entry matching `key`: (uid, gid, name). Comments and lines without
+/// numeric uid and gid are skipped.
+fn find_user(passwd: &str, key: UserKey<'_>) -> Option<(u32, u32, String)> {
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if line.starts_with('#') || f.len() < 4 || f[0].is_empty() {
+            return None;
+        }
+        let (uid, gid) = (f[2].parse::<u32>().ok()?, f[3].parse::<u32>().ok()?);
+        let hit = match key {
+            UserKey::Name(n) => f[0] == n,
+            UserKey::Uid(u) => uid == u,
+        };
+        hit.then(|| (uid, gid, f[0].to_string()))
+    })
+}
+
+/// The gid of the first group(5) entry named `name`.
+fn find_group(group: &str, name: &str) -> Option<u32> {
+    group.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if line.starts_with('#') || f.len() < 3 || f[0] != name {
+            return None;
+        }
+        f[2].parse().ok()
+    })
+}
+
 fn lookup_user(name: &str) -> Option<(u32, u32, String)> {
-    let c = std::ffi::CString::new(name).ok()?;
-    let mut pw: libc::passwd = unsafe_zeroed_passwd();
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwnam_r writes into `pw` and `buf` (its length given) and sets `out` to
-    // `&pw` or null; nothing is kept beyond this call but the copied fields.
-    let r = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
-    (r == 0 && !out.is_null()).then(|| (pw.pw_uid, pw.pw_gid, name.to_string()))
+    find_user(&read_db(PASSWD), UserKey::Name(name))
 }
 
 fn lookup_uid(uid: u32) -> Option<(u32, u32, String)> {
-    let mut pw: libc::passwd = unsafe_zeroed_passwd();
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut out: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: as in lookup_user; pw_name points into `buf`, read before it goes.
-    let r = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
-    if r != 0 || out.is_null() {
-        return None;
-    }
-    // SAFETY: pw_name is a NUL-terminated string in `buf`, which is alive.
-    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }
-        .to_string_lossy()
-        .into_owned();
-    Some((pw.pw_uid, pw.pw_gid, name))
+    find_user(&read_db(PASSWD), UserKey::Uid(uid))
 }
 
 fn lookup_group(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    let mut gr: libc::group = {
-        // SAFETY: `group` is plain data (integers and pointers); all-zero is a valid value
-        // that getgrnam_r overwrites.
-        unsafe { std::mem::zeroed() }
-    };
-    let mut buf = vec![0 as libc::c_char; 64 * 1024];
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: as for getpwnam_r.
-    let r = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
-    (r == 0 && !out.is_null()).then_some(gr.gr_gid)
-}
-
-fn unsafe_zeroed_passwd() -> libc::passwd {
-    // SAFETY: `passwd` is plain data (integers and pointers); all-zero is a valid value that
-    // the lookup overwrites.
-    unsafe { std::mem::zeroed() }
+    find_group(&read_db(GROUP), name)
 }
 
 /// The identity a VMM runs as when `--uid` names none: uid and gid `LAUNCH_ID_BASE + pid`,
@@ -445,6 +460,39 @@ mod tests {
         // This test process: not confined.
         let me = threads_of(std::process::id());
         assert!(!me.is_empty());
+    }
+
+    #[test]
+    fn the_user_and_group_files_parse_and_hostile_lines_are_skipped() {
+        let passwd = "# a comment\n\
+                      root:x:0:0:root:/root:/bin/bash\n\
+                      broken line\n\
+                      :x:5:5::/:/bin/sh\n\
+                      odd:x:notanumber:7::/:/bin/sh\n\
+                      vmm:x:1001:1002:VMM user:/home/vmm:/usr/sbin/nologin\n\
+                      vmm:x:2001:2002::/:/bin/sh\n";
+        assert_eq!(
+            find_user(passwd, UserKey::Name("vmm")),
+            Some((1001, 1002, "vmm".into()))
+        );
+        assert_eq!(
+            find_user(passwd, UserKey::Uid(0)),
+            Some((0, 0, "root".into()))
+        );
+        assert_eq!(find_user(passwd, UserKey::Name("odd")), None);
+        assert_eq!(find_user(passwd, UserKey::Uid(5)), None);
+        assert_eq!(find_user(passwd, UserKey::Name("")), None);
+        assert_eq!(find_user(passwd, UserKey::Name("nobody-here")), None);
+        assert_eq!(find_user("", UserKey::Uid(0)), None);
+        let group = "root:x:0:\nkvm:x:993:vmm,other\n#kvm:x:1:\nbad:x:\n";
+        assert_eq!(find_group(group, "kvm"), Some(993));
+        assert_eq!(find_group(group, "root"), Some(0));
+        assert_eq!(find_group(group, "bad"), None);
+        assert_eq!(find_group(group, "#kvm"), None);
+        // This host's own databases: root is uid 0 by name and by number.
+        assert_eq!(lookup_user("root").map(|u| u.0), Some(0));
+        assert_eq!(lookup_uid(0).map(|u| u.2), Some("root".to_string()));
+        assert_eq!(lookup_group("root"), Some(0));
     }
 
     #[test]

@@ -291,13 +291,14 @@ struct LaunchArgs {
     /// nested kvm_pvm module, host otherwise). Printed at launch.
     #[arg(long, value_name = "MODEL", default_value = "auto")]
     cpu_model: partition::cpu::cpumodel::CpuModelRequest,
-    /// Once the VM is set up, run as this user (a name or a number; default: an identity of
-    /// this launch's own, uid and gid 3000000000 + its pid, which no other VMM shares and
-    /// no user needs to exist for). The VMM then has no capabilities, no_new_privs, and a
+    /// Once the VM is set up, run as this user (a number, or a name from /etc/passwd;
+    /// default: an identity of this launch's own, uid and gid 3000000000 + its pid, which no
+    /// other VMM shares and no user needs to exist for). The VMM then has no capabilities, no_new_privs, and a
     /// seccomp filter on every thread (docs/security.md).
     #[arg(long, value_name = "USER", conflicts_with = "no_sandbox")]
     uid: Option<String>,
-    /// The group to run as (default: the user's; with no --uid, the launch's own).
+    /// The group to run as (a number, or a name from /etc/group; default: the user's; with
+    /// no --uid, the launch's own).
     #[arg(long, value_name = "GROUP", conflicts_with = "no_sandbox")]
     gid: Option<String>,
     /// Debugging only: keep root and every capability, install no seccomp filter.
