@@ -57,7 +57,7 @@ files+=(--file "$target/$TRIPLE/debug/partition:$target/$TRIPLE/debug/partition"
 script="$target/rig/suite.sh"
 mkdir -p "$target/rig"
 {
-    echo "mkdir -p '$target/tmp'"
+    echo "mkdir -p '$target/$TRIPLE/tmp'"
     echo "fail=0"
 } > "$script"
 for t in "${suite[@]}"; do
@@ -82,7 +82,7 @@ if printf '%s\n' "${suite[@]}" | grep -q '^linux_kernel'; then
     say "rig suite: Debian's kernel and the userspace initramfs (tests/linux_kernel.rs)"
     "$(exe_of linux_kernel)" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules \
         --quiet >/dev/null
-    assets="$target/tmp/assets"
+    assets="$target/$TRIPLE/tmp/assets"
     while read -r f; do
         files+=(--file "$assets/$f:$assets/$f")
     done < "$assets/rig.list"
