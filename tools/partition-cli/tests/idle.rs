@@ -18,6 +18,18 @@ fn caps() -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap()
 }
 
+/// Whether `test` can run its 2-vCPU launches here (it says why not when it cannot).
+fn two_cores_and_kvm(test: &str) -> bool {
+    if !kvm_available(test) {
+        return false;
+    }
+    if host_cores() < 2 {
+        eprintln!("SKIPPED {test}: one core");
+        return false;
+    }
+    true
+}
+
 fn expected_guest_mode(policy: &str) -> &'static str {
     match policy {
         "mwait" => "mwait",
@@ -31,11 +43,7 @@ fn expected_guest_mode(policy: &str) -> &'static str {
 #[test]
 fn every_offered_policy_runs_and_the_others_are_refused() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !kvm_available("every_offered_policy_runs_and_the_others_are_refused") {
-        return;
-    }
-    if host_cores() < 2 {
-        eprintln!("SKIPPED every_offered_policy_runs_and_the_others_are_refused: one core");
+    if !two_cores_and_kvm("every_offered_policy_runs_and_the_others_are_refused") {
         return;
     }
     let caps = caps();
@@ -219,11 +227,7 @@ fn a_refused_policy_is_bad_input_and_unknown_ones_too() {
 #[test]
 fn the_ipi_ping_pong_holds_when_the_ap_is_late() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !kvm_available("the_ipi_ping_pong_holds_when_the_ap_is_late") {
-        return;
-    }
-    if host_cores() < 2 {
-        eprintln!("SKIPPED the_ipi_ping_pong_holds_when_the_ap_is_late: one core");
+    if !two_cores_and_kvm("the_ipi_ping_pong_holds_when_the_ap_is_late") {
         return;
     }
     let before = host_state();
