@@ -150,6 +150,9 @@ impl ExtentClaim {
             ))
         };
         let lock = LedgerLock::exclusive_existing(req.state_dir)?.ok_or_else(nothing)?;
+        // The launch timeline splits the claim: waiting for the ledger's lock, reading and
+        // checking it, then (the `acquire` mark) writing it and opening the extent.
+        crate::sys::timeline::mark("claim_lock");
         let mut l = lock.load()?.ok_or_else(nothing)?;
         let name = req.name;
         if let Some(p) = l.partition(name) {
@@ -217,6 +220,7 @@ impl ExtentClaim {
             kernel: req.kernel.to_string(),
             api_socket: req.api_socket.map(Path::to_path_buf),
         });
+        crate::sys::timeline::mark("claim_check");
         lock.store(&l)?;
         crash_point("after-ledger");
         Ok(Self {
