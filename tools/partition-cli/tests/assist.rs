@@ -261,11 +261,7 @@ fn the_syscall_canary_finds_every_register_as_it_was() {
 #[test]
 fn the_syscall_canary_on_an_ap_beside_a_busy_disk() {
     let name = "the_syscall_canary_on_an_ap_beside_a_busy_disk";
-    if !kvm_available(name) {
-        return;
-    }
-    if host_cores() < 2 {
-        println!("SKIPPED {name}: needs two host cores");
+    if !kvm_and_two_cores(name) {
         return;
     }
     let dir = Scratch::new("canary-ap");

@@ -120,11 +120,7 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
 
 #[test]
 fn a_stopped_bench_run_gives_back_everything_it_held() {
-    if !kvm_available("a_stopped_bench_run_gives_back_everything_it_held") {
-        return;
-    }
-    if host_cores() < 2 {
-        eprintln!("SKIPPED a_stopped_bench_run_gives_back_everything_it_held: needs 2 cores");
+    if !kvm_and_two_cores("a_stopped_bench_run_gives_back_everything_it_held") {
         return;
     }
     // SIGTERM to the supervisor alone (a service manager, `kill PID`).

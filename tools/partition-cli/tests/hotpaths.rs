@@ -255,13 +255,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
 /// in must not let a caller aim that at a directory of theirs.
 #[test]
 fn a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory() {
-    if !kvm_available("a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory") {
-        return;
-    }
-    if host_cores() < 2 {
-        eprintln!(
-            "SKIPPED a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory: needs 2 cores"
-        );
+    if !kvm_and_two_cores("a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory") {
         return;
     }
     let dir = Scratch::new("bench-env");

@@ -18,16 +18,23 @@ fn caps() -> serde_json::Value {
     serde_json::from_str(&out.stdout).unwrap()
 }
 
-/// Whether `test` can run its 2-vCPU launches here (it says why not when it cannot).
-fn two_cores_and_kvm(test: &str) -> bool {
-    if !kvm_available(test) {
-        return false;
-    }
-    if host_cores() < 2 {
-        eprintln!("SKIPPED {test}: one core");
-        return false;
-    }
-    true
+/// A 2-vCPU probe launch on cores 0 and 1 under idle policy `idle`, the probe given `cmdline`,
+/// then `extra` arguments.
+fn launch_on_two_cores(idle: &str, cmdline: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "launch",
+        "--cores",
+        "0,1",
+        "--memory",
+        "64M",
+        "--probe",
+        "--idle",
+        idle,
+        "--cmdline",
+        cmdline,
+    ];
+    args.extend_from_slice(extra);
+    run(&args, LIMIT)
 }
 
 fn expected_guest_mode(policy: &str) -> &'static str {
@@ -43,7 +50,7 @@ fn expected_guest_mode(policy: &str) -> &'static str {
 #[test]
 fn every_offered_policy_runs_and_the_others_are_refused() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !two_cores_and_kvm("every_offered_policy_runs_and_the_others_are_refused") {
+    if !kvm_and_two_cores("every_offered_policy_runs_and_the_others_are_refused") {
         return;
     }
     let caps = caps();
@@ -51,21 +58,10 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
     let mut ran = 0;
     for p in caps["policies"].as_array().unwrap() {
         let policy = p["policy"].as_str().unwrap();
-        let out = run(
-            &[
-                "launch",
-                "--cores",
-                "0,1",
-                "--memory",
-                "64M",
-                "--probe",
-                "--idle",
-                policy,
-                "--cmdline",
-                "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2",
-                "--json",
-            ],
-            LIMIT,
+        let out = launch_on_two_cores(
+            policy,
+            "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2",
+            &["--json"],
         );
         if p["offered"] == false {
             assert_eq!(out.code(), 2, "{policy}: {}", out.stderr);
@@ -227,7 +223,7 @@ fn a_refused_policy_is_bad_input_and_unknown_ones_too() {
 #[test]
 fn the_ipi_ping_pong_holds_when_the_ap_is_late() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    if !two_cores_and_kvm("the_ipi_ping_pong_holds_when_the_ap_is_late") {
+    if !kvm_and_two_cores("the_ipi_ping_pong_holds_when_the_ap_is_late") {
         return;
     }
     let before = host_state();
@@ -236,21 +232,7 @@ fn the_ipi_ping_pong_holds_when_the_ap_is_late() {
             "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=0 \
              probe.wake_settle_us=0 probe.idle={mode}"
         );
-        let out = run(
-            &[
-                "launch",
-                "--cores",
-                "0,1",
-                "--memory",
-                "64M",
-                "--probe",
-                "--idle",
-                "hlt",
-                "--cmdline",
-                &cmdline,
-            ],
-            LIMIT,
-        );
+        let out = launch_on_two_cores("hlt", &cmdline, &[]);
         assert_eq!(out.code(), 0, "{mode}: {}\n{}", out.stderr, out.stdout);
         assert!(
             out.stdout

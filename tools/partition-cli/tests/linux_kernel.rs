@@ -818,11 +818,7 @@ fn debian_kernel_reaches_userspace_and_uses_our_disk() {
 #[test]
 fn debian_kernel_brings_up_a_second_cpu_and_reaches_userspace() {
     let name = "debian_kernel_brings_up_a_second_cpu_and_reaches_userspace";
-    if !kvm_available(name) {
-        return;
-    }
-    if host_cores() < 2 {
-        println!("SKIPPED {name}: needs two host cores");
+    if !kvm_and_two_cores(name) {
         return;
     }
     if !long_test_runs(name, 15) {

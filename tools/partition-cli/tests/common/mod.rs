@@ -35,6 +35,19 @@ pub fn kvm_available(test: &str) -> bool {
     }
 }
 
+/// Whether /dev/kvm can be used and this process has two cores for a 2-vCPU partition (or a
+/// partition beside the host's core); prints why not when it cannot.
+pub fn kvm_and_two_cores(test: &str) -> bool {
+    if !kvm_available(test) {
+        return false;
+    }
+    if host_cores() < 2 {
+        eprintln!("SKIPPED {test}: needs two host cores");
+        return false;
+    }
+    true
+}
+
 /// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
 pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
