@@ -425,7 +425,6 @@ fn memsetup_timeline(o: &mut String, rows: &[crate::doc::memsetup::MemSetupRow])
     let Some(first) = pool.first() else {
         return;
     };
-    let med = |v: Option<&Vec<f64>>| v.and_then(|v| crate::stats::summary(v)).map(|s| s.median);
     let _ = write!(
         o,
         "\nWhere the pool launch's time to the first byte goes (`launch --timings`; `exec` is \
@@ -441,12 +440,16 @@ fn memsetup_timeline(o: &mut String, rows: &[crate::doc::memsetup::MemSetupRow])
     }
     for (phase, _) in &first.runs_timeline_ms {
         let _ = write!(o, "\n| {phase} |");
+        // This phase's median in one of a row's per-phase lists.
+        let med = |l: &[(String, Vec<f64>)]| {
+            l.iter()
+                .find(|(n, _)| n == phase)
+                .and_then(|(_, v)| crate::stats::summary(v))
+                .map(|s| s.median)
+        };
         for r in &pool {
-            let find = |l: &Vec<(String, Vec<f64>)>| {
-                l.iter().find(|(n, _)| n == phase).map(|(_, v)| v.clone())
-            };
-            let wall = med(find(&r.runs_timeline_ms).as_ref());
-            let cpu = med(find(&r.runs_timeline_cpu_ms).as_ref());
+            let wall = med(&r.runs_timeline_ms);
+            let cpu = med(&r.runs_timeline_cpu_ms);
             let _ = write!(o, " {} / {} |", num(wall, 2), num(cpu, 2));
         }
     }

@@ -20,14 +20,11 @@ fn watch(dir: &Path) {
     }
 }
 
-/// The target the nested builds are for, named explicitly (the repository's
-/// .cargo/config.toml names it too, so that its flags stay off build scripts): their
-/// binaries are under `<target dir>/TRIPLE/release/`.
-const TRIPLE: &str = "x86_64-unknown-linux-gnu";
-
-/// `cargo build --release` in `dir` into `target`, in a clean environment: the outer
-/// build's flags, wrappers (clippy) and target directory must not leak in.
-fn nested_build(dir: &Path, target: &Path, offline: bool) {
+/// `cargo build --release` in `dir` into `target` for `triple`, in a clean environment:
+/// the outer build's flags, wrappers (clippy) and target directory must not leak in. The
+/// target is named explicitly (as the repository's .cargo/config.toml names it, so that
+/// its flags stay off build scripts): the binaries are under `target/triple/release/`.
+fn nested_build(dir: &Path, target: &Path, triple: &str, offline: bool) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(dir)
@@ -36,7 +33,7 @@ fn nested_build(dir: &Path, target: &Path, offline: bool) {
             "--release",
             "--locked",
             "--target",
-            TRIPLE,
+            triple,
             "--target-dir",
         ])
         .arg(target)
@@ -65,24 +62,26 @@ fn nested_build(dir: &Path, target: &Path, offline: bool) {
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    // What this crate is built for, so what the programs it embeds are built for.
+    let triple = std::env::var("TARGET").expect("TARGET");
     let probe = manifest.join("../probe-guest");
     let hotpaths = manifest.join("../../benchmarks/hotpaths");
     watch(&probe);
     watch(&hotpaths);
 
     let target = out.join("probe-target");
-    nested_build(&probe, &target, true);
+    nested_build(&probe, &target, &triple, true);
     std::fs::copy(
-        target.join(TRIPLE).join("release/probe-guest"),
+        target.join(&triple).join("release/probe-guest"),
         out.join("probe-guest.elf"),
     )
     .expect("copying the probe guest ELF");
 
     // hotpaths depends on libc from crates.io: not offline.
     let target = out.join("hotpaths-target");
-    nested_build(&hotpaths, &target, false);
+    nested_build(&hotpaths, &target, &triple, false);
     std::fs::copy(
-        target.join(TRIPLE).join("release/hotpaths"),
+        target.join(&triple).join("release/hotpaths"),
         out.join("hotpaths"),
     )
     .expect("copying the hotpaths binary");
