@@ -2,8 +2,9 @@
 //! `.text.launch`, ahead of the rest of `.text`, in the order they first ran.
 //!
 //! Each Rust function is named twice. First exactly (`.text*.SYMBOL`: its section is
-//! `.text.SYMBOL`, or `.text.unlikely.SYMBOL` for one LLVM thinks cold): precise while the symbols' hashes are
-//! those of the build that was traced. Then as a pattern with the parts that change between
+//! `.text.SYMBOL`, or `.text.unlikely.SYMBOL` for one LLVM thinks cold; a `.llvm.N` suffix,
+//! which changes with any edit to its codegen unit, wildcarded): precise while the symbols'
+//! hashes are those of the build that was traced. Then as a pattern with the parts that change between
 //! builds wildcarded (the legacy hash `17h…E`, a `.llvm.N` suffix, v0 crate disambiguators):
 //! once a dependency or the toolchain changes and the hashes with it, the patterns still
 //! find the functions, together with their generic siblings. A C function from a static
@@ -71,11 +72,17 @@ pub fn linker_script(hits: &[String], members: &BTreeMap<String, (String, String
     let mut seen = HashSet::new();
     for sym in hits {
         if is_rust(sym) {
-            if plain(sym) && seen.insert(sym.clone()) {
+            // A `.llvm.N` suffix changes whenever its codegen unit does: wildcarded even
+            // here, where the hash still tells the function from its siblings.
+            let sym = match sym.find(".llvm.") {
+                Some(i) => format!("{}.llvm.*", &sym[..i]),
+                None => sym.clone(),
+            };
+            if plain(&sym) && seen.insert(sym.clone()) {
                 let _ = writeln!(exact, "    *(.text*.{sym})");
             }
-            let p = pattern(sym);
-            if p != *sym && plain(&p) && seen.insert(p.clone()) {
+            let p = pattern(&sym);
+            if p != sym && plain(&p) && seen.insert(p.clone()) {
                 let _ = writeln!(wild, "    *(.text*.{p})");
             }
         } else if let Some((archive, member)) = members.get(sym) {
@@ -138,6 +145,7 @@ mod tests {
         );
         let hits: Vec<String> = [
             "_ZN1a4main17h0000000000000001E",
+            "_ZN1a4push17h0000000000000004E.llvm.123456",
             "__ioctl",
             "ioctl",
             "_ZN1a4main17h0000000000000002E",
@@ -154,10 +162,12 @@ mod tests {
             body,
             [
                 "    *(.text*._ZN1a4main17h0000000000000001E)",
+                "    *(.text*._ZN1a4push17h0000000000000004E.llvm.*)",
                 "    *libc.a:ioctl.o(.text .text.*)",
                 "    *(.text*._ZN1a4main17h0000000000000002E)",
                 "    *(.text*._ZN1a3bad$LT$x$u20$y$GT$17h0000000000000003E)",
                 "    *(.text*._ZN1a4main17h*)",
+                "    *(.text*._ZN1a4push17h*)",
                 "    *(.text*._ZN1a3bad$LT$x$u20$y$GT$17h*)",
             ]
         );
