@@ -53,6 +53,7 @@ pub fn kernel(data: &[u8]) {
             isa: &[],
             sleep_port: 0x600,
             pci: None,
+            memory_zeroed: false,
         },
     );
 }

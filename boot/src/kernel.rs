@@ -236,8 +236,13 @@ impl KernelImage {
         Ok(())
     }
 
-    /// Loads the image into `mem` with linux-loader. Call [`Self::check_fits`] first.
-    pub fn load<M: GuestMemoryBackend>(&self, mem: &M) -> Result<LoadedKernel, KernelError> {
+    /// Loads the image into `mem` with linux-loader. Call [`Self::check_fits`] first. An ELF
+    /// segment's bss is zeroed unless `mem` is known to hold only zeros (`zeroed`).
+    pub fn load<M: GuestMemoryBackend>(
+        &self,
+        mem: &M,
+        zeroed: bool,
+    ) -> Result<LoadedKernel, KernelError> {
         let (start, end) = self.footprint();
         let mut cursor = Cursor::new(&*self.bytes);
         match &self.kind {
@@ -248,8 +253,9 @@ impl KernelImage {
             } => {
                 let r = Elf::load(mem, None, &mut cursor, Some(GuestAddress(HIMEM_START)))
                     .map_err(|e| KernelError::Load(e.to_string()))?;
-                // linux-loader copies p_filesz bytes; the rest of each segment is bss.
-                for s in segments {
+                // linux-loader copies p_filesz bytes; the rest of each segment is bss,
+                // already zero in fresh memory.
+                for s in segments.iter().filter(|_| !zeroed) {
                     let zero_len = s.memsz - s.filesz;
                     if zero_len > 0 {
                         zero(mem, s.paddr + s.filesz, zero_len)?;

@@ -100,6 +100,10 @@ mod setup {
         pub sleep_port: u16,
         /// A PCI host bridge (MCFG, `PNP0A08`, ECAM reserved in e820), when there is PCI.
         pub pci: Option<acpi::PciHostBridge>,
+        /// Guest memory holds only zeros (fresh from the kernel, or a pool extent, which is
+        /// scrubbed when it is given back): an ELF segment's bss is then not written, as
+        /// linux-loader leaves it. Otherwise it is zeroed here.
+        pub memory_zeroed: bool,
     }
 
     /// What was built, for the VMM to report and to load into the boot vCPU.
@@ -238,7 +242,7 @@ mod setup {
             None => None,
         };
 
-        let kernel = cfg.kernel.load(mem)?;
+        let kernel = cfg.kernel.load(mem, cfg.memory_zeroed)?;
         let initrd = match (cfg.initrd, initrd_addr) {
             (Some(rd), Some(addr)) => {
                 write(mem, "initrd", addr, rd)?;
@@ -383,6 +387,7 @@ mod setup {
                     isa: &[],
                     sleep_port: 0x600,
                     pci: None,
+                    memory_zeroed: false,
                 },
             )
             .unwrap();
@@ -432,6 +437,7 @@ mod setup {
                     isa: &[],
                     sleep_port: 0x600,
                     pci: None,
+                    memory_zeroed: false,
                 },
             )
             .unwrap();
@@ -443,6 +449,44 @@ mod setup {
                 .read_obj(GuestAddress(layout::PVH_INFO_ADDR + 48))
                 .unwrap();
             assert_eq!(entries as usize, info.e820.len());
+        }
+
+        #[test]
+        fn bss_is_left_alone_only_in_memory_known_to_be_zero() {
+            for zeroed in [false, true] {
+                let (layout, mem) = guest(32 << 20);
+                // Something in the bss that only a zeroing loader would clear.
+                mem.write_slice(&[0xee; 64], GuestAddress(0x200010))
+                    .unwrap();
+                let k =
+                    KernelImage::from_bytes(tiny_elf(0x200000, &[0xf4; 16], 8192, None)).unwrap();
+                setup(
+                    &mem,
+                    &layout,
+                    &BootConfig {
+                        kernel: &k,
+                        initrd: None,
+                        cmdline: "x",
+                        cpus: 1,
+                        protocol: BootProtocol::Linux64,
+                        virtio_mmio: &[],
+                        isa: &[],
+                        sleep_port: 0x600,
+                        pci: None,
+                        memory_zeroed: zeroed,
+                    },
+                )
+                .unwrap();
+                let code: [u8; 16] = mem.read_obj(GuestAddress(0x200000)).unwrap();
+                assert_eq!(code, [0xf4; 16], "the code is loaded either way");
+                let mut bss = [0u8; 64];
+                mem.read_slice(&mut bss, GuestAddress(0x200010)).unwrap();
+                assert_eq!(
+                    bss,
+                    if zeroed { [0xee; 64] } else { [0; 64] },
+                    "zeroed={zeroed}"
+                );
+            }
         }
 
         #[test]
@@ -459,6 +503,7 @@ mod setup {
                 isa: &[],
                 sleep_port: 0x600,
                 pci: None,
+                memory_zeroed: false,
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];
@@ -523,6 +568,7 @@ mod setup {
                     isa: &[],
                     sleep_port: 0x600,
                     pci: None,
+                    memory_zeroed: false,
                 },
             )
             .unwrap();

@@ -332,6 +332,10 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
             pci: crate::machine::pci::host_bridge(&checked.cfg.devices),
+            // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed
+            // from the kernel, a pool extent was scrubbed when it was given back
+            // (docs/pool.md), and a partition stops on reset instead of booting again.
+            memory_zeroed: true,
         },
     )?)
 }

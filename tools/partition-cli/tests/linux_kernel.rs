@@ -1058,6 +1058,7 @@ fn debian_bzimage_loads_with_a_correct_zero_page() {
             isa: &[],
             sleep_port: 0x600,
             pci: None,
+            memory_zeroed: true,
         },
     )
     .unwrap();
