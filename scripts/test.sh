@@ -23,7 +23,7 @@ need_kvm
 apt_lists
 # gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch; QEMU runs
 # the probe as the benchmarks' peer does.
-apt_install gcc dpkg python3 qemu-system-x86
+apt_install gcc binutils dpkg python3 qemu-system-x86
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

@@ -424,23 +424,11 @@ mod setup {
             let (layout, mem) = guest(16 << 20);
             let k = KernelImage::from_bytes(tiny_elf(0x200000, &[0x90; 64], 0, Some(0x200020)))
                 .unwrap();
-            let info = setup(
-                &mem,
-                &layout,
-                &BootConfig {
-                    kernel: &k,
-                    initrd: None,
-                    cmdline: "x",
-                    cpus: 1,
-                    protocol: BootProtocol::Pvh,
-                    virtio_mmio: &[],
-                    isa: &[],
-                    sleep_port: 0x600,
-                    pci: None,
-                    memory_zeroed: false,
-                },
-            )
-            .unwrap();
+            let cfg = BootConfig {
+                protocol: BootProtocol::Pvh,
+                ..plain(&k)
+            };
+            let info = setup(&mem, &layout, &cfg).unwrap();
             assert_eq!(info.entry_addr, 0x200020);
             assert_eq!(info.entry.regs.rbx, layout::PVH_INFO_ADDR);
             let magic: u32 = mem.read_obj(GuestAddress(layout::PVH_INFO_ADDR)).unwrap();
@@ -451,41 +439,42 @@ mod setup {
             assert_eq!(entries as usize, info.e820.len());
         }
 
+        /// One vCPU, no devices, Linux's 64-bit entry: what a test changes it from.
+        fn plain(k: &KernelImage) -> BootConfig<'_> {
+            BootConfig {
+                kernel: k,
+                initrd: None,
+                cmdline: "x",
+                cpus: 1,
+                protocol: BootProtocol::Linux64,
+                virtio_mmio: &[],
+                isa: &[],
+                sleep_port: 0x600,
+                pci: None,
+                memory_zeroed: false,
+            }
+        }
+
         #[test]
         fn bss_is_left_alone_only_in_memory_known_to_be_zero() {
-            for zeroed in [false, true] {
+            for memory_zeroed in [false, true] {
                 let (layout, mem) = guest(32 << 20);
                 // Something in the bss that only a zeroing loader would clear.
                 mem.write_slice(&[0xee; 64], GuestAddress(0x200010))
                     .unwrap();
                 let k =
                     KernelImage::from_bytes(tiny_elf(0x200000, &[0xf4; 16], 8192, None)).unwrap();
-                setup(
-                    &mem,
-                    &layout,
-                    &BootConfig {
-                        kernel: &k,
-                        initrd: None,
-                        cmdline: "x",
-                        cpus: 1,
-                        protocol: BootProtocol::Linux64,
-                        virtio_mmio: &[],
-                        isa: &[],
-                        sleep_port: 0x600,
-                        pci: None,
-                        memory_zeroed: zeroed,
-                    },
-                )
-                .unwrap();
+                let cfg = BootConfig {
+                    memory_zeroed,
+                    ..plain(&k)
+                };
+                setup(&mem, &layout, &cfg).unwrap();
                 let code: [u8; 16] = mem.read_obj(GuestAddress(0x200000)).unwrap();
                 assert_eq!(code, [0xf4; 16], "the code is loaded either way");
                 let mut bss = [0u8; 64];
                 mem.read_slice(&mut bss, GuestAddress(0x200010)).unwrap();
-                assert_eq!(
-                    bss,
-                    if zeroed { [0xee; 64] } else { [0; 64] },
-                    "zeroed={zeroed}"
-                );
+                let want = if memory_zeroed { [0xee; 64] } else { [0; 64] };
+                assert_eq!(bss, want, "memory_zeroed={memory_zeroed}");
             }
         }
 
@@ -494,16 +483,8 @@ mod setup {
             let (layout, mem) = guest(16 << 20);
             let k = KernelImage::from_bytes(tiny_elf(0x200000, &[0x90; 64], 0, None)).unwrap();
             let base = BootConfig {
-                kernel: &k,
-                initrd: None,
                 cmdline: "ok",
-                cpus: 1,
-                protocol: BootProtocol::Linux64,
-                virtio_mmio: &[],
-                isa: &[],
-                sleep_port: 0x600,
-                pci: None,
-                memory_zeroed: false,
+                ..plain(&k)
             };
             let long = "a".repeat(5000);
             let huge_rd = vec![0u8; 15 << 20];

@@ -2,7 +2,18 @@
 //! forked child are recorded, one never called is not, the exit status comes through, and
 //! the script names them.
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `text-order trace --out HITS -- text-order selftest`.
+fn trace_selftest(me: &str, hits: &Path) -> Output {
+    Command::new(me)
+        .args(["trace", "--out"])
+        .arg(hits)
+        .args(["--", me, "selftest"])
+        .output()
+        .unwrap()
+}
 
 #[test]
 fn a_trace_sees_the_process_its_thread_and_its_child_and_nothing_else() {
@@ -10,12 +21,7 @@ fn a_trace_sees_the_process_its_thread_and_its_child_and_nothing_else() {
     let dir = std::env::temp_dir().join(format!("text-order-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let hits = dir.join("hits");
-    let out = Command::new(me)
-        .args(["trace", "--out"])
-        .arg(&hits)
-        .args(["--", me, "selftest"])
-        .output()
-        .unwrap();
+    let out = trace_selftest(me, &hits);
     let err = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(2) && err.contains("PTRACE") {
         // ptrace refused (a container without CAP_SYS_PTRACE, Yama scope 3): say so.
@@ -48,12 +54,7 @@ fn a_trace_sees_the_process_its_thread_and_its_child_and_nothing_else() {
     assert!(called < child, "first-run order kept");
 
     // A second trace adds nothing new and keeps the order.
-    let again = Command::new(me)
-        .args(["trace", "--out"])
-        .arg(&hits)
-        .args(["--", me, "selftest"])
-        .output()
-        .unwrap();
+    let again = trace_selftest(me, &hits);
     assert_eq!(again.status.code(), Some(7));
     assert_eq!(std::fs::read_to_string(&hits).unwrap(), names);
 
