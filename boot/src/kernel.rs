@@ -255,10 +255,12 @@ impl KernelImage {
                     .map_err(|e| KernelError::Load(e.to_string()))?;
                 // linux-loader copies p_filesz bytes; the rest of each segment is bss,
                 // already zero in fresh memory.
-                for s in segments.iter().filter(|_| !zeroed) {
-                    let zero_len = s.memsz - s.filesz;
-                    if zero_len > 0 {
-                        zero(mem, s.paddr + s.filesz, zero_len)?;
+                if !zeroed {
+                    for s in segments {
+                        let zero_len = s.memsz - s.filesz;
+                        if zero_len > 0 {
+                            zero(mem, s.paddr + s.filesz, zero_len)?;
+                        }
                     }
                 }
                 Ok(LoadedKernel {

@@ -117,7 +117,7 @@ fn set_regs(pid: i32, regs: &libc::user_regs_struct) -> Result<(), TraceError> {
 }
 
 /// Runs `program args` with `functions` (of `binary`, the program that will be exec'd)
-/// trapped, until the program's first process exits.
+/// trapped, until it and every process it forked have exited.
 pub fn trace(
     binary: &Path,
     functions: &[Function],
@@ -177,13 +177,14 @@ pub fn trace(
             break;
         }
         if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
+            // The program's own status; the loop goes on until every traced process has
+            // exited (leaving, the tracer would kill them: PTRACE_O_EXITKILL).
             if pid == root {
                 out.status = if libc::WIFEXITED(st) {
                     libc::WEXITSTATUS(st)
                 } else {
                     128 + libc::WTERMSIG(st)
                 };
-                break;
             }
             continue;
         }
