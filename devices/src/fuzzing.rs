@@ -112,14 +112,28 @@ pub fn virtqueue(data: &[u8]) {
     }
 }
 
-/// A small disk image shared by every input of the process.
+/// A small disk image shared by every input of the process. Its file is unlinked at once
+/// and reached through `/proc/self/fd`, so nothing is left behind however the process
+/// ends (a fuzzer is killed more often than it exits).
 fn disk_path() -> &'static PathBuf {
-    static DISK: OnceLock<PathBuf> = OnceLock::new();
-    DISK.get_or_init(|| {
+    static DISK: OnceLock<(std::fs::File, PathBuf)> = OnceLock::new();
+    let (_, path) = DISK.get_or_init(|| {
+        use std::os::fd::AsRawFd;
         let p = std::env::temp_dir().join(format!("devices-fuzz-disk-{}", std::process::id()));
-        let _ = std::fs::write(&p, vec![0u8; 64 << 10]);
-        p
-    })
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&p)
+            .expect("creating the fuzzer's disk image");
+        let _ = std::fs::remove_file(&p);
+        file.set_len(64 << 10)
+            .expect("sizing the fuzzer's disk image");
+        let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        (file, path)
+    });
+    path
 }
 
 struct NoIrq;
@@ -175,6 +189,17 @@ pub fn mmio(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shared_disk_opens_as_a_block_device_and_leaves_no_file() {
+        let p = disk_path();
+        assert_eq!(std::fs::metadata(p).unwrap().len(), 64 << 10);
+        let named = std::env::temp_dir().join(format!("devices-fuzz-disk-{}", std::process::id()));
+        assert!(!named.exists(), "{} left behind", named.display());
+        // The mmio target gives up quietly if this fails: it must not.
+        let blk = VirtioBlock::new(BlockConfig::new(p.clone(), "fuzz".into()));
+        assert!(blk.is_ok(), "{:?}", blk.err());
+    }
 
     #[test]
     fn the_targets_take_short_and_odd_inputs() {
