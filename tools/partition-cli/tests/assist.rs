@@ -266,14 +266,8 @@ fn the_syscall_canary_on_an_ap_beside_a_busy_disk() {
     }
     let dir = Scratch::new("canary-ap");
     let img = dir.file("disk.img", &vec![0x5a; 1 << 20]);
-    let out = run(
+    let out = probe_on_two_cores(
         &[
-            "launch",
-            "--cores",
-            "0,1",
-            "--memory",
-            "64M",
-            "--probe",
             "--disk",
             &format!("path={}", img.display()),
             "--cmdline",

@@ -21,20 +21,9 @@ fn caps() -> serde_json::Value {
 /// A 2-vCPU probe launch on cores 0 and 1 under idle policy `idle`, the probe given `cmdline`,
 /// then `extra` arguments.
 fn launch_on_two_cores(idle: &str, cmdline: &str, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "launch",
-        "--cores",
-        "0,1",
-        "--memory",
-        "64M",
-        "--probe",
-        "--idle",
-        idle,
-        "--cmdline",
-        cmdline,
-    ];
+    let mut args = vec!["--idle", idle, "--cmdline", cmdline];
     args.extend_from_slice(extra);
-    run(&args, LIMIT)
+    probe_on_two_cores(&args, LIMIT)
 }
 
 fn expected_guest_mode(policy: &str) -> &'static str {

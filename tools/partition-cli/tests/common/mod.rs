@@ -48,6 +48,14 @@ pub fn kvm_and_two_cores(test: &str) -> bool {
     true
 }
 
+/// `partition launch --cores 0,1 --memory 64M --probe ARGS...`: a 2-vCPU probe launch
+/// (check [`kvm_and_two_cores`] first), within `limit`.
+pub fn probe_on_two_cores(args: &[&str], limit: Duration) -> Output {
+    let mut all = vec!["launch", "--cores", "0,1", "--memory", "64M", "--probe"];
+    all.extend_from_slice(args);
+    run(&all, limit)
+}
+
 /// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
 pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
