@@ -101,26 +101,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             }
             let mut members = BTreeMap::new();
             for a in &archive {
-                let o = std::process::Command::new("nm")
-                    .args(["-A", "--defined-only"])
-                    .arg(a)
-                    .output()
-                    .map_err(|e| format!("running nm on {}: {e}", a.display()))?;
-                if !o.status.success() {
-                    return Err(format!(
-                        "nm {}: {}",
-                        a.display(),
-                        String::from_utf8_lossy(&o.stderr).trim()
-                    ));
-                }
-                let file = a.file_name().map(|n| n.to_string_lossy().into_owned());
-                for (name, member) in String::from_utf8_lossy(&o.stdout)
-                    .lines()
-                    .filter_map(symbols::parse_archive_line)
-                {
-                    if let Some(f) = &file {
-                        members.entry(name).or_insert((f.clone(), member));
-                    }
+                let Some(file) = a.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+                    return Err(format!("{}: not a file", a.display()));
+                };
+                for (name, member) in symbols::archive_members(a).map_err(|e| e.to_string())? {
+                    members.entry(name).or_insert((file.clone(), member));
                 }
             }
             let s = script::linker_script(&names, &members);

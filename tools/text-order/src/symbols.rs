@@ -39,11 +39,11 @@ pub fn parse_nm_line(line: &str) -> Option<Function> {
     })
 }
 
-/// The functions of `path`, sorted by address, one per address (the first name `nm` gives).
-pub fn functions(path: &Path) -> Result<Vec<Function>, SymbolsError> {
+/// `nm ARGS PATH`'s standard output.
+fn nm(args: &[&str], path: &Path) -> Result<String, SymbolsError> {
     let shown = path.display().to_string();
     let out = Command::new("nm")
-        .args(["--defined-only", "-n"])
+        .args(args)
         .arg(path)
         .output()
         .map_err(|e| SymbolsError::Nm {
@@ -56,16 +56,29 @@ pub fn functions(path: &Path) -> Result<Vec<Function>, SymbolsError> {
             why: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
-    let mut fns: Vec<Function> = String::from_utf8_lossy(&out.stdout)
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The functions of `path`, sorted by address, one per address (the first name `nm` gives).
+pub fn functions(path: &Path) -> Result<Vec<Function>, SymbolsError> {
+    let mut fns: Vec<Function> = nm(&["--defined-only", "-n"], path)?
         .lines()
         .filter_map(parse_nm_line)
         .collect();
     fns.sort_by_key(|f| f.addr);
     fns.dedup_by_key(|f| f.addr);
     if fns.is_empty() {
-        return Err(SymbolsError::Stripped(shown));
+        return Err(SymbolsError::Stripped(path.display().to_string()));
     }
     Ok(fns)
+}
+
+/// The functions a static archive defines: (name, member), in the archive's order.
+pub fn archive_members(path: &Path) -> Result<Vec<(String, String)>, SymbolsError> {
+    Ok(nm(&["-A", "--defined-only"], path)?
+        .lines()
+        .filter_map(parse_archive_line)
+        .collect())
 }
 
 /// Which archive member defines each global function, from `nm -A --defined-only ARCHIVE`
@@ -141,5 +154,7 @@ mod tests {
     fn a_missing_program_is_a_clear_error() {
         let e = functions(Path::new("/nonexistent/program")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/program"), "{e}");
+        let e = archive_members(Path::new("/nonexistent/lib.a")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/lib.a"), "{e}");
     }
 }
