@@ -94,6 +94,8 @@ impl PoolFile {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            // A link planted where the pool file goes is refused, never written through.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
             .map_err(io("create"))?;
         let pf = Self {

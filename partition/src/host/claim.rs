@@ -75,8 +75,11 @@ pub fn check_name(name: &str) -> Result<(), ClaimError> {
     }
 }
 
-/// Refuses a launch outside the reservation on cores the reservation holds.
+/// Refuses a launch outside the reservation on cores a reservation holds: this state
+/// directory's, or any other's on the host (the claims in
+/// [`crate::host::reserve::CORE_CLAIMS`]).
 pub fn check_not_reserved(state_dir: &Path, cores: &[usize]) -> Result<(), ClaimError> {
+    check_not_claimed(Path::new(crate::host::reserve::CORE_CLAIMS), cores)?;
     if !state_dir.join("ledger.json").exists() {
         return Ok(());
     }
@@ -85,6 +88,22 @@ pub fn check_not_reserved(state_dir: &Path, cores: &[usize]) -> Result<(), Claim
         if let Some(c) = cores.iter().find(|c| l.cores.reserved.contains(c)) {
             return Err(ClaimError::Refused(format!(
                 "core {c} is reserved for partitions (see `partition status`): launch with --name to use it"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `cores` when a reservation holds one host-wide (`claims`, normally
+/// [`crate::host::reserve::CORE_CLAIMS`]), naming the reservation.
+pub fn check_not_claimed(claims: &Path, cores: &[usize]) -> Result<(), ClaimError> {
+    for &c in cores {
+        if let Some(by) = crate::host::reserve::core_holder(claims, c) {
+            return Err(ClaimError::Refused(format!(
+                "core {c} is reserved for partitions by the reservation in {} (see `partition \
+                 status --state-dir {}`): launch with --name and that --state-dir to use it",
+                by.display(),
+                by.display()
             )));
         }
     }
@@ -194,6 +213,22 @@ impl ExtentClaim {
                     "core {c} belongs to partition {:?}",
                     owner.name
                 )));
+            }
+        }
+        // A core whose host-wide claim names another reservation is not this one's to give
+        // (only one reservation can claim a core; this catches a ledger that says otherwise).
+        let ours = std::fs::canonicalize(lock.dir()).unwrap_or_else(|_| lock.dir().to_path_buf());
+        for &c in req.cores {
+            if let Some(by) =
+                crate::host::reserve::core_holder(Path::new(crate::host::reserve::CORE_CLAIMS), c)
+            {
+                if by != ours {
+                    return Err(ClaimError::Refused(format!(
+                        "core {c} is claimed by the reservation in {}, not by this one ({})",
+                        by.display(),
+                        ours.display()
+                    )));
+                }
             }
         }
         // Held for as long as this launcher (and its keeper) live: how `status` and

@@ -232,9 +232,11 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
     }
     // Given the kubelet's checkpoint, every core must be one it granted, whatever the
     // cgroup says of itself.
+    // A checkpoint is a few KiB of JSON; 1 MiB bounds a mistaken or hostile file.
     let kubelet = kubelet_state.map(|p| {
-        std::fs::read_to_string(p)
+        crate::sys::files::read_limited(p, 1 << 20)
             .map_err(|e| format!("{}: {e}", p.display()))
+            .and_then(|b| String::from_utf8(b).map_err(|_| format!("{}: not UTF-8", p.display())))
             .and_then(|t| exclusive_by_kubelet(&cores, &t))
     });
     if let Some(Err(e)) = &kubelet {
@@ -366,14 +368,21 @@ pub fn volume_memory(dir: &Path, size: u64) -> Result<ExtentFile, PodError> {
             });
         }
     }
-    let path = dir.join(format!("partition-{}.mem", std::process::id()));
     let mem = |why: String| PodError::Memory {
         dir: dir.to_path_buf(),
         why,
     };
-    let pf = PoolFile::create(&path, size, page, &mut |_, _| {}).map_err(|e| mem(e.to_string()))?;
+    // The volume opened once by descriptor (crate::sys::files); the file made and
+    // unlinked through that descriptor, never through the path again.
+    let name = format!("partition-{}.mem", std::process::id());
+    let entry =
+        crate::sys::files::DirEntry::of(&dir.join(&name)).map_err(|e| mem(e.to_string()))?;
+    let pf = PoolFile::create(&entry.fd_path(), size, page, &mut |_, _| {})
+        .map_err(|e| mem(e.to_string()))?;
     // Mapped through the open file from now on; the name goes.
-    std::fs::remove_file(&path).map_err(|e| mem(format!("{}: {e}", path.display())))?;
+    entry
+        .unlink()
+        .map_err(|e| mem(format!("{}: {e}", dir.join(&name).display())))?;
     pf.extent(Extent {
         offset: 0,
         len: size,

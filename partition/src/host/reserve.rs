@@ -140,6 +140,16 @@ fn holds(state_dir: &Path, core: usize) -> bool {
         .unwrap_or(false)
 }
 
+/// The state directory whose reservation holds `core` host-wide, if any: the claim in
+/// `claims` ([`CORE_CLAIMS`]) naming one whose ledger still reserves it (a stale claim names
+/// nobody).
+pub fn core_holder(claims: &Path, core: usize) -> Option<PathBuf> {
+    let f = claims.join(format!("core-{core}"));
+    let holder = crate::sys::files::read_limited(&f, 4096).ok()?;
+    let by = PathBuf::from(std::ffi::OsString::from_vec(holder));
+    holds(&by, core).then_some(by)
+}
+
 /// Claims `cores` for `state_dir` host-wide ([`CORE_CLAIMS`]); what it created is given
 /// back by `undo`. A core another live reservation holds is refused, naming it.
 fn claim_cores(
@@ -594,6 +604,24 @@ mod tests {
             b.as_os_str().as_encoded_bytes()
         );
         undo.forget();
+        // Who holds what, as an ad hoc launch asks: B core 2, A core 1, nobody core 3; and a
+        // launch outside the reservation on a held core is refused naming the holder.
+        // (B's ledger not yet written: its claim names nobody.)
+        assert_eq!(core_holder(&claims, 2), None);
+        ledger(&b, "[2]");
+        assert_eq!(core_holder(&claims, 2), Some(b.clone()));
+        assert_eq!(core_holder(&claims, 1), Some(a.clone()));
+        assert_eq!(core_holder(&claims, 3), None);
+        match crate::host::claim::check_not_claimed(&claims, &[3, 1]) {
+            Err(crate::host::claim::ClaimError::Refused(why)) => {
+                assert!(
+                    why.contains("core 1") && why.contains(a.to_str().unwrap()),
+                    "{why}"
+                )
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(crate::host::claim::check_not_claimed(&claims, &[3]).is_ok());
         // Released by their holders only.
         release_cores(&claims, &[1, 2], &b);
         assert!(claims.join("core-1").exists() && !claims.join("core-2").exists());

@@ -20,7 +20,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,11 +45,22 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Errors setting up the API socket.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// Something other than a stale socket is in the way.
+    /// Something other than a stale socket of root's or a VMM's is in the way.
     #[error(
-        "--api-socket {0}: exists and is not a socket root or the VMM's user owns; not replacing it"
+        "--api-socket {0}: exists and is not a stale socket of root or a VMM; not replacing it"
     )]
     InTheWay(PathBuf),
+    /// A VMM is serving on it.
+    #[error("--api-socket {0}: a running VMM serves on it (stop that one, or choose another path)")]
+    InUse(PathBuf),
+    /// The path cannot be a socket's address, or its directory cannot be used.
+    #[error("--api-socket {}: {why}", path.display())]
+    Place {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
     /// A system call failed.
     #[error("--api-socket {path}: {what}: {source}")]
     Io {
@@ -65,7 +76,85 @@ pub enum ApiError {
 impl ApiError {
     /// Whether the user's request is at fault (exit 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, Self::InTheWay(_))
+        matches!(
+            self,
+            Self::InTheWay(_) | Self::InUse(_) | Self::Place { .. }
+        )
+    }
+}
+
+/// Where the API socket will be bound: its directory opened once, by descriptor
+/// (`crate::sys::files`: no link the trust rule forbids is followed), and what is there now
+/// checked. Made by the launch's check, before anything is built; the bind uses the same
+/// directory descriptor, whatever was renamed or linked since.
+#[derive(Debug)]
+pub struct ApiPlace {
+    entry: crate::sys::files::DirEntry,
+    path: PathBuf,
+}
+
+/// Whether `uid` is one a VMM's socket can belong to: root, or a launch's own identity.
+fn vmm_owned(uid: u32) -> bool {
+    uid == 0 || uid >= crate::sys::sandbox::LAUNCH_ID_BASE
+}
+
+impl ApiPlace {
+    /// Checks `path`: it fits a socket address, its directory opens by the trust rule, and
+    /// nothing is there but (at most) a stale socket of root's or a VMM's.
+    pub fn check(path: &Path) -> Result<Self, ApiError> {
+        let place = |why: String| ApiError::Place {
+            path: path.to_path_buf(),
+            why,
+        };
+        // sun_path holds 108 bytes with the terminating zero.
+        if path.as_os_str().len() > 107 {
+            return Err(place(
+                "longer than the 107 bytes a Unix socket address holds".into(),
+            ));
+        }
+        let entry = crate::sys::files::DirEntry::of(path).map_err(|e| {
+            place(match e.io().map(std::io::Error::kind) {
+                Some(std::io::ErrorKind::NotFound) => "its directory does not exist".into(),
+                _ => format!("its directory: {e}"),
+            })
+        })?;
+        // The bind goes through /proc/self/fd/N/NAME, which must fit too.
+        if entry.fd_path().as_os_str().len() > 107 {
+            return Err(place(
+                "its last component is too long for a socket address".into(),
+            ));
+        }
+        let me = Self {
+            entry,
+            path: path.to_path_buf(),
+        };
+        me.stale()?;
+        Ok(me)
+    }
+
+    /// Whether a stale socket is there to remove (refusing anything else).
+    fn stale(&self) -> Result<bool, ApiError> {
+        let st = self.entry.lstat().map_err(|source| ApiError::Io {
+            path: self.path.clone(),
+            what: "stat",
+            source,
+        })?;
+        let Some(st) = st else {
+            return Ok(false);
+        };
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK || !vmm_owned(st.st_uid) {
+            return Err(ApiError::InTheWay(self.path.clone()));
+        }
+        // Someone listening: a live VMM's API, not ours to take.
+        if UnixStream::connect(self.entry.fd_path()).is_ok() {
+            return Err(ApiError::InUse(self.path.clone()));
+        }
+        Ok(true)
+    }
+
+    /// The socket's path as given.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
@@ -77,39 +166,66 @@ pub struct ApiSocket {
 }
 
 impl ApiSocket {
-    /// Binds `path` (a stale socket there is replaced; any other file is refused), then
-    /// gives it to `owner` (uid, gid) with mode 0600. Call while root, before the sandbox.
-    pub fn bind(path: &Path, owner: Option<(u32, u32)>) -> Result<Self, ApiError> {
+    /// Binds the socket at `place` (a stale socket of root's or a VMM's there is removed;
+    /// anything else is refused), created with mode 0600 and then given to `owner` (uid,
+    /// gid), all through the directory's descriptor: nothing planted there is replaced,
+    /// chmodded or chowned. Call while root, before the sandbox, while no other thread
+    /// creates files (the mode comes from the umask).
+    pub fn bind(place: ApiPlace, owner: Option<(u32, u32)>) -> Result<Self, ApiError> {
+        let path = place.path.clone();
         let io = |what| {
-            let p = path.to_path_buf();
+            let p = path.clone();
             move |source| ApiError::Io {
                 path: p,
                 what,
                 source,
             }
         };
-        if let Ok(m) = std::fs::symlink_metadata(path) {
-            let ours = m.uid() == 0 || owner.is_some_and(|(u, _)| m.uid() == u);
-            if !m.file_type().is_socket() || !ours {
-                return Err(ApiError::InTheWay(path.to_path_buf()));
-            }
-            std::fs::remove_file(path).map_err(io("removing the stale socket"))?;
+        if place.stale()? {
+            place
+                .entry
+                .unlink()
+                .map_err(io("removing the stale socket"))?;
         }
-        let listener = UnixListener::bind(path).map_err(io("bind"))?;
+        // SAFETY: umask has no preconditions; restored at once below.
+        let old = unsafe { libc::umask(0o177) };
+        let bound = UnixListener::bind(place.entry.fd_path());
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        let listener = bound.map_err(|e| match e.raw_os_error() {
+            Some(libc::EADDRINUSE) => ApiError::InTheWay(path.clone()),
+            _ => io("bind")(e),
+        })?;
         // The serving thread takes every pending connection until none is left (and may
         // not call ioctl or fcntl to change this once confined).
         listener
             .set_nonblocking(true)
             .map_err(io("making the socket non-blocking"))?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(io("chmod"))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io("chown"))?;
+        let made = place.entry.open_path().map_err(io("open"))?;
+        let m = made.metadata().map_err(io("stat"))?;
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if !m.file_type().is_socket() || m.uid() != me || m.mode() & 0o077 != 0 {
+            // Replaced between the bind and now: nothing of it is touched.
+            return Err(ApiError::InTheWay(path));
         }
-        Ok(Self {
-            listener,
-            path: path.to_path_buf(),
-        })
+        if let Some((uid, gid)) = owner {
+            // SAFETY: fchownat on the O_PATH descriptor of the socket we bound, with
+            // AT_EMPTY_PATH: that inode and no other.
+            let r = unsafe {
+                libc::fchownat(
+                    made.as_raw_fd(),
+                    c"".as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            if r != 0 {
+                return Err(io("chown")(std::io::Error::last_os_error()));
+            }
+        }
+        Ok(Self { listener, path })
     }
 
     /// The socket's path.
@@ -706,14 +822,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("not-a-socket");
         std::fs::write(&file, b"x").unwrap();
-        assert!(matches!(
-            ApiSocket::bind(&file, None),
-            Err(ApiError::InTheWay(_))
-        ));
+        assert!(matches!(ApiPlace::check(&file), Err(ApiError::InTheWay(_))));
         assert_eq!(std::fs::read(&file).unwrap(), b"x");
+        assert!(matches!(
+            ApiPlace::check(&dir.join("none/api.sock")),
+            Err(ApiError::Place { .. })
+        ));
         let path = dir.join("api.sock");
-        let sock = ApiSocket::bind(&path, None).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        let sock = ApiSocket::bind(ApiPlace::check(&path).unwrap(), None).unwrap();
+        // A live socket is not taken over.
+        assert!(matches!(ApiPlace::check(&path), Err(ApiError::InUse(_))));
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
         let server = ApiServer::start(sock, state(), || Ok(())).unwrap();
         let (code, v) = request(&path, "GET", "/state", None).unwrap();
@@ -757,7 +876,7 @@ mod tests {
         );
         server.stop();
         // A stale socket is replaced.
-        let again = ApiSocket::bind(&path, None).unwrap();
+        let again = ApiSocket::bind(ApiPlace::check(&path).unwrap(), None).unwrap();
         drop(again);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -67,6 +67,16 @@ pub enum LaunchError {
         /// Why.
         source: std::io::Error,
     },
+    /// A path was refused or could not be opened (`crate::sys::files`).
+    #[error("{what} {}: {source}", path.display())]
+    Path {
+        /// Which argument.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: crate::sys::files::FileError,
+    },
     /// A file is larger than allowed.
     #[error("{what} {path} is {size} bytes, more than {limit} (the guest's memory or the limit)")]
     TooLarge {
@@ -167,6 +177,7 @@ impl LaunchError {
             | Self::Memory(_)
             | Self::PageMultiple { .. }
             | Self::File { .. }
+            | Self::Path { .. }
             | Self::TooLarge { .. }
             | Self::Kernel { .. }
             | Self::Idle(_)
@@ -203,6 +214,8 @@ pub struct Checked {
     pub(super) kernel_name: String,
     pub(super) initrd: Option<Vec<u8>>,
     pub(super) console: Box<dyn Write + Send>,
+    /// Where the API socket goes, its directory held open.
+    pub(super) api_place: Option<crate::machine::api::ApiPlace>,
     pub(super) sandbox: Sandbox,
     pub(super) cores_from: Option<String>,
     pub(super) cfg: LaunchConfig,
@@ -248,34 +261,29 @@ impl Checked {
     }
 }
 
+/// The contents of regular file `path` (argument `what`), opened once by
+/// [`crate::sys::files::open`] and read through a bound of `limit` bytes.
 pub(super) fn read_limited(
     what: &'static str,
-    path: &PathBuf,
+    path: &std::path::Path,
     limit: u64,
 ) -> Result<Vec<u8>, LaunchError> {
-    use crate::sys::files::FileError;
-    crate::sys::files::read_limited(path, limit).map_err(|e| match e {
-        FileError::Io(source) => LaunchError::File {
-            what,
-            path: path.clone(),
-            source,
-        },
-        FileError::NotRegular => LaunchError::File {
-            what,
-            path: path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"),
-        },
+    use crate::sys::files::{self, FileError, How};
+    let refused = |source| LaunchError::Path {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = files::open(path, How::READ).map_err(refused)?;
+    let size = f.metadata().map(|m| m.len()).ok();
+    files::read_file_limited(f, limit).map_err(|e| match e {
         FileError::TooLarge { limit } => LaunchError::TooLarge {
             what,
-            path: path.clone(),
-            size: std::fs::metadata(path).map_or(limit + 1, |m| m.len()),
+            path: path.to_path_buf(),
+            size: size.unwrap_or(limit + 1),
             limit,
         },
-        e @ FileError::UntrustedSymlink { .. } => LaunchError::File {
-            what,
-            path: path.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, e.to_string()),
-        },
+        e => refused(e),
     })
 }
 
@@ -357,9 +365,10 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         });
     }
     let idle = crate::cpu::idle::resolve(cfg.idle, &crate::kvm::idle_caps()?)?;
-    if let Some(p) = &cfg.api_socket {
-        check_api_socket(p)?;
-    }
+    let api_place = match &cfg.api_socket {
+        Some(p) => Some(crate::machine::api::ApiPlace::check(p)?),
+        None => None,
+    };
     let disks = crate::machine::disks::open(&cfg.disks)?;
     let has = |engine: bool| {
         cfg.devices
@@ -395,6 +404,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         Console::File(p) => Box::new(std::io::LineWriter::new(open_console(p)?)),
     };
     Ok(Checked {
+        api_place,
         disks,
         plan,
         idle,
@@ -413,61 +423,44 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
 }
 
 /// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a
-/// reader came) and refuses anything but a regular file.
+/// reader came), once, by [`crate::sys::files::open`]: a regular file (created, or
+/// truncated once it is known to be one), `/dev/null` or a terminal; anything else is
+/// refused.
 pub(super) fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let err = |source| LaunchError::File {
+    use crate::sys::files::{self, FileError, How};
+    use std::os::unix::fs::FileTypeExt;
+    let refused = |source| LaunchError::Path {
         what: "--console",
         path: p.to_path_buf(),
         source,
     };
-    let not_regular = || err(std::io::Error::other("not a regular file"));
-    crate::sys::files::check_symlinks(p).map_err(|e| {
-        err(std::io::Error::new(
-            std::io::ErrorKind::PermissionDenied,
-            e.to_string(),
-        ))
-    })?;
-    if std::fs::metadata(p).is_ok_and(|m| !m.is_file()) {
-        return Err(not_regular());
-    }
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | crate::sys::files::nofollow_in(p))
-        .open(p)
-        .map_err(|e| match e.raw_os_error() {
-            // A FIFO put there since: O_NONBLOCK without a reader.
+    let not_regular = || {
+        refused(FileError::Io(std::io::Error::other(
+            "not a regular file, /dev/null or a terminal",
+        )))
+    };
+    let f = files::open(p, How::CREATE_WRITE).map_err(|e| {
+        match e.io().and_then(|e| e.raw_os_error()) {
+            // A FIFO without a reader: O_NONBLOCK refuses it at once.
             Some(libc::ENXIO) => not_regular(),
-            _ => err(e),
-        })?;
-    if !f.metadata().map_err(err)?.is_file() {
-        return Err(not_regular());
+            _ => refused(e),
+        }
+    })?;
+    let m = f.metadata().map_err(|e| refused(e.into()))?;
+    if m.is_file() {
+        f.set_len(0).map_err(|e| refused(e.into()))?;
+        return Ok(f);
     }
-    Ok(f)
+    if m.file_type().is_char_device() && (is_dev_null(&m) || std::io::IsTerminal::is_terminal(&f)) {
+        return Ok(f);
+    }
+    Err(not_regular())
 }
 
-/// `--api-socket PATH` must fit a Unix socket address and be in a directory that exists;
-/// found before anything is built (the bind itself comes later, as root).
-pub(super) fn check_api_socket(p: &std::path::Path) -> Result<(), LaunchError> {
-    let err = |why: &str| LaunchError::File {
-        what: "--api-socket",
-        path: p.to_path_buf(),
-        source: std::io::Error::other(why.to_string()),
-    };
-    // sun_path holds 108 bytes with the terminating zero.
-    if p.as_os_str().len() > 107 {
-        return Err(err("longer than the 107 bytes a Unix socket address holds"));
-    }
-    let parent = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    if !parent.is_dir() {
-        return Err(err("its directory does not exist"));
-    }
-    Ok(())
+/// Whether `m` is the null device (character device 1:3).
+fn is_dev_null(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    libc::major(m.rdev()) == 1 && libc::minor(m.rdev()) == 3
 }
 
 #[cfg(test)]

@@ -123,21 +123,28 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     if configs.len() > MAX_DISKS {
         return Err(DiskError::TooMany);
     }
-    // Root follows no link someone else controls to the backing (a user's directory with
-    // disk.img pointing at a root-only image).
+    // Each backing is opened once, by descriptor, following no link someone else
+    // controls (crate::sys::files); everything after uses that file.
+    let mut files = Vec::with_capacity(configs.len());
     for c in configs {
-        crate::sys::files::check_symlinks(&c.path).map_err(|e| DiskError::Spec {
+        let how = if c.read_only {
+            crate::sys::files::How::READ
+        } else {
+            crate::sys::files::How::READ_WRITE
+        };
+        let f = crate::sys::files::open(&c.path, how).map_err(|e| DiskError::Spec {
             spec: format!("path={}", c.path.display()),
             why: e.to_string(),
         })?;
+        files.push(f);
     }
     // One file attached twice with either read-write: two devices' writes would race over
     // the same bytes behind the guest's back (issue 24). By device and inode, so a second
     // path or a symlink to the same file counts too.
-    let ids: Vec<Option<(u64, u64)>> = configs
+    let ids: Vec<Option<(u64, u64)>> = files
         .iter()
-        .map(|c| {
-            std::fs::metadata(&c.path).ok().map(|m| {
+        .map(|f| {
+            f.metadata().ok().map(|m| {
                 (
                     std::os::unix::fs::MetadataExt::dev(&m),
                     std::os::unix::fs::MetadataExt::ino(&m),
@@ -161,7 +168,8 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     }
     configs
         .iter()
-        .map(|c| VirtioBlock::new(c.clone()).map_err(DiskError::from))
+        .zip(files)
+        .map(|(c, f)| VirtioBlock::from_file(c.clone(), f).map_err(DiskError::from))
         .collect()
 }
 

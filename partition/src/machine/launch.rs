@@ -158,7 +158,7 @@ pub fn run(
         source,
     })?;
     // The API socket is bound while root, for the sandbox's user.
-    let api_socket = match &checked.cfg.api_socket {
+    let api_socket = match checked.api_place.take() {
         Some(p) => Some(crate::machine::api::ApiSocket::bind(
             p,
             match &checked.sandbox {

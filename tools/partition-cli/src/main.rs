@@ -485,9 +485,13 @@ fn extract(bzimage: PathBuf, output: PathBuf) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    if let Err(e) = std::fs::write(&output, &elf) {
+    if let Err(e) = partition::sys::files::write_new(&output, &elf, 0o644) {
         eprintln!("partition: error: {}: {e}", output.display());
-        return ExitCode::from(EXIT_VMM_ERROR);
+        return ExitCode::from(if e.is_refusal() {
+            EXIT_USAGE
+        } else {
+            EXIT_VMM_ERROR
+        });
     }
     eprintln!(
         "partition: wrote {} ({} bytes) from {}",
@@ -530,16 +534,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Writes an embedded program to `path` with `mode`.
+/// Writes an embedded program to `path` with `mode` (opened by descriptor, following no
+/// link a user planted: `partition::sys::files`).
 fn write_out(path: &std::path::Path, bytes: &[u8], mode: u32) -> ExitCode {
-    use std::os::unix::fs::PermissionsExt;
-    let r = std::fs::write(path, bytes)
-        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)));
-    match r {
+    match partition::sys::files::write_new(path, bytes, mode) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("partition: error: {}: {e}", path.display());
-            ExitCode::from(EXIT_VMM_ERROR)
+            ExitCode::from(if e.is_refusal() {
+                EXIT_USAGE
+            } else {
+                EXIT_VMM_ERROR
+            })
         }
     }
 }

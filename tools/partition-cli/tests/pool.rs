@@ -420,6 +420,21 @@ fn overlapping_cores_or_extents_are_refused_and_the_ledger_is_unchanged() {
     );
     assert_eq!(settings(), settings_before);
     assert!(!other.join("ledger.json").exists());
+    // An ad hoc launch from that other state directory (or any other) on the reserved core:
+    // refused with exit 2 naming the reservation (it used to run beside the partitions).
+    let out = h.run_env(
+        &["launch", "--probe", "--cores", "1", "--memory", "16M"],
+        &[("PARTITION_STATE_DIR", other.to_str().unwrap())],
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("core 1 is reserved for partitions by the reservation in")
+            && out.stderr.contains(h.dir.to_str().unwrap()),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "the guest ran: {}", out.stdout);
     let _ = std::fs::remove_dir_all(&other);
     let mut a = h.hold("a", "64M@0", "probe.memtest=0");
     let ledger = h.ledger();

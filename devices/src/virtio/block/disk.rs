@@ -97,8 +97,35 @@ fn dio_alignment(f: &File, block_device: bool) -> (u64, u64) {
 }
 
 impl Disk {
-    /// Opens `path`; `direct` adds an O_DIRECT fd used for aligned requests.
+    /// Opens `path`; `direct` adds an O_DIRECT fd used for aligned requests. For tests
+    /// and tools: a VMM given a user's path opens it once, safely, and calls
+    /// [`Disk::from_file`].
     pub fn open(path: &Path, read_only: bool, direct: bool, id: &str) -> Result<Self, DiskError> {
+        // O_NONBLOCK: a FIFO's open would wait for its other end forever; for the regular
+        // file or block device it must be, it changes nothing.
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!read_only)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|source| DiskError::Io {
+                path: path.to_path_buf(),
+                what: "open",
+                source,
+            })?;
+        Self::from_file(file, path, read_only, direct, id)
+    }
+
+    /// The disk behind `file`, already open (read-write unless `read_only`) at `path` (for
+    /// messages). With `direct`, its O_DIRECT descriptor is opened from `file` itself
+    /// (through `/proc/self/fd`: the same inode, never the path again).
+    pub fn from_file(
+        file: File,
+        path: &Path,
+        read_only: bool,
+        direct: bool,
+        id: &str,
+    ) -> Result<Self, DiskError> {
         let io = |what| {
             move |source| DiskError::Io {
                 path: path.to_path_buf(),
@@ -111,11 +138,8 @@ impl Disk {
                 .read(true)
                 .write(!read_only)
                 .custom_flags(flags | libc::O_CLOEXEC)
-                .open(path)
+                .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
         };
-        // O_NONBLOCK: a FIFO's open would wait for its other end forever; for the regular
-        // file or block device it must be, it changes nothing.
-        let file = open(libc::O_NONBLOCK).map_err(io("open"))?;
         let meta = file.metadata().map_err(io("stat"))?;
         let block_device = meta.file_type().is_block_device();
         if !meta.is_file() && !block_device {

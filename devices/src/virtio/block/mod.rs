@@ -195,7 +195,19 @@ pub struct VirtioBlock {
 impl VirtioBlock {
     /// Opens the backing and builds the device.
     pub fn new(cfg: BlockConfig) -> Result<Self, DiskError> {
-        let disk = Arc::new(Disk::open(&cfg.path, cfg.read_only, cfg.direct, &cfg.id)?);
+        let disk = Disk::open(&cfg.path, cfg.read_only, cfg.direct, &cfg.id)?;
+        Ok(Self::with_disk(cfg, disk))
+    }
+
+    /// The device over `file`, already open as `cfg` asks (read-write unless read-only):
+    /// the VMM opens a user's path once, safely, and hands the file over.
+    pub fn from_file(cfg: BlockConfig, file: std::fs::File) -> Result<Self, DiskError> {
+        let disk = Disk::from_file(file, &cfg.path, cfg.read_only, cfg.direct, &cfg.id)?;
+        Ok(Self::with_disk(cfg, disk))
+    }
+
+    fn with_disk(cfg: BlockConfig, disk: Disk) -> Self {
+        let disk = Arc::new(disk);
         let lim = Limits {
             capacity: disk.sectors,
             read_only: cfg.read_only,
@@ -203,7 +215,7 @@ impl VirtioBlock {
             max_segments: 16,
             max_segment_sectors: 1 << 22,
         };
-        Ok(Self {
+        Self {
             disk,
             cfg,
             lim,
@@ -214,7 +226,7 @@ impl VirtioBlock {
                 5,
                 std::time::Duration::from_secs(1),
             )),
-        })
+        }
     }
 
     /// The open disk.
