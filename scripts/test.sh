@@ -7,7 +7,8 @@
 #   scripts/test.sh          (as root)
 #   scripts/test.sh --long   also the boots that take longest on a nested kvm_pvm host
 #                            (Debian's kernel and ours to userspace there: a quarter of an
-#                            hour each; on real KVM, and in the rig, they always run)
+#                            hour each; on real KVM, and in the rig, they always run), and
+#                            the pool soak's 500 cycles instead of 30 (tests/soak.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

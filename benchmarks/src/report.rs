@@ -738,7 +738,11 @@ fn mapped_breakdown(o: &mut String, sub: &SubmitSection) {
 
 /// Writes the report and the chart for `results`.
 pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
-    let doc = Results::read(results)?;
+    write_from(&Results::read(results)?, results)
+}
+
+/// [`write`] from results already read from `results`.
+pub fn write_from(doc: &Results, results: &Path) -> Result<(PathBuf, PathBuf), String> {
     let (md, svg) = paths(results);
     let host = results
         .file_stem()
@@ -748,8 +752,8 @@ pub fn write(results: &Path) -> Result<(PathBuf, PathBuf), String> {
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let pictures = crate::figures::write(&doc, results, &host)?;
-    let mut text = markdown(&doc, &host, &svg_name);
+    let pictures = crate::figures::write(doc, results, &host)?;
+    let mut text = markdown(doc, &host, &svg_name);
     for p in pictures.iter().skip(1) {
         let name = p
             .file_name()

@@ -146,6 +146,9 @@ pub struct Results {
     pub unreadable: Vec<(String, String)>,
 }
 
+/// Largest results file read (a year of sections is a few MiB).
+pub const MAX_RESULTS: u64 = 64 << 20;
+
 impl Results {
     /// Reads a results file's JSON (`{"sections": {name: section}}`).
     pub fn from_value(doc: &Value) -> Self {
@@ -177,9 +180,13 @@ impl Results {
         out
     }
 
-    /// Reads the results file at `path`.
+    /// Reads the results file at `path`: a regular file of at most [`MAX_RESULTS`] bytes
+    /// (opened once, following no link a user planted: `partition::sys::files`), of JSON.
     pub fn read(path: &std::path::Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = partition::sys::files::read_limited(path, MAX_RESULTS)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let text =
+            String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text", path.display()))?;
         let doc: Value =
             serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Self::from_value(&doc))

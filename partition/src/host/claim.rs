@@ -97,17 +97,15 @@ pub fn check_not_reserved(state_dir: &Path, cores: &[usize]) -> Result<(), Claim
 /// Refuses `cores` when a reservation holds one host-wide (`claims`, normally
 /// [`crate::host::reserve::CORE_CLAIMS`]), naming the reservation.
 pub fn check_not_claimed(claims: &Path, cores: &[usize]) -> Result<(), ClaimError> {
-    for &c in cores {
-        if let Some(by) = crate::host::reserve::core_holder(claims, c) {
-            return Err(ClaimError::Refused(format!(
-                "core {c} is reserved for partitions by the reservation in {} (see `partition \
-                 status --state-dir {}`): launch with --name and that --state-dir to use it",
-                by.display(),
-                by.display()
-            )));
-        }
+    match crate::host::reserve::claimed_by(claims, cores) {
+        Some((c, by)) => Err(ClaimError::Refused(format!(
+            "core {c} is reserved for partitions by the reservation in {} (see `partition \
+             status --state-dir {}`): launch with --name and that --state-dir to use it",
+            by.display(),
+            by.display()
+        ))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// What a claim asks for.

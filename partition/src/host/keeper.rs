@@ -105,7 +105,10 @@ impl Keeper {
         // A filter compiled before the fork: the child allocates nothing it need not.
         let filter = match mode {
             KeeperMode::Confined => {
-                match crate::sys::seccomp::filter(crate::sys::seccomp::Role::Keeper, &[]) {
+                match crate::sys::seccomp::filter(
+                    crate::sys::seccomp::Role::Keeper,
+                    &crate::sys::seccomp::Grants::default(),
+                ) {
                     Ok(f) => Some(f),
                     Err(e) => {
                         return Err(Box::new((
@@ -219,7 +222,7 @@ impl Keeper {
     }
 }
 
-/// SIGINT, SIGTERM and SIGHUP blocked until dropped (the previous mask put back).
+/// The stop signals blocked until dropped (the previous mask put back).
 struct StopSignalsHeld(libc::sigset_t);
 
 impl StopSignalsHeld {
@@ -264,7 +267,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
     unsafe { libc::prctl(libc::PR_SET_NAME, c"partition-keep".as_ptr(), 0, 0, 0) };
     // The stop signals are the launcher's to handle: a Ctrl-C to the process group must not
     // stop the keeper before it has scrubbed.
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
+    for sig in crate::sys::signals::STOP_SIGNALS {
         // SAFETY: setting a signal disposition to SIG_IGN.
         unsafe { libc::signal(sig, libc::SIG_IGN) };
     }

@@ -267,9 +267,13 @@ pub struct PartitionStatus {
     pub note: Option<String>,
 }
 
-/// A running partition's counters, asked of its API.
-fn api_counters(socket: &Path) -> Option<StatsFile> {
-    match crate::sys::api_client::request(socket, "GET", "/counters", None) {
+/// How long one partition's API may take to answer `status`.
+const API_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A running partition's counters, asked of its API, by `deadline` at the latest.
+fn api_counters(socket: &Path, deadline: std::time::Instant) -> Option<StatsFile> {
+    let by = deadline.min(std::time::Instant::now() + API_WAIT);
+    match crate::sys::api_client::request_by(socket, "GET", "/counters", None, by) {
         Ok((200, v)) => serde_json::from_value(v).ok(),
         _ => None,
     }
@@ -304,6 +308,9 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         .flat_map(|p| p.cores.iter().map(|c| (*c, p.name.clone())))
         .collect();
     let now = ledger::now();
+    // Every API asked, together, answers within the client's deadline: a partition whose
+    // API hangs costs `status` (which holds the ledger's lock meanwhile) that much at most.
+    let deadline = std::time::Instant::now() + crate::sys::api_client::DEADLINE;
     let partitions = l
         .partitions
         .iter()
@@ -314,7 +321,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
                 // writes.
                 p.api_socket
                     .as_deref()
-                    .and_then(api_counters)
+                    .and_then(|s| api_counters(s, deadline))
                     .or_else(|| read_stats(&lock, &p.name))
             } else {
                 None

@@ -281,6 +281,33 @@ pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, St
     })
 }
 
+/// The tightest memory limit over this process's memory cgroup and its ancestors, in
+/// bytes, and the cgroup that sets it (None: no limit, or no memory controller).
+pub fn memory_limit() -> Option<(u64, PathBuf)> {
+    let dir = own_cgroup_dir("memory").ok()?;
+    let v2 = dir.join("cgroup.controllers").exists();
+    let file = if v2 {
+        "memory.max"
+    } else {
+        "memory.limit_in_bytes"
+    };
+    let mut best: Option<(u64, PathBuf)> = None;
+    let mut at = Some(dir.as_path());
+    while let Some(d) = at {
+        if !d.join(file).exists() {
+            break;
+        }
+        if let Some(n) = read_trim(&d.join(file)).and_then(|v| v.parse::<u64>().ok()) {
+            // v1's "no limit" is the largest page-aligned value.
+            if n < (i64::MAX as u64) & !4095 && best.as_ref().is_none_or(|(b, _)| n < *b) {
+                best = Some((n, d.to_path_buf()));
+            }
+        }
+        at = d.parent();
+    }
+    best
+}
+
 /// The hugetlb limit and usage in bytes of this process's cgroup for pages of `page_size`
 /// (None: no limit).
 pub fn hugetlb_room(page_size: u64) -> Result<Option<(u64, u64, PathBuf)>, PodError> {

@@ -56,6 +56,9 @@ pub enum ReserveError {
         /// The state directory whose ledger holds it.
         by: PathBuf,
     },
+    /// The host cannot give the pool without leaving itself too little memory.
+    #[error("--memory: {0}")]
+    HostMemory(String),
     /// A filesystem operation failed.
     #[error("{path}: {what}: {source}")]
     Io {
@@ -72,7 +75,7 @@ impl ReserveError {
     /// Whether the request itself was refused (the CLI exits with status 2).
     pub fn is_usage(&self) -> bool {
         match self {
-            Self::Busy { .. } | Self::CoreTaken { .. } => true,
+            Self::Busy { .. } | Self::CoreTaken { .. } | Self::HostMemory(_) => true,
             Self::Ledger(e) => e.is_usage(),
             _ => false,
         }
@@ -148,6 +151,36 @@ pub fn core_holder(claims: &Path, core: usize) -> Option<PathBuf> {
     let holder = crate::sys::files::read_limited(&f, 4096).ok()?;
     let by = PathBuf::from(std::ffi::OsString::from_vec(holder));
     holds(&by, core).then_some(by)
+}
+
+/// Environment variable naming a point at which `reserve` fails on purpose, once the
+/// hugepages, the pool file, the cores and the IRQs are taken (`after-isolation`): how the
+/// tests see every step rolled back. Only debug builds (the test builds) have it.
+pub const FAIL_ENV: &str = "PARTITION_TEST_RESERVE_FAIL_AT";
+
+#[cfg(debug_assertions)]
+fn fail_point(name: &str) -> Result<(), ReserveError> {
+    if std::env::var(FAIL_ENV).as_deref() == Ok(name) {
+        return Err(ReserveError::Io {
+            path: PathBuf::from(FAIL_ENV),
+            what: "failing on purpose",
+            source: std::io::Error::other(format!("{FAIL_ENV}={name}")),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(not(debug_assertions))]
+fn fail_point(_: &str) -> Result<(), ReserveError> {
+    Ok(())
+}
+
+/// The first of `cores` a live reservation holds host-wide (`claims`, normally
+/// [`CORE_CLAIMS`]), and the state directory holding it.
+pub fn claimed_by(claims: &Path, cores: &[usize]) -> Option<(usize, PathBuf)> {
+    cores
+        .iter()
+        .find_map(|&c| core_holder(claims, c).map(|by| (c, by)))
 }
 
 /// Claims `cores` for `state_dir` host-wide ([`CORE_CLAIMS`]); what it created is given
@@ -253,7 +286,26 @@ pub fn reserve(
     state_dir: &Path,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ReserveReport, ReserveError> {
+    // The deepest directory of the path that exists now: a refused reserve takes away
+    // whatever it made below it.
+    let kept = state_dir
+        .ancestors()
+        .find(|a| std::fs::symlink_metadata(a).is_ok())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
     let lock = LedgerLock::exclusive(state_dir)?;
+    let r = reserve_locked(plan, &lock, progress);
+    if r.is_err() && matches!(lock.load(), Ok(None)) {
+        lock.discard(&kept);
+    }
+    r
+}
+
+fn reserve_locked(
+    plan: &HostPlan,
+    lock: &LedgerLock,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReserveReport, ReserveError> {
     let mut outcome = ReserveOutcome::Created;
     if let Some(old) = lock.load()? {
         if old.plan == plan.record() {
@@ -262,7 +314,7 @@ pub fn reserve(
             let _ = claim_cores(
                 Path::new(CORE_CLAIMS),
                 &plan.cores,
-                &identity(&lock),
+                &identity(lock),
                 &mut keep,
             );
             keep.forget();
@@ -280,7 +332,7 @@ pub fn reserve(
                 hint: "; a different plan cannot replace a reservation partitions run on".into(),
             });
         }
-        let r = give_back(&lock, &old);
+        let r = give_back(lock, &old);
         if !r.warnings.is_empty() {
             log::warn!("replacing the reservation: {}", r.warnings.join("; "));
         }
@@ -291,10 +343,10 @@ pub fn reserve(
     let result = claim_cores(
         Path::new(CORE_CLAIMS),
         &plan.cores,
-        &identity(&lock),
+        &identity(lock),
         &mut undo,
     )
-    .and_then(|()| build(plan, &lock, &mut undo, progress));
+    .and_then(|()| build(plan, lock, &mut undo, progress));
     match result {
         Ok((ledger, prealloc, irqs_refused)) => {
             undo.forget();
@@ -320,6 +372,35 @@ pub fn reserve(
     }
 }
 
+/// Why a pool of `bytes` would leave the host too little memory, given `/proc/meminfo`
+/// (None: it fits, or the host does not say). The host keeps at least 256 MiB or a
+/// twentieth of its memory, whichever is more, of what it has available now; hugepages are
+/// never swapped or reclaimed, so a pool that takes the rest starves the host for as long
+/// as it is reserved.
+fn too_much(bytes: u64, meminfo: &str) -> Option<String> {
+    use crate::config::size::format;
+    let kb = |k: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|v| v * 1024)
+    };
+    let (available, total) = (kb("MemAvailable")?, kb("MemTotal")?);
+    let keep = (256 << 20).max(total / 20);
+    let room = available.saturating_sub(keep);
+    (bytes > room).then(|| {
+        format!(
+            "a {} pool is more than this host can spare: {} available now, of which it keeps \
+             {} for itself (a reserved pool is never reclaimed); reserve at most {}",
+            format(bytes),
+            format(available),
+            format(keep),
+            format(room)
+        )
+    })
+}
+
 fn build(
     plan: &HostPlan,
     lock: &LedgerLock,
@@ -327,8 +408,15 @@ fn build(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Ledger, Duration, usize), ReserveError> {
     let state_dir = lock.dir().to_path_buf();
-    // 1. Hugepages, checked against what the kernel delivered.
+    // 1. Hugepages, checked against what the host can spare first and what the kernel
+    // delivered after.
     let pages = plan.memory / plan.page_size;
+    if let Some(why) = too_much(
+        plan.memory,
+        &std::fs::read_to_string("/proc/meminfo").unwrap_or_default(),
+    ) {
+        return Err(ReserveError::HostMemory(why));
+    }
     let counter = Counter::new(plan.page_size, plan.node)?;
     counter.grow(pages, plan.page_size)?;
     {
@@ -394,6 +482,7 @@ fn build(
             isolation::restore_irqs(&r);
         });
     }
+    fail_point("after-isolation")?;
 
     let mut reserved = plan.cores.clone();
     reserved.sort_unstable();
@@ -612,22 +701,29 @@ mod tests {
         assert_eq!(core_holder(&claims, 2), Some(b.clone()));
         assert_eq!(core_holder(&claims, 1), Some(a.clone()));
         assert_eq!(core_holder(&claims, 3), None);
-        match crate::host::claim::check_not_claimed(&claims, &[3, 1]) {
-            Err(crate::host::claim::ClaimError::Refused(why)) => {
-                assert!(
-                    why.contains("core 1") && why.contains(a.to_str().unwrap()),
-                    "{why}"
-                )
-            }
-            r => panic!("{r:?}"),
-        }
-        assert!(crate::host::claim::check_not_claimed(&claims, &[3]).is_ok());
+        assert_eq!(claimed_by(&claims, &[3, 1]), Some((1, a.clone())));
+        assert_eq!(claimed_by(&claims, &[3]), None);
         // Released by their holders only.
         release_cores(&claims, &[1, 2], &b);
         assert!(claims.join("core-1").exists() && !claims.join("core-2").exists());
         release_cores(&claims, &[1], &a);
         assert!(!claims.exists());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_pool_that_would_starve_the_host_is_refused() {
+        let info = "MemTotal:       24000000 kB\nMemFree:        23000000 kB\nMemAvailable:   20000000 kB\n";
+        // The host keeps a twentieth of 24 GB (1.2 GB) of the 20 GB available.
+        assert_eq!(too_much(8 << 30, info), None);
+        let why = too_much(19 << 30, info).unwrap();
+        assert!(why.contains("more than this host can spare"), "{why}");
+        // A small host keeps at least 256 MiB.
+        let small = "MemTotal: 1000000 kB\nMemAvailable: 600000 kB\n";
+        assert_eq!(too_much(256 << 20, small), None);
+        assert!(too_much(400 << 20, small).is_some());
+        // A host that does not say is not refused.
+        assert_eq!(too_much(1 << 40, ""), None);
     }
 
     #[test]

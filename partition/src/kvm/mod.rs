@@ -14,7 +14,7 @@ pub use vm::{IOAPIC_PINS, Route, Vm, VmError, idle_caps, routing_table};
 
 /// The VM ioctls a vCPU thread issues when the guest reprograms a PCI function: the GSI
 /// routing table (MSI-X), ioeventfds and memory slots (a moved doorbell BAR).
-pub fn vm_device_ioctls() -> Vec<u64> {
+pub fn vm_device_ioctls() -> Vec<(&'static str, u64)> {
     use kvm_bindings::{kvm_ioeventfd, kvm_irq_routing, kvm_userspace_memory_region};
     const KVMIO: u32 = 0xae;
     vmm_sys_util::ioctl_iow_nr!(
@@ -26,9 +26,9 @@ pub fn vm_device_ioctls() -> Vec<u64> {
     vmm_sys_util::ioctl_iow_nr!(KVM_SET_GSI_ROUTING, KVMIO, 0x6a, kvm_irq_routing);
     vmm_sys_util::ioctl_iow_nr!(KVM_IOEVENTFD, KVMIO, 0x79, kvm_ioeventfd);
     vec![
-        KVM_SET_USER_MEMORY_REGION(),
-        KVM_SET_GSI_ROUTING(),
-        KVM_IOEVENTFD(),
+        ("KVM_SET_USER_MEMORY_REGION", KVM_SET_USER_MEMORY_REGION()),
+        ("KVM_SET_GSI_ROUTING", KVM_SET_GSI_ROUTING()),
+        ("KVM_IOEVENTFD", KVM_IOEVENTFD()),
     ]
 }
 
@@ -36,7 +36,7 @@ pub fn vm_device_ioctls() -> Vec<u64> {
 /// register, event, MSR, XSAVE, translation and debug calls the instruction assists, the
 /// SYSCALL repair and the crash report make. Its seccomp filter allows these and no other
 /// ioctl (docs/security.md).
-pub fn vcpu_thread_ioctls() -> Vec<u64> {
+pub fn vcpu_thread_ioctls() -> Vec<(&'static str, u64)> {
     use kvm_bindings::{
         kvm_guest_debug, kvm_msrs, kvm_regs, kvm_sregs, kvm_translation, kvm_vcpu_events, kvm_xsave,
     };
@@ -55,19 +55,19 @@ pub fn vcpu_thread_ioctls() -> Vec<u64> {
     vmm_sys_util::ioctl_ior_nr!(KVM_GET_XSAVE, KVMIO, 0xa4, kvm_xsave);
     vmm_sys_util::ioctl_iow_nr!(KVM_SET_XSAVE, KVMIO, 0xa5, kvm_xsave);
     [
-        KVM_RUN(),
-        KVM_GET_REGS(),
-        KVM_SET_REGS(),
-        KVM_GET_SREGS(),
-        KVM_SET_SREGS(),
-        KVM_TRANSLATE(),
-        KVM_GET_MSRS(),
-        KVM_SET_MSRS(),
-        KVM_SET_GUEST_DEBUG(),
-        KVM_GET_VCPU_EVENTS(),
-        KVM_SET_VCPU_EVENTS(),
-        KVM_GET_XSAVE(),
-        KVM_SET_XSAVE(),
+        ("KVM_RUN", KVM_RUN()),
+        ("KVM_GET_REGS", KVM_GET_REGS()),
+        ("KVM_SET_REGS", KVM_SET_REGS()),
+        ("KVM_GET_SREGS", KVM_GET_SREGS()),
+        ("KVM_SET_SREGS", KVM_SET_SREGS()),
+        ("KVM_TRANSLATE", KVM_TRANSLATE()),
+        ("KVM_GET_MSRS", KVM_GET_MSRS()),
+        ("KVM_SET_MSRS", KVM_SET_MSRS()),
+        ("KVM_SET_GUEST_DEBUG", KVM_SET_GUEST_DEBUG()),
+        ("KVM_GET_VCPU_EVENTS", KVM_GET_VCPU_EVENTS()),
+        ("KVM_SET_VCPU_EVENTS", KVM_SET_VCPU_EVENTS()),
+        ("KVM_GET_XSAVE", KVM_GET_XSAVE()),
+        ("KVM_SET_XSAVE", KVM_SET_XSAVE()),
     ]
     .to_vec()
 }
@@ -77,7 +77,10 @@ mod tests {
     #[test]
     fn the_vcpu_ioctl_numbers_are_the_kernels() {
         // From <linux/kvm.h> as the kernel computes them on x86-64.
-        let n = super::vcpu_thread_ioctls();
+        let n: Vec<u64> = super::vcpu_thread_ioctls()
+            .iter()
+            .map(|&(_, n)| n)
+            .collect();
         for want in [
             0xae80u64,   // KVM_RUN
             0x8090_ae81, // KVM_GET_REGS (144 bytes)

@@ -91,6 +91,11 @@ impl Header {
 }
 
 impl Stats {
+    /// Its descriptor (what a confined thread's filter lets it pread).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
+    }
+
     /// Opens the stats of a VM or vCPU fd.
     pub fn open(fd: &impl AsRawFd) -> Result<Self, StatsError> {
         // SAFETY: KVM_GET_STATS_FD takes no argument and returns a new fd or -1.

@@ -172,6 +172,12 @@ pub struct Vm {
 }
 
 impl Vm {
+    /// The VM's descriptor: what a confined vCPU thread's filter ties the VM ioctls to.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+
     /// Opens KVM and creates a VM with an in-kernel irqchip and PIT.
     pub fn new() -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;

@@ -77,6 +77,9 @@ pub enum LaunchError {
         /// Why.
         source: crate::sys::files::FileError,
     },
+    /// More guest memory than the host (or this process's cgroup) has.
+    #[error("--memory: {0}")]
+    HostMemory(String),
     /// A file is larger than allowed.
     #[error("{what} {path} is {size} bytes, more than {limit} (the guest's memory or the limit)")]
     TooLarge {
@@ -178,6 +181,7 @@ impl LaunchError {
             | Self::PageMultiple { .. }
             | Self::File { .. }
             | Self::Path { .. }
+            | Self::HostMemory(_)
             | Self::TooLarge { .. }
             | Self::Kernel { .. }
             | Self::Idle(_)
@@ -326,6 +330,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
                 });
             }
             crate::host::claim::check_not_reserved(&cfg.state_dir, &cores)?;
+            check_host_memory(cfg.memory, *backing)?;
         }
         MemorySource::Pool(req) => crate::host::claim::check_name(&req.name)?,
         MemorySource::Volume(dir) => {
@@ -420,6 +425,81 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         cores_from,
         cfg,
     })
+}
+
+/// `/proc/meminfo`'s `key` in bytes (its kB, or a count of hugepages times their size).
+fn meminfo(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+    };
+    let v = field(key)?;
+    Some(if key.starts_with("HugePages_") {
+        v * field("Hugepagesize")? * 1024
+    } else {
+        v * 1024
+    })
+}
+
+/// Refuses guest memory the host cannot back before anything is built: more than the
+/// host's memory (or, made up front, more than is available now), more than this process's
+/// memory cgroup allows (the kernel would kill the VMM as the guest touched it), or with
+/// `--backing hugetlb` more than the kernel's free hugepages.
+fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
+    use crate::config::size::format;
+    let refuse = |why: String| Err(LaunchError::HostMemory(why));
+    match backing {
+        Backing::Hugetlb => {
+            if let Some(free) = meminfo("HugePages_Free") {
+                if size > free {
+                    return refuse(format!(
+                        "{} of hugepages asked for, the kernel has {} free (--backing \
+                         hugetlb takes them from its free pool: free more with `sysctl \
+                         vm.nr_hugepages=N`, or launch from a reserved pool with --name)",
+                        format(size),
+                        format(free)
+                    ));
+                }
+            }
+            return Ok(());
+        }
+        Backing::AnonymousPopulated => {
+            if let Some(avail) = meminfo("MemAvailable") {
+                if size > avail {
+                    return refuse(format!(
+                        "{} made up front (--backing prefault) is more than the {} this host \
+                         has available",
+                        format(size),
+                        format(avail)
+                    ));
+                }
+            }
+        }
+        Backing::Anonymous => {}
+    }
+    if let Some(total) = meminfo("MemTotal") {
+        if size > total {
+            return refuse(format!(
+                "{} is more than this host's {} of memory",
+                format(size),
+                format(total)
+            ));
+        }
+    }
+    if let Some((limit, cg)) = crate::host::pod::memory_limit() {
+        if size > limit {
+            return refuse(format!(
+                "{} is more than the {} this process's memory cgroup ({}) allows: the \
+                 kernel would kill the VMM as the guest touched it",
+                format(size),
+                format(limit),
+                cg.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a

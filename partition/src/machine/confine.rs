@@ -1,58 +1,306 @@
-//! Confining a launch before its threads start: one seccomp filter per thread role (the
-//! vCPU filter widened for PCI and passthrough), the SIGSYS handler, and giving up root.
+//! Confining a launch before its threads start: one seccomp filter per thread role, each
+//! call that names a descriptor tied to the descriptors it may name (a vCPU's ioctls to its
+//! own vCPU, the VM ioctls of PCI to the VM, pread64 to KVM's statistics, ...), the SIGSYS
+//! handler, the `vfio-return` thread, and giving up root.
+//!
+//! The same [`grants`] make the filters and docs/security.md's table ([`table`]; a test
+//! fails when the two differ).
 
-use super::check::LaunchError;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
+use super::check::LaunchError;
 use crate::sys::sandbox::Sandbox;
-use crate::sys::seccomp::Role;
+use crate::sys::seccomp::{Fds, Grants, IoctlGrant, Role};
+
+/// The descriptors a confined launch's threads are tied to, read off the built machine.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Descriptors {
+    /// The VM.
+    pub(super) vm: RawFd,
+    /// Each vCPU, in order.
+    pub(super) vcpus: Vec<RawFd>,
+    /// KVM's statistics (each vCPU's), which the launcher and the API read.
+    pub(super) stats: Vec<RawFd>,
+    /// Host interrupt counters the launcher reads (a passed-through function's).
+    pub(super) irq_counts: Vec<RawFd>,
+    /// Each disk's buffered descriptor (a worker zeroes ranges with pwrite64).
+    pub(super) disks: Vec<RawFd>,
+    /// A PCI function exists: a vCPU taking a guest's configuration write updates KVM's
+    /// memory slots, routes and ioeventfds.
+    pub(super) pci: bool,
+    /// A passed-through function: its device's and its container's descriptors.
+    pub(super) vfio: Option<(RawFd, RawFd)>,
+}
+
+/// What `role`'s calls may name, given the machine's descriptors (`vcpu`: which vCPU, for
+/// [`Role::Vcpu`]).
+pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
+    let fds = |what, fds: Vec<RawFd>| Fds { what, fds };
+    let mut g = Grants::default();
+    match role {
+        Role::Vcpu => {
+            g.ioctls.push(IoctlGrant {
+                on: fds(
+                    "its own vCPU's descriptor",
+                    d.vcpus.get(vcpu).copied().into_iter().collect(),
+                ),
+                requests: crate::kvm::vcpu_thread_ioctls(),
+            });
+            if d.pci {
+                g.ioctls.push(IoctlGrant {
+                    on: fds("the VM's descriptor, with a PCI function", vec![d.vm]),
+                    requests: crate::kvm::vm_device_ioctls(),
+                });
+            }
+            if let Some((device, _)) = d.vfio {
+                let what = "the VFIO device's descriptor, with a passed-through function";
+                g.pread = Some(fds(what, vec![device]));
+                g.pwrite = Some(fds(what, vec![device]));
+            }
+        }
+        Role::BlockWorker => {
+            g.pwrite = Some(fds("the disks' descriptors", d.disks.clone()));
+        }
+        Role::Main => {
+            let mut v = d.stats.clone();
+            v.extend(&d.irq_counts);
+            g.pread = Some(fds(
+                "KVM's statistics and a passed-through function's interrupt counters",
+                v,
+            ));
+        }
+        Role::Api => {
+            g.pread = Some(fds("KVM's statistics", d.stats.clone()));
+        }
+        Role::VfioReturn => {
+            if let Some((device, container)) = d.vfio {
+                let (on_device, on_container) = crate::machine::vfio::return_ioctls();
+                g.ioctls.push(IoctlGrant {
+                    on: fds("the VFIO device's descriptor", vec![device]),
+                    requests: on_device,
+                });
+                g.ioctls.push(IoctlGrant {
+                    on: fds("the VFIO container's descriptor", vec![container]),
+                    requests: on_container,
+                });
+            }
+        }
+        Role::Engine | Role::Keeper => {}
+    }
+    g
+}
 
 /// The seccomp filters of a confined launch, compiled before privileges are dropped.
 pub(super) struct Filters {
-    pub(super) vcpu: Arc<seccompiler::BpfProgram>,
+    /// One per vCPU (each names its own descriptor).
+    pub(super) vcpu: Vec<Arc<seccompiler::BpfProgram>>,
     pub(super) worker: Arc<seccompiler::BpfProgram>,
     pub(super) engine: Arc<seccompiler::BpfProgram>,
     pub(super) api: Arc<seccompiler::BpfProgram>,
     pub(super) main: seccompiler::BpfProgram,
+    pub(super) vfio_return: Arc<seccompiler::BpfProgram>,
 }
 
-/// Gives up root: compiles every thread's filter, installs the SIGSYS handler and becomes
-/// the sandbox's user. Called once everything that needs root exists and before any
-/// thread is started but the vCPU threads' seats (which confirm the drop themselves when
-/// handed their vCPUs); `None` with `--no-sandbox`.
-pub(super) fn confine(
-    sandbox: &Sandbox,
-    pci: bool,
-    passthrough: bool,
-) -> Result<Option<Filters>, LaunchError> {
+/// Gives up root: compiles every thread's filter for the machine's descriptors `d`,
+/// installs the SIGSYS handler and becomes the sandbox's user. Called once everything that
+/// needs root exists and before any thread is started but the vCPU threads' seats (which
+/// confirm the drop themselves when handed their vCPUs); `None` with `--no-sandbox`.
+pub(super) fn confine(sandbox: &Sandbox, d: &Descriptors) -> Result<Option<Filters>, LaunchError> {
     let Sandbox::On(who) = sandbox else {
         return Ok(None);
     };
-    // With PCI functions, a guest's configuration writes (MSI-X routes, a moved doorbell
-    // BAR) make the vCPU thread that takes them update KVM's routing, ioeventfds and
-    // memory slots; with a passed-through function it also reads and writes the device's
-    // VFIO regions (its trapped BAR pages and command register).
-    let mut vcpu_ioctls = crate::kvm::vcpu_thread_ioctls();
-    if pci {
-        vcpu_ioctls.extend(crate::kvm::vm_device_ioctls());
-    }
-    let region_io: &[i64] = if passthrough {
-        &[libc::SYS_pread64, libc::SYS_pwrite64]
-    } else {
-        &[]
-    };
+    let one = |role| crate::sys::seccomp::filter(role, &grants(role, d, 0)).map(Arc::new);
     let f = Filters {
-        vcpu: Arc::new(crate::sys::seccomp::filter_with(
-            Role::Vcpu,
-            &vcpu_ioctls,
-            region_io,
-        )?),
-        worker: Arc::new(crate::sys::seccomp::filter(Role::BlockWorker, &[])?),
-        engine: Arc::new(crate::sys::seccomp::filter(Role::Engine, &[])?),
-        api: Arc::new(crate::sys::seccomp::filter(Role::Api, &[])?),
-        main: crate::machine::vfio::launcher_filter(passthrough)?,
+        vcpu: (0..d.vcpus.len())
+            .map(|i| {
+                crate::sys::seccomp::filter(Role::Vcpu, &grants(Role::Vcpu, d, i)).map(Arc::new)
+            })
+            .collect::<Result<_, _>>()?,
+        worker: one(Role::BlockWorker)?,
+        engine: one(Role::Engine)?,
+        api: one(Role::Api)?,
+        main: crate::sys::seccomp::filter(Role::Main, &grants(Role::Main, d, 0))?,
+        vfio_return: one(Role::VfioReturn)?,
     };
     crate::sys::seccomp::install_violation_handler()?;
+    crate::sys::timeline::mark("filters");
+    crate::sys::sandbox::empty_root()?;
+    crate::sys::timeline::mark("private_root");
     crate::sys::sandbox::drop_privileges(who)?;
     Ok(Some(f))
+}
+
+/// The thread that quiets a passed-through function once the guest has stopped, under a
+/// filter that allows exactly those calls on exactly those descriptors: no other thread of
+/// a confined VMM may make a VFIO call at all.
+pub(super) struct VfioReturn {
+    go: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl VfioReturn {
+    /// Starts it, waiting; `filter` is installed first thing.
+    pub(super) fn start(
+        quiet: Arc<crate::machine::vfio::Quiet>,
+        filter: Arc<seccompiler::BpfProgram>,
+    ) -> Result<Self, LaunchError> {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("vfio-return".into())
+            .spawn(move || {
+                if let Err(e) = crate::sys::seccomp::apply(Role::VfioReturn, &filter) {
+                    log::error!("{e}; the function is quieted without it");
+                }
+                // A message, or the launcher gone: either way the guest no longer runs.
+                let _ = wait.recv();
+                quiet.run();
+            })
+            .map_err(|source| LaunchError::Os {
+                what: "starting the vfio-return thread",
+                source,
+            })?;
+        Ok(Self {
+            go: Some(go),
+            thread: Some(thread),
+        })
+    }
+
+    /// The guest has stopped (every vCPU joined): quiet the function now and wait for it.
+    pub(super) fn finish(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
+        drop(self.go.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for VfioReturn {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// docs/security.md's table of the filters, generated from [`grants`] for a machine with
+/// every kind of device (placeholder descriptors; the conditions are what the table
+/// shows): a test checks the page against it.
+pub fn table() -> String {
+    let d = Descriptors {
+        vm: 3,
+        vcpus: vec![4],
+        stats: vec![5],
+        irq_counts: vec![6],
+        disks: vec![7],
+        pci: true,
+        vfio: Some((8, 9)),
+    };
+    let thread = |role: Role| match role {
+        Role::Vcpu => "`vcpu<i>`",
+        Role::BlockWorker => "`blk-q<i>` (virtio-blk queue worker)",
+        Role::Engine => "`engine` (`--device engine`)",
+        Role::Api => "`api` (with `--api-socket`)",
+        Role::Main => "`partition` (the launcher's main thread, once the guest runs)",
+        Role::VfioReturn => "`vfio-return` (with `--device vfio=`)",
+        Role::Keeper => "`partition-keep` (the keeper process)",
+    };
+    let mut out = String::from("| thread | may call, beyond the common set* |\n|---|---|\n");
+    for role in Role::ALL {
+        out.push_str(&format!(
+            "| {} | {} |\n",
+            thread(role),
+            crate::sys::seccomp::describe(role, &grants(role, &d, 0))
+        ));
+    }
+    out.push_str(&format!(
+        "\n\\* The common set, every thread: {}.\n",
+        crate::sys::seccomp::describe_common()
+    ));
+    out
+}
+
+/// The descriptor of anything that has one (for [`Descriptors`]).
+pub(super) fn raw(f: &impl AsRawFd) -> RawFd {
+    f.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/security.md holds the generated table between these markers.
+    const BEGIN: &str = "<!-- seccomp table: generated by partition::machine::confine::table; a test checks it -->\n";
+    const END: &str = "<!-- end of the seccomp table -->";
+
+    #[test]
+    fn security_md_shows_the_filters_as_they_are() {
+        let page =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md"))
+                .expect("docs/security.md");
+        let start = page.find(BEGIN).expect("the table's start marker") + BEGIN.len();
+        let end = page[start..].find(END).expect("the table's end marker") + start;
+        let want = table();
+        assert!(
+            page[start..end].trim() == want.trim(),
+            "docs/security.md's seccomp table differs from the filters; put this between the \
+             markers:\n{want}"
+        );
+    }
+
+    #[test]
+    fn each_thread_names_only_its_own_descriptors() {
+        let d = Descriptors {
+            vm: 10,
+            vcpus: vec![11, 12],
+            stats: vec![13, 14],
+            irq_counts: vec![15],
+            disks: vec![16],
+            pci: false,
+            vfio: None,
+        };
+        // vCPU 1's ioctls name descriptor 12 only; no VM ioctl without a PCI function; no
+        // pread without passthrough.
+        let g = grants(Role::Vcpu, &d, 1);
+        assert_eq!(g.ioctls.len(), 1);
+        assert_eq!(g.ioctls[0].on.fds, vec![12]);
+        assert!(g.pread.is_none() && g.pwrite.is_none());
+        let g = grants(
+            Role::Vcpu,
+            &Descriptors {
+                pci: true,
+                vfio: Some((20, 21)),
+                ..d.clone()
+            },
+            0,
+        );
+        assert_eq!(g.ioctls[1].on.fds, vec![10]);
+        assert_eq!(g.pread.as_ref().unwrap().fds, vec![20]);
+        // The launcher reads statistics and counters, the API statistics only.
+        assert_eq!(
+            grants(Role::Main, &d, 0).pread.unwrap().fds,
+            vec![13, 14, 15]
+        );
+        assert_eq!(grants(Role::Api, &d, 0).pread.unwrap().fds, vec![13, 14]);
+        // Nobody but vfio-return makes a VFIO call, and it none without a function.
+        assert!(grants(Role::Main, &d, 0).ioctls.is_empty());
+        assert!(grants(Role::VfioReturn, &d, 0).ioctls.is_empty());
+        let g = grants(
+            Role::VfioReturn,
+            &Descriptors {
+                vfio: Some((20, 21)),
+                ..d
+            },
+            0,
+        );
+        assert_eq!(
+            g.ioctls
+                .iter()
+                .map(|i| i.on.fds.clone())
+                .collect::<Vec<_>>(),
+            vec![vec![20], vec![21]]
+        );
+    }
 }

@@ -116,6 +116,8 @@ pub struct AttachedDisk {
     pub base: u64,
     /// Its GSI.
     pub gsi: u32,
+    /// The backing's buffered descriptor (its queue workers zero ranges through it).
+    pub disk_fd: std::os::fd::RawFd,
 }
 
 /// Opens every disk (so a bad one is reported before anything else is created).
@@ -214,6 +216,7 @@ pub fn attach(
         }
         let irq = vm.irq_line(gsi)?;
         let interrupt = Arc::new(VirtioInterrupt::new(Box::new(irq)));
+        let disk_fd = std::os::fd::AsRawFd::as_raw_fd(&d.disk().file);
         let t = Arc::new(Mutex::new(MmioTransport::new(
             Box::new(d),
             mem.mem().clone(),
@@ -225,6 +228,7 @@ pub fn attach(
             transport: t,
             base,
             gsi,
+            disk_fd,
         });
     }
     Ok(out)

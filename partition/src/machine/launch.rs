@@ -17,7 +17,7 @@ use pool::RamSource;
 
 use super::check::{Checked, LaunchError, check};
 use super::config::{LaunchConfig, MemorySource};
-use super::confine::confine;
+use super::confine::{Descriptors, VfioReturn, confine, raw};
 use super::control::{Control, start_api};
 use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
@@ -119,6 +119,13 @@ pub fn run(
     cpuset: Option<GuestsCpuset>,
     observer: &dyn Observer,
 ) -> Result<LaunchReport, LaunchError> {
+    // Confined, the VMM gets a mount namespace of its own while it is one thread (the
+    // keeper, forked before, stays in the host's), so that every thread it starts shares
+    // the empty root it moves to before giving up root (`confine`).
+    if let Sandbox::On(_) = checked.sandbox {
+        crate::sys::sandbox::private_mounts()?;
+        crate::sys::timeline::mark("mounts");
+    }
     // The vCPU threads first: they take their cores while the VM is built.
     let seats = Seats::start(&checked.cores, cpuset)?;
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
@@ -138,7 +145,7 @@ pub fn run(
     let boot = write_boot(&checked, &memory)?;
     let t_boot = Instant::now();
     crate::sys::timeline::mark_at("boot", t_boot);
-    let devices = attach_devices(&mut checked, &vm, &memory)?;
+    let mut devices = attach_devices(&mut checked, &vm, &memory)?;
     crate::sys::timeline::mark("devices");
     let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory)?;
     let t_vcpus = Instant::now();
@@ -154,7 +161,7 @@ pub fn run(
 
     // Stop signals wait on a signalfd until teardown is over.
     let signals = SignalGuard::new().map_err(|source| LaunchError::Os {
-        what: "blocking SIGINT/SIGTERM",
+        what: "blocking the stop signals",
         source,
     })?;
     // The API socket is bound while root, for the sandbox's user.
@@ -170,21 +177,43 @@ pub fn run(
     };
     // Everything that needs root exists: give it up, then start the threads (and hand the
     // vCPU threads, already waiting on their cores, their vCPUs), each under its own
-    // filter.
-    let filters = confine(
-        &checked.sandbox,
-        devices.engine.is_some() || devices.vfio.is_some(),
-        devices.vfio.is_some(),
-    )?;
+    // filter, tied to the descriptors it may name.
+    let fds = Descriptors {
+        vm: vm.raw_fd(),
+        vcpus: vcpus.threads.iter().map(|t| raw(&t.ctx.fd)).collect(),
+        stats: vcpus
+            .handles
+            .iter()
+            .filter_map(|h| h.stats.as_ref().map(|s| s.raw_fd()))
+            .collect(),
+        irq_counts: devices
+            .vfio
+            .as_ref()
+            .map(|v| v.count_fds())
+            .unwrap_or_default(),
+        disks: devices.disks.iter().map(|d| d.disk_fd).collect(),
+        pci: devices.engine.is_some() || devices.vfio.is_some(),
+        vfio: devices.vfio.as_ref().map(|v| v.quiet().fds()),
+    };
+    let filters = confine(&checked.sandbox, &fds)?;
     let control = Control::new()?;
-    for t in &mut vcpus.threads {
-        t.policy.filter = filters.as_ref().map(|f| f.vcpu.clone());
+    for (i, t) in vcpus.threads.iter_mut().enumerate() {
+        t.policy.filter = filters.as_ref().map(|f| f.vcpu[i].clone());
         t.policy.uid = match &checked.sandbox {
             Sandbox::On(who) => Some(who.uid),
             Sandbox::Off => None,
         };
         t.ctx.pause = control.pause.clone();
     }
+    // Confined, a passed-through function is quieted by a thread of its own once the guest
+    // has stopped; nobody else may make a VFIO call.
+    let vfio_return = match (&mut devices.vfio, &filters) {
+        (Some(v), Some(f)) => {
+            v.keep_open_until_exit();
+            Some(VfioReturn::start(v.quiet(), f.vfio_return.clone())?)
+        }
+        _ => None,
+    };
     start_devices(&devices, filters.as_ref())?;
     let api = match api_socket {
         Some(sock) => Some(start_api(
@@ -210,6 +239,11 @@ pub fn run(
     );
     if let Some(a) = api {
         a.stop();
+    }
+    // Every vCPU has stopped: the passed-through function is quieted before anything else
+    // (its DMA must end before the partition's memory is scrubbed).
+    if let Some(r) = vfio_return {
+        r.finish();
     }
     let (ending, ran_for) = ran?;
     // Workers write into guest memory: stop them before it goes away.

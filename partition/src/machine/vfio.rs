@@ -19,8 +19,11 @@
 //!    (VFIO_DEVICE_SET_IRQS); the guest's table entries (or MSI capability) become KVM MSI
 //!    routes in front of them (the root's `PciHost`);
 //! 7. its host IRQs steered to the partition's cores and counted (`HostIrqs`);
-//! 8. at teardown ([`AttachedVfio`]'s drop): MSI-X (or MSI) off, the device reset, DMA
-//!    unmapped, the BAR mappings unmapped.
+//! 8. once the guest has stopped, before its memory is scrubbed ([`Quiet`], on the
+//!    `vfio-return` thread when confined, else as [`AttachedVfio`] drops): MSI-X (or MSI)
+//!    off, the device reset, DMA unmapped; then the BAR mappings unmapped. A confined VMM
+//!    leaves the device's descriptors to its exit, when the kernel takes the group out of
+//!    its container and of KVM's VFIO device.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -119,43 +122,29 @@ pub fn check_host(bdf: &str) -> Result<PathBuf, VfioError> {
     }
 }
 
-/// What giving the device back at teardown calls, on the launcher's thread once it is
-/// confined ([`AttachedVfio`]'s drop and vfio-ioctls' own): VFIO_DEVICE_SET_IRQS (MSI-X
-/// off), VFIO_DEVICE_RESET, VFIO_IOMMU_UNMAP_DMA, KVM_SET_DEVICE_ATTR (the group leaves
-/// the KVM VFIO device), VFIO_GROUP_UNSET_CONTAINER. Found by running a passthrough
-/// under the sandbox on the rig (docs/testing.md).
-pub const TEARDOWN_IOCTLS: [u64; 5] = [
-    vfio_io(10),
-    vfio_io(11),
-    vfio_io(14),
-    KVM_SET_DEVICE_ATTR,
-    vfio_io(5),
-];
+/// ioctl requests by name.
+pub type Ioctls = Vec<(&'static str, u64)>;
 
-/// The launcher thread's seccomp filter (`Role::Main`). With a passed-through function it
-/// also gives the device back at the end ([`TEARDOWN_IOCTLS`], and readlink: vfio-ioctls
-/// finds the device's IOMMU group from its sysfs link); without, nothing of it.
-pub fn launcher_filter(
-    passthrough: bool,
-) -> Result<seccompiler::BpfProgram, crate::sys::seccomp::SeccompError> {
-    use crate::sys::seccomp::{Role, filter, filter_with};
-    if passthrough {
-        filter_with(Role::Main, &TEARDOWN_IOCTLS, &[libc::SYS_readlink])
-    } else {
-        filter(Role::Main, &[])
-    }
+/// What quieting the device calls, on the `vfio-return` thread once the guest has stopped
+/// ([`Quiet::run`]): on the device's descriptor VFIO_DEVICE_SET_IRQS (MSI-X or MSI off) and
+/// VFIO_DEVICE_RESET; on the container's VFIO_IOMMU_UNMAP_DMA. The rest of giving the
+/// device back (the group leaving KVM's VFIO device and its container) is the kernel's when
+/// the descriptors close at the VMM's exit: no call of the confined VMM needs it, nor the
+/// sysfs `readlink` vfio-ioctls would make (docs/security.md).
+pub fn return_ioctls() -> (Ioctls, Ioctls) {
+    (
+        vec![
+            ("VFIO_DEVICE_SET_IRQS", vfio_io(10)),
+            ("VFIO_DEVICE_RESET", vfio_io(11)),
+        ],
+        vec![("VFIO_IOMMU_UNMAP_DMA", vfio_io(14))],
+    )
 }
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + nr)`.
 const fn vfio_io(nr: u64) -> u64 {
     ((b';' as u64) << 8) | (100 + nr)
 }
-
-/// `_IOW(KVMIO, 0xe1, struct kvm_device_attr)`.
-const KVM_SET_DEVICE_ATTR: u64 = (1 << 30)
-    | ((std::mem::size_of::<kvm_bindings::kvm_device_attr>() as u64) << 16)
-    | (0xae << 8)
-    | 0xe1;
 
 /// The device's trapped BAR parts and configuration writes, through VFIO's regions.
 struct Regions(Arc<VfioDevice>);
@@ -240,13 +229,50 @@ pub struct PassthroughReport {
     pub interrupts: Option<u64>,
 }
 
+/// Quieting a passed-through function: its interrupts off, the function reset, guest
+/// memory unmapped from its IOMMU domain. Done once, before the partition's memory is
+/// scrubbed, by the `vfio-return` thread when the launch is confined (its filter allows
+/// exactly these calls on these descriptors), or as the attachment drops otherwise.
+pub struct Quiet {
+    device: Arc<VfioDevice>,
+    container: Arc<VfioContainer>,
+    dma: Vec<DmaMap>,
+    msi: bool,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl Quiet {
+    /// Quiets the function (once; later calls do nothing).
+    pub fn run(&self) {
+        if self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        if self.msi {
+            let _ = self.device.disable_msi();
+        } else {
+            let _ = self.device.disable_msix();
+        }
+        self.device.reset();
+        for m in &self.dma {
+            let _ = self.container.vfio_dma_unmap(m.iova, m.len as usize);
+        }
+    }
+
+    /// The device's and the container's descriptors (what the quieting calls name).
+    pub fn fds(&self) -> (std::os::fd::RawFd, std::os::fd::RawFd) {
+        (self.device.as_raw_fd(), self.container.as_raw_fd())
+    }
+}
+
 /// What a passthrough keeps for the life of the VM; dropping it gives the device back.
 pub struct AttachedVfio {
     /// What the launch report says of it.
     pub report: PassthroughReport,
     device: Arc<VfioDevice>,
-    container: Arc<VfioContainer>,
-    dma: Vec<DmaMap>,
+    quiet: Arc<Quiet>,
+    /// Confined: the device stays open until the VMM exits (closing it through vfio-ioctls
+    /// would read sysfs, which the confined VMM cannot and should not).
+    keep_open: bool,
     pieces: Vec<(usize, Piece)>,
     /// One irqfd per MSI-X vector (one for MSI), with its GSI.
     pub vectors: Vec<(u32, Arc<EventFd>)>,
@@ -266,18 +292,38 @@ impl AttachedVfio {
     pub fn pieces(&self) -> &[(usize, Piece)] {
         &self.pieces
     }
+
+    /// What quiets the function, for the `vfio-return` thread.
+    pub fn quiet(&self) -> Arc<Quiet> {
+        self.quiet.clone()
+    }
+
+    /// The descriptors the launcher reads its interrupt counts from (`pread64`).
+    pub fn count_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.irqs.counts.iter().map(|f| f.as_raw_fd()).collect()
+    }
+
+    /// The device's descriptor (its regions, which the vCPU threads read and write).
+    pub fn device_fd(&self) -> std::os::fd::RawFd {
+        self.device.as_raw_fd()
+    }
+
+    /// The launch is confined from now on: the device is quieted by the `vfio-return`
+    /// thread and left open until the VMM exits (the kernel closes it then, and takes the
+    /// group out of its container and of KVM's VFIO device).
+    pub fn keep_open_until_exit(&mut self) {
+        self.keep_open = true;
+    }
 }
 
 impl Drop for AttachedVfio {
     fn drop(&mut self) {
-        if self.report.msi {
-            let _ = self.device.disable_msi();
+        if self.keep_open {
+            // Never dropped: vfio-ioctls' drop of the device reads its sysfs link, and
+            // the process's exit closes it.
+            std::mem::forget(self.device.clone());
         } else {
-            let _ = self.device.disable_msix();
-        }
-        self.device.reset();
-        for m in &self.dma {
-            let _ = self.container.vfio_dma_unmap(m.iova, m.len as usize);
+            self.quiet.run();
         }
         for (_, p) in &self.pieces {
             // SAFETY: each piece is an mmap this attach made and nothing else refers to
@@ -481,10 +527,16 @@ pub fn attach(
     Ok((
         function,
         AttachedVfio {
-            report,
+            report: report.clone(),
+            quiet: Arc::new(Quiet {
+                device: device.clone(),
+                container,
+                dma,
+                msi: report.msi,
+                done: std::sync::atomic::AtomicBool::new(false),
+            }),
             device,
-            container,
-            dma,
+            keep_open: false,
             pieces,
             vectors,
             irqs,
@@ -613,47 +665,12 @@ mod tests {
     }
 
     #[test]
-    fn the_launcher_may_give_a_passed_through_device_back_and_only_then() {
-        use crate::sys::seccomp::Role;
-        // What the teardown of a VFIO device calls (seen on the rig: ioctl and readlink
-        // from the launcher's thread after the guest powered off).
-        let teardown = || {
-            for nr in TEARDOWN_IOCTLS {
-                // SAFETY: an ioctl on fd -1 fails with EBADF once the filter lets it by.
-                unsafe { libc::ioctl(-1, nr as _, 0usize) };
-            }
-            let mut buf = [0u8; 64];
-            // SAFETY: readlink of a path that does not exist, into a local buffer.
-            unsafe { libc::readlink(c"/nonexistent".as_ptr(), buf.as_mut_ptr().cast(), 64) };
-        };
-        let with = launcher_filter(true).unwrap();
-        assert_eq!(
-            crate::sys::seccomp::confined_child(Role::Main, &with, teardown),
-            0
-        );
-        let without = launcher_filter(false).unwrap();
-        assert_eq!(
-            crate::sys::seccomp::confined_child(Role::Main, &without, teardown),
-            crate::sys::seccomp::EXIT_SECCOMP
-        );
-        // Other ioctls stay forbidden even with passthrough (KVM_RUN here).
-        let run = || {
-            // SAFETY: as above.
-            unsafe { libc::ioctl(-1, 0xae80 as _, 0usize) };
-        };
-        assert_eq!(
-            crate::sys::seccomp::confined_child(Role::Main, &with, run),
-            crate::sys::seccomp::EXIT_SECCOMP
-        );
-    }
-
-    #[test]
-    fn the_teardown_ioctls_are_vfios_and_kvms_numbers() {
+    fn the_return_ioctls_are_vfios_numbers() {
         // As the kernel's headers (and vfio-ioctls' own tests) define them.
-        assert_eq!(
-            TEARDOWN_IOCTLS,
-            [0x3b6e, 0x3b6f, 0x3b72, 0x4018_aee1, 0x3b69]
-        );
+        let (device, container) = return_ioctls();
+        let n = |v: Vec<(&str, u64)>| v.into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+        assert_eq!(n(device), [0x3b6e, 0x3b6f]);
+        assert_eq!(n(container), [0x3b72]);
     }
 
     #[test]

@@ -266,6 +266,112 @@ pub fn drop_privileges(who: &Identity) -> Result<(), SandboxError> {
     no_new_privs_as(who.uid, "")
 }
 
+/// The number of threads of this process (`/proc/self/status`).
+fn threads() -> Option<usize> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+fn mount(
+    src: Option<&std::ffi::CStr>,
+    target: &std::ffi::CStr,
+    fstype: Option<&std::ffi::CStr>,
+    flags: libc::c_ulong,
+    data: Option<&std::ffi::CStr>,
+) -> std::io::Result<()> {
+    let p = |c: Option<&std::ffi::CStr>| c.map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: mount(2) with NUL-terminated strings (or null where the call allows it).
+    let r = unsafe { libc::mount(p(src), target.as_ptr(), p(fstype), flags, p(data).cast()) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// First step of the private root, while the launcher is still one thread (its keeper
+/// already forked, no other thread started): a mount namespace of the VMM's own, every
+/// mount in it private (nothing made in it reaches the host's). Every thread started
+/// afterwards is in it. The host's files stay reachable until [`empty_root`].
+pub fn private_mounts() -> Result<(), SandboxError> {
+    if threads() != Some(1) {
+        return Err(SandboxError::Os {
+            what: "a mount namespace of the VMM's own",
+            source: std::io::Error::other(format!(
+                "the launcher must be one thread here, it is {:?}",
+                threads()
+            )),
+        });
+    }
+    // SAFETY: unshare with a flag set; affects this (single-threaded) process only.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(os("unshare(CLONE_NEWNS)")(std::io::Error::last_os_error()));
+    }
+    mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(os("making every mount private"))
+}
+
+/// Second step, once everything the VMM needs is open and before root is given up: the
+/// root of every thread becomes an empty, read-only tmpfs (as Firecracker's jailer makes a
+/// chroot, but empty), and the host's file system is detached from the namespace. After
+/// it, no path of the host names anything for the VMM (`/proc/PID/root` shows an empty
+/// directory); it works only through the descriptors it holds.
+pub fn empty_root() -> Result<(), SandboxError> {
+    // A directory of the host's to mount the new root over, in this namespace only.
+    let over: &std::ffi::CStr = if std::path::Path::new("/tmp").is_dir() {
+        c"/tmp"
+    } else {
+        c"/proc"
+    };
+    mount(
+        Some(c"partition-root"),
+        over,
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some(c"size=16k,nr_inodes=8,mode=0755"),
+    )
+    .map_err(os("mounting the empty root"))?;
+    // SAFETY: chdir to a NUL-terminated path.
+    if unsafe { libc::chdir(over.as_ptr()) } != 0 {
+        return Err(os("entering the empty root")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: mkdir of a relative NUL-terminated name in the new tmpfs.
+    if unsafe { libc::mkdir(c"old".as_ptr(), 0o700) } != 0 {
+        return Err(os("making the old root's place")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: pivot_root with two NUL-terminated relative paths; every thread's root and
+    // working directory that were the old root become the new one.
+    if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c"old".as_ptr()) } != 0 {
+        return Err(os("pivot_root")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: detaching the host's tree from this namespace, by a NUL-terminated path.
+    if unsafe { libc::umount2(c"/old".as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(os("detaching the host's file system")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: rmdir and chdir of NUL-terminated paths.
+    if unsafe { libc::rmdir(c"/old".as_ptr()) } != 0 || unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
+        return Err(os("leaving the empty root empty")(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    mount(
+        None,
+        c"/",
+        None,
+        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .map_err(os("making the empty root read-only"))
+}
+
 /// For a thread that existed when the process dropped its privileges: sets its own
 /// `no_new_privs` and checks that it runs as `uid` with empty capability sets.
 pub fn confirm_thread(uid: u32) -> Result<(), SandboxError> {

@@ -4,6 +4,7 @@
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -39,9 +40,23 @@ pub enum Role {
     /// The submission engine's thread (`--device engine`): waiting on its eventfd or
     /// polling its doorbell page, writing fences, raising its MSI-X vector.
     Engine,
+    /// The thread that quiets a passed-through function once the guest has stopped (its
+    /// interrupts off, reset, DMA unmapped), before the partition's memory is scrubbed.
+    VfioReturn,
 }
 
 impl Role {
+    /// Every role, in the order docs/security.md lists them.
+    pub const ALL: [Role; 7] = [
+        Role::Vcpu,
+        Role::BlockWorker,
+        Role::Engine,
+        Role::Api,
+        Role::Main,
+        Role::VfioReturn,
+        Role::Keeper,
+    ];
+
     /// Its name in messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -51,152 +66,429 @@ impl Role {
             Self::Keeper => "keeper",
             Self::Api => "api",
             Self::Engine => "engine",
+            Self::VfioReturn => "vfio-return",
         }
     }
 }
 
-/// System calls every thread makes: memory (without PROT_EXEC), futexes, signals returning,
-/// reading and writing fds it holds, time, exiting.
-const COMMON: &[i64] = &[
-    libc::SYS_read,
-    libc::SYS_write,
-    libc::SYS_writev,
-    libc::SYS_close,
-    libc::SYS_futex,
-    libc::SYS_brk,
-    libc::SYS_munmap,
-    libc::SYS_mremap,
-    libc::SYS_madvise,
-    libc::SYS_rt_sigreturn,
-    libc::SYS_rt_sigprocmask,
-    libc::SYS_sigaltstack,
-    libc::SYS_sched_yield,
-    libc::SYS_clock_gettime,
-    libc::SYS_clock_nanosleep,
-    libc::SYS_nanosleep,
-    libc::SYS_gettid,
-    libc::SYS_getpid,
-    libc::SYS_getrandom,
-    libc::SYS_getuid,
-    libc::SYS_geteuid,
-    libc::SYS_getgid,
-    libc::SYS_getegid,
-    libc::SYS_restart_syscall,
-    libc::SYS_exit,
-    libc::SYS_exit_group,
+/// A system call and its name.
+type Call = (i64, &'static str);
+
+macro_rules! calls {
+    ($($c:ident),* $(,)?) => {
+        &[$((paste_sys!($c), stringify!($c))),*]
+    };
+}
+
+macro_rules! paste_sys {
+    (read) => {
+        libc::SYS_read
+    };
+    (write) => {
+        libc::SYS_write
+    };
+    (writev) => {
+        libc::SYS_writev
+    };
+    (close) => {
+        libc::SYS_close
+    };
+    (futex) => {
+        libc::SYS_futex
+    };
+    (brk) => {
+        libc::SYS_brk
+    };
+    (munmap) => {
+        libc::SYS_munmap
+    };
+    (mremap) => {
+        libc::SYS_mremap
+    };
+    (madvise) => {
+        libc::SYS_madvise
+    };
+    (rt_sigreturn) => {
+        libc::SYS_rt_sigreturn
+    };
+    (rt_sigprocmask) => {
+        libc::SYS_rt_sigprocmask
+    };
+    (sigaltstack) => {
+        libc::SYS_sigaltstack
+    };
+    (sched_yield) => {
+        libc::SYS_sched_yield
+    };
+    (clock_gettime) => {
+        libc::SYS_clock_gettime
+    };
+    (clock_nanosleep) => {
+        libc::SYS_clock_nanosleep
+    };
+    (nanosleep) => {
+        libc::SYS_nanosleep
+    };
+    (gettid) => {
+        libc::SYS_gettid
+    };
+    (getpid) => {
+        libc::SYS_getpid
+    };
+    (getrandom) => {
+        libc::SYS_getrandom
+    };
+    (getuid) => {
+        libc::SYS_getuid
+    };
+    (geteuid) => {
+        libc::SYS_geteuid
+    };
+    (getgid) => {
+        libc::SYS_getgid
+    };
+    (getegid) => {
+        libc::SYS_getegid
+    };
+    (restart_syscall) => {
+        libc::SYS_restart_syscall
+    };
+    (exit) => {
+        libc::SYS_exit
+    };
+    (exit_group) => {
+        libc::SYS_exit_group
+    };
+    (io_uring_enter) => {
+        libc::SYS_io_uring_enter
+    };
+    (poll) => {
+        libc::SYS_poll
+    };
+    (ppoll) => {
+        libc::SYS_ppoll
+    };
+    (wait4) => {
+        libc::SYS_wait4
+    };
+    (waitid) => {
+        libc::SYS_waitid
+    };
+    (accept4) => {
+        libc::SYS_accept4
+    };
+    (recvfrom) => {
+        libc::SYS_recvfrom
+    };
+    (sendto) => {
+        libc::SYS_sendto
+    };
+    (shutdown) => {
+        libc::SYS_shutdown
+    };
+    (openat) => {
+        libc::SYS_openat
+    };
+    (open) => {
+        libc::SYS_open
+    };
+    (fstat) => {
+        libc::SYS_fstat
+    };
+    (newfstatat) => {
+        libc::SYS_newfstatat
+    };
+    (statx) => {
+        libc::SYS_statx
+    };
+    (lseek) => {
+        libc::SYS_lseek
+    };
+    (flock) => {
+        libc::SYS_flock
+    };
+    (rename) => {
+        libc::SYS_rename
+    };
+    (renameat) => {
+        libc::SYS_renameat
+    };
+    (renameat2) => {
+        libc::SYS_renameat2
+    };
+    (unlink) => {
+        libc::SYS_unlink
+    };
+    (unlinkat) => {
+        libc::SYS_unlinkat
+    };
+    (mkdir) => {
+        libc::SYS_mkdir
+    };
+    (mkdirat) => {
+        libc::SYS_mkdirat
+    };
+    (ftruncate) => {
+        libc::SYS_ftruncate
+    };
+    (fstatfs) => {
+        libc::SYS_fstatfs
+    };
+    (statfs) => {
+        libc::SYS_statfs
+    };
+    (fcntl) => {
+        libc::SYS_fcntl
+    };
+    (getdents64) => {
+        libc::SYS_getdents64
+    };
+    (pread64) => {
+        libc::SYS_pread64
+    };
+    (pwrite64) => {
+        libc::SYS_pwrite64
+    };
+    // A marker `allowed` turns into `tgkill` narrowed to this process.
+    (tgkill_own) => {
+        -1i64
+    };
+}
+
+/// System calls every thread makes: memory (without PROT_EXEC, below), futexes, signals
+/// returning, reading and writing fds it holds, time, exiting.
+const COMMON: &[Call] = calls![
+    read,
+    write,
+    writev,
+    close,
+    futex,
+    brk,
+    munmap,
+    mremap,
+    madvise,
+    rt_sigreturn,
+    rt_sigprocmask,
+    sigaltstack,
+    sched_yield,
+    clock_gettime,
+    clock_nanosleep,
+    nanosleep,
+    gettid,
+    getpid,
+    getrandom,
+    getuid,
+    geteuid,
+    getgid,
+    getegid,
+    restart_syscall,
+    exit,
+    exit_group,
 ];
 
 /// `fcntl(fd, F_GETFD)`: the standard library's check, in debug builds, that a descriptor
 /// it closes is open.
 const F_GETFD: u64 = libc::F_GETFD as u64;
 
-/// What a role may call beyond [`COMMON`] and mmap/mprotect without PROT_EXEC.
-fn extra(role: Role) -> &'static [i64] {
+/// What a role may call beyond [`COMMON`] and mmap/mprotect without PROT_EXEC, with any
+/// arguments (`tgkill` is narrowed to this process below). The calls tied to descriptors
+/// (ioctl, pread64, pwrite64) come from its [`Grants`].
+fn extra(role: Role) -> &'static [Call] {
     match role {
-        // KVM_RUN and friends are ioctls (checked by number below); the kick is a signal.
+        // KVM_RUN and friends are ioctls on its own vCPU (its grants); the kick is a signal.
         Role::Vcpu => &[],
         // Its ring was made before the filter (devices' `worker::ring`, restricted to the
         // worker's operations): no io_uring_setup or io_uring_register after it, so no
         // ring without those restrictions.
-        Role::BlockWorker => &[libc::SYS_io_uring_enter, libc::SYS_pwrite64],
-        Role::Main => &[
-            libc::SYS_poll,
-            libc::SYS_ppoll,
-            libc::SYS_pread64,
-            libc::SYS_tgkill,
-            libc::SYS_wait4,
-            libc::SYS_waitid,
-        ],
-        Role::Api => &[
-            libc::SYS_poll,
-            libc::SYS_ppoll,
-            libc::SYS_accept4,
-            libc::SYS_recvfrom,
-            libc::SYS_sendto,
-            libc::SYS_shutdown,
-            libc::SYS_pread64,
-            libc::SYS_tgkill,
-        ],
-        Role::Engine => &[libc::SYS_poll, libc::SYS_ppoll],
-        Role::Keeper => &[
-            libc::SYS_poll,
-            libc::SYS_openat,
-            libc::SYS_open,
-            libc::SYS_fstat,
-            libc::SYS_newfstatat,
-            libc::SYS_statx,
-            libc::SYS_lseek,
-            libc::SYS_flock,
-            libc::SYS_rename,
-            libc::SYS_renameat,
-            libc::SYS_renameat2,
-            libc::SYS_unlink,
-            libc::SYS_unlinkat,
-            libc::SYS_mkdir,
-            libc::SYS_mkdirat,
-            libc::SYS_ftruncate,
-            libc::SYS_fstatfs,
-            libc::SYS_statfs,
-            libc::SYS_fcntl,
-            libc::SYS_getdents64,
-            libc::SYS_pread64,
-            libc::SYS_pwrite64,
+        Role::BlockWorker => calls![io_uring_enter],
+        Role::Main => calls![poll, ppoll, tgkill_own, wait4, waitid],
+        Role::Api => calls![poll, ppoll, accept4, recvfrom, sendto, shutdown, tgkill_own],
+        Role::Engine => calls![poll, ppoll],
+        Role::VfioReturn => &[],
+        Role::Keeper => calls![
+            poll, openat, open, fstat, newfstatat, statx, lseek, flock, rename, renameat,
+            renameat2, unlink, unlinkat, mkdir, mkdirat, ftruncate, fstatfs, statfs, fcntl,
+            getdents64, pread64, pwrite64,
         ],
     }
 }
 
-fn cond(arg: u8, op: SeccompCmpOp, v: u64) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, v).map_err(|e| e.to_string())
+/// Descriptors a grant ties a call to, and what they are in words (docs/security.md).
+#[derive(Clone, Debug)]
+pub struct Fds {
+    /// What they are ("its own vCPU's descriptor").
+    pub what: &'static str,
+    /// The descriptors.
+    pub fds: Vec<RawFd>,
 }
 
-/// The filter of `role`. `ioctls` are the request numbers it may pass to ioctl (the vCPU
-/// ioctls for [`Role::Vcpu`]; none otherwise).
-pub fn filter(role: Role, ioctls: &[u64]) -> Result<BpfProgram, SeccompError> {
-    filter_with(role, ioctls, &[])
+/// `ioctl` with these requests, on these descriptors only.
+#[derive(Clone, Debug)]
+pub struct IoctlGrant {
+    /// Where.
+    pub on: Fds,
+    /// Which requests: (name, number).
+    pub requests: Vec<(&'static str, u64)>,
 }
 
-/// [`filter`] with `syscalls` allowed too (a vCPU thread that reaches a passed-through
-/// device's regions with pread/pwrite).
-pub fn filter_with(
-    role: Role,
-    ioctls: &[u64],
-    syscalls: &[i64],
-) -> Result<BpfProgram, SeccompError> {
+/// What a thread's calls are tied to beyond its role's fixed list, known once the machine
+/// is built: the descriptors its ioctls, preads and pwrites may name.
+#[derive(Clone, Debug, Default)]
+pub struct Grants {
+    /// ioctls, each set on its own descriptors.
+    pub ioctls: Vec<IoctlGrant>,
+    /// `pread64` on these.
+    pub pread: Option<Fds>,
+    /// `pwrite64` on these.
+    pub pwrite: Option<Fds>,
+}
+
+/// A condition on one argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmp {
+    /// The whole 64-bit argument equals this.
+    Eq(u64),
+    /// The low 32 bits (an `int` such as a descriptor) equal this.
+    Eq32(u32),
+    /// These bits are clear.
+    Clear(u64),
+}
+
+/// A system call a thread may make, and on what arguments.
+#[derive(Clone, Debug)]
+pub struct Allowed {
+    /// Its number.
+    pub nr: i64,
+    /// Its name.
+    pub name: &'static str,
+    /// Alternatives: allowed when every condition of one holds; none: any arguments.
+    pub when: Vec<Vec<(u8, Cmp)>>,
+    /// The conditions in words, for docs/security.md ("" for none).
+    pub says: String,
+}
+
+/// Everything `role` may call given `grants`: the common set, the role's own calls, and
+/// the granted ones, each with its conditions.
+pub fn allowed(role: Role, grants: &Grants) -> Vec<Allowed> {
+    let plain = |&(nr, name): &Call| Allowed {
+        nr,
+        name,
+        when: Vec::new(),
+        says: String::new(),
+    };
+    let mut out: Vec<Allowed> = COMMON.iter().map(plain).collect();
+    out.push(Allowed {
+        nr: libc::SYS_fcntl,
+        name: "fcntl",
+        when: vec![vec![(1, Cmp::Eq(F_GETFD))]],
+        says: "`F_GETFD` only".into(),
+    });
+    for call in [(libc::SYS_mmap, "mmap"), (libc::SYS_mprotect, "mprotect")] {
+        out.push(Allowed {
+            nr: call.0,
+            name: call.1,
+            when: vec![vec![(2, Cmp::Clear(libc::PROT_EXEC as u64))]],
+            says: "without `PROT_EXEC`".into(),
+        });
+    }
+    for c in extra(role) {
+        if c.1 == "tgkill_own" {
+            // Signals only within this process (its vCPU kicks): every VMM runs as a user
+            // of its own, and an unrestricted tgkill could still reach a process it owns.
+            out.push(Allowed {
+                nr: libc::SYS_tgkill,
+                name: "tgkill",
+                when: vec![vec![(0, Cmp::Eq(u64::from(std::process::id())))]],
+                says: "to its own process only".into(),
+            });
+        } else {
+            // (The keeper's fcntl: any command, over the common F_GETFD-only rule.)
+            out.push(plain(c));
+        }
+    }
+    for g in &grants.ioctls {
+        let mut when = Vec::new();
+        for &fd in &g.on.fds {
+            for &(_, req) in &g.requests {
+                when.push(vec![(0, Cmp::Eq32(fd as u32)), (1, Cmp::Eq(req))]);
+            }
+        }
+        if when.is_empty() {
+            // No descriptor (or no request): nothing is granted.
+            continue;
+        }
+        let names: Vec<&str> = g.requests.iter().map(|&(n, _)| n).collect();
+        out.push(Allowed {
+            nr: libc::SYS_ioctl,
+            name: "ioctl",
+            when,
+            says: format!("on {}: {}", g.on.what, names.join(", ")),
+        });
+    }
+    for (grant, nr, name) in [
+        (&grants.pread, libc::SYS_pread64, "pread64"),
+        (&grants.pwrite, libc::SYS_pwrite64, "pwrite64"),
+    ] {
+        if let Some(f) = grant.as_ref().filter(|f| !f.fds.is_empty()) {
+            out.push(Allowed {
+                nr,
+                name,
+                when: f
+                    .fds
+                    .iter()
+                    .map(|&fd| vec![(0, Cmp::Eq32(fd as u32))])
+                    .collect(),
+                says: format!("on {}", f.what),
+            });
+        }
+    }
+    out
+}
+
+fn cond(arg: u8, c: Cmp) -> Result<SeccompCondition, String> {
+    let (len, op, v) = match c {
+        Cmp::Eq(v) => (SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, v),
+        Cmp::Eq32(v) => (SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(v)),
+        Cmp::Clear(mask) => (SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), 0),
+    };
+    SeccompCondition::new(arg, len, op, v).map_err(|e| e.to_string())
+}
+
+/// The filter of `role` with `grants`.
+pub fn filter(role: Role, grants: &Grants) -> Result<BpfProgram, SeccompError> {
     let err = |why: String| SeccompError {
         role: role.name(),
         why,
     };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    for &nr in COMMON.iter().chain(extra(role)).chain(syscalls) {
-        rules.insert(nr, Vec::new());
-    }
-    // Memory may be mapped and protected, never executable.
-    let no_exec = || -> Result<Vec<SeccompRule>, String> {
-        let c = cond(2, SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64), 0)?;
-        Ok(vec![SeccompRule::new(vec![c]).map_err(|e| e.to_string())?])
-    };
-    if let std::collections::btree_map::Entry::Vacant(v) = rules.entry(libc::SYS_fcntl) {
-        let c = cond(1, SeccompCmpOp::Eq, F_GETFD).map_err(err)?;
-        v.insert(vec![
-            SeccompRule::new(vec![c]).map_err(|e| err(e.to_string()))?,
-        ]);
-    }
-    // Signals only within this process (its vCPU kicks): every VMM runs as the same user,
-    // so an unrestricted tgkill could stop another partition's VMM.
-    if let std::collections::btree_map::Entry::Occupied(mut o) = rules.entry(libc::SYS_tgkill) {
-        let c = cond(0, SeccompCmpOp::Eq, u64::from(std::process::id())).map_err(err)?;
-        *o.get_mut() = vec![SeccompRule::new(vec![c]).map_err(|e| err(e.to_string()))?];
-    }
-    rules.insert(libc::SYS_mmap, no_exec().map_err(err)?);
-    rules.insert(libc::SYS_mprotect, no_exec().map_err(err)?);
-    if !ioctls.is_empty() {
-        let mut r = Vec::new();
-        for &n in ioctls {
-            let c = cond(1, SeccompCmpOp::Eq, n).map_err(err)?;
-            r.push(SeccompRule::new(vec![c]).map_err(|e| err(e.to_string()))?);
+    // Per call: None = any arguments; Some(rules) = one of these.
+    let mut rules: BTreeMap<i64, Option<Vec<SeccompRule>>> = BTreeMap::new();
+    for a in allowed(role, grants) {
+        if a.when.is_empty() {
+            rules.insert(a.nr, None);
+            continue;
         }
-        rules.insert(libc::SYS_ioctl, r);
+        let mut these = Vec::new();
+        for alt in &a.when {
+            let conds = alt
+                .iter()
+                .map(|&(arg, c)| cond(arg, c))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(err)?;
+            these.push(SeccompRule::new(conds).map_err(|e| err(e.to_string()))?);
+        }
+        if let Some(v) = rules.entry(a.nr).or_insert_with(|| Some(Vec::new())) {
+            v.extend(these);
+        }
     }
+    // A grant with no descriptor (a list left empty) allows nothing: the call is dropped.
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = rules
+        .into_iter()
+        .filter_map(|(nr, r)| match r {
+            None => Some((nr, Vec::new())),
+            Some(v) if v.is_empty() => None,
+            Some(v) => Some((nr, v)),
+        })
+        .collect();
     // `PARTITION_SECCOMP_LOG=1` (developers, docs/security.md): calls outside a list are
     // allowed and logged by the kernel (`SECCOMP_RET_LOG`) instead of stopping the VMM.
     let mismatch = if std::env::var_os("PARTITION_SECCOMP_LOG").is_some_and(|v| v == "1") {
@@ -208,6 +500,50 @@ pub fn filter_with(
         .map_err(|e| err(e.to_string()))?;
     f.try_into()
         .map_err(|e: seccompiler::BackendError| err(e.to_string()))
+}
+
+/// One role's list as docs/security.md's table shows it: the calls beyond the common set,
+/// each with its conditions.
+pub fn describe(role: Role, grants: &Grants) -> String {
+    let common: std::collections::BTreeSet<&str> = COMMON.iter().map(|c| c.1).collect();
+    // (names, conditions): calls with the same conditions side by side share them.
+    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
+    for a in allowed(role, grants) {
+        let common_rule = common.contains(a.name)
+            || matches!(a.name, "mmap" | "mprotect")
+            || (a.name == "fcntl" && !a.when.is_empty());
+        if common_rule {
+            continue;
+        }
+        match groups.last_mut() {
+            Some((names, says)) if !a.says.is_empty() && *says == a.says => names.push(a.name),
+            _ => groups.push((vec![a.name], a.says)),
+        }
+    }
+    let parts: Vec<String> = groups
+        .into_iter()
+        .map(|(names, says)| {
+            let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+            if says.is_empty() {
+                names.join(", ")
+            } else {
+                format!("{} {says}", names.join(", "))
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing".into()
+    } else {
+        parts.join("; ")
+    }
+}
+
+/// The common set as docs/security.md lists it.
+pub fn describe_common() -> String {
+    let mut v: Vec<String> = COMMON.iter().map(|c| format!("`{}`", c.1)).collect();
+    v.push("`mmap` and `mprotect` without `PROT_EXEC`".into());
+    v.push("`fcntl` with `F_GETFD` only".into());
+    v.join(", ")
 }
 
 /// Environment variable naming a thread kind (`vcpu`, `blk-worker`, `main`) that makes a
@@ -352,27 +688,101 @@ pub(crate) fn confined_child(role: Role, prog: &BpfProgram, calls: impl Fn()) ->
 mod tests {
     use super::*;
 
+    /// Grants of one ioctl request (KVM_RUN) on descriptor `fd`.
+    fn run_on(fd: RawFd) -> Grants {
+        Grants {
+            ioctls: vec![IoctlGrant {
+                on: Fds {
+                    what: "its own vCPU's descriptor",
+                    fds: vec![fd],
+                },
+                requests: vec![("KVM_RUN", 0xae80)],
+            }],
+            ..Grants::default()
+        }
+    }
+
     #[test]
-    fn every_role_has_a_filter_and_only_the_vcpu_one_takes_ioctls() {
-        for role in [
-            Role::Vcpu,
-            Role::BlockWorker,
-            Role::Main,
-            Role::Keeper,
-            Role::Api,
-            Role::Engine,
-        ] {
-            let p = filter(role, &[]).unwrap();
+    fn every_role_has_a_filter_and_grants_add_calls_on_their_descriptors_only() {
+        for role in Role::ALL {
+            let p = filter(role, &Grants::default()).unwrap();
             assert!(!p.is_empty(), "{role:?}");
         }
-        let with = filter(Role::Vcpu, &[0xae80, 0x8090_ae81]).unwrap();
-        let without = filter(Role::Vcpu, &[]).unwrap();
+        let with = filter(Role::Vcpu, &run_on(1000)).unwrap();
+        let without = filter(Role::Vcpu, &Grants::default()).unwrap();
         assert!(with.len() > without.len());
         // The worker's list is not the main thread's.
         assert_ne!(
-            filter(Role::BlockWorker, &[]).unwrap(),
-            filter(Role::Main, &[]).unwrap()
+            filter(Role::BlockWorker, &Grants::default()).unwrap(),
+            filter(Role::Main, &Grants::default()).unwrap()
         );
+        // A grant whose descriptor list is empty allows nothing.
+        let empty = Grants {
+            pread: Some(Fds {
+                what: "nothing",
+                fds: Vec::new(),
+            }),
+            ..Grants::default()
+        };
+        assert_eq!(
+            filter(Role::Main, &empty).unwrap(),
+            filter(Role::Main, &Grants::default()).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_granted_ioctl_passes_on_its_descriptor_and_nowhere_else() {
+        // Descriptor 1000 is not open: the call fails with EBADF once the filter lets it
+        // through, and the child exits 0; anywhere else the filter stops it.
+        let prog = filter(Role::Vcpu, &run_on(1000)).unwrap();
+        let on = |fd: i32, req: u64| {
+            move || {
+                // SAFETY: an ioctl on a descriptor that is not open (EBADF) or refused by
+                // the filter before the kernel looks at it.
+                unsafe { libc::ioctl(fd, req as _, 0usize) };
+            }
+        };
+        assert_eq!(confined_child(Role::Vcpu, &prog, on(1000, 0xae80)), 0);
+        assert_eq!(
+            confined_child(Role::Vcpu, &prog, on(1001, 0xae80)),
+            EXIT_SECCOMP
+        );
+        // Another request on the right descriptor: refused too.
+        assert_eq!(
+            confined_child(Role::Vcpu, &prog, on(1000, 0xae81)),
+            EXIT_SECCOMP
+        );
+        // pread64 only where granted.
+        let g = Grants {
+            pread: Some(Fds {
+                what: "KVM's statistics",
+                fds: vec![1002],
+            }),
+            ..Grants::default()
+        };
+        let prog = filter(Role::Main, &g).unwrap();
+        let pread = |fd: i32| {
+            move || {
+                let mut b = [0u8; 8];
+                // SAFETY: a read into a local buffer from a descriptor that is not open
+                // (EBADF), or refused by the filter first.
+                unsafe { libc::pread(fd, b.as_mut_ptr().cast(), 8, 0) };
+            }
+        };
+        assert_eq!(confined_child(Role::Main, &prog, pread(1002)), 0);
+        assert_eq!(confined_child(Role::Main, &prog, pread(1003)), EXIT_SECCOMP);
+    }
+
+    #[test]
+    fn the_descriptions_name_the_conditions() {
+        let d = describe(Role::Vcpu, &run_on(7));
+        assert_eq!(d, "`ioctl` on its own vCPU's descriptor: KVM_RUN");
+        assert_eq!(describe(Role::VfioReturn, &Grants::default()), "nothing");
+        assert!(
+            describe(Role::Main, &Grants::default()).contains("`tgkill` to its own process only")
+        );
+        assert!(describe(Role::Keeper, &Grants::default()).contains("`fcntl`"));
+        assert!(describe_common().contains("`mmap` and `mprotect` without `PROT_EXEC`"));
     }
 
     #[test]
@@ -394,7 +804,7 @@ mod tests {
     fn a_vmm_signals_only_its_own_threads() {
         // The filter is built here (this test's pid); the confined child may signal that
         // process, not another one (pid 1 here: another partition's VMM in real life).
-        let prog = filter(Role::Main, &[]).unwrap();
+        let prog = filter(Role::Main, &Grants::default()).unwrap();
         let me = std::process::id() as libc::c_long;
         let own = move || {
             // SAFETY: signal 0 to this test's own main thread id: only a permission check.
@@ -413,7 +823,7 @@ mod tests {
         // io_uring_setup (a fresh ring without the worker's restrictions) and
         // io_uring_register (changing a ring's) end a confined worker; io_uring_enter on
         // the ring it already has is its job.
-        let prog = filter(Role::BlockWorker, &[]).unwrap();
+        let prog = filter(Role::BlockWorker, &Grants::default()).unwrap();
         let setup = || {
             let mut params = [0u8; 120];
             // SAFETY: io_uring_setup with a local parameter block; refused by the filter.
@@ -442,7 +852,7 @@ mod tests {
     fn a_forbidden_call_in_a_confined_child_is_reported_and_ends_it() {
         // A child process installs the worker filter and calls execve (59), which no role
         // allows: the handler must say so and exit with EXIT_SECCOMP.
-        let prog = filter(Role::BlockWorker, &[]).unwrap();
+        let prog = filter(Role::BlockWorker, &Grants::default()).unwrap();
         let mut fds = [0i32; 2];
         // SAFETY: a pipe into a local array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);

@@ -1,4 +1,10 @@
-//! The stop signals (SIGINT, SIGTERM, SIGHUP) as events, not deaths.
+//! The stop signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE) as events, not deaths.
+//!
+//! SIGQUIT (Ctrl-\\) and a SIGPIPE sent to the process stop a launch as SIGTERM does, with
+//! the teardown done: their default (a core dump, or death) would leave the partition's
+//! memory to the keeper and its exit status unexplained. A SIGPIPE the kernel raises for a
+//! write into a closed pipe goes to the thread that wrote, which keeps it blocked: the write
+//! fails with EPIPE instead.
 //!
 //! A verb that changes the host (launch, reserve, unreserve, release, a benchmark run)
 //! blocks them for as long as it holds something it must give back, and reads them from a
@@ -9,7 +15,13 @@
 use std::time::Duration;
 
 /// The signals a guard blocks.
-pub const STOP_SIGNALS: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+pub const STOP_SIGNALS: [i32; 5] = [
+    libc::SIGINT,
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGPIPE,
+];
 
 /// Blocks the stop signals in the calling thread for the rest of its life: for a thread
 /// started before a [`SignalGuard`] exists that must not take them (they go to the guard's
@@ -44,7 +56,7 @@ pub struct SignalGuard {
 }
 
 impl SignalGuard {
-    /// Blocks SIGINT/SIGTERM/SIGHUP in this thread (and threads it starts) and opens a
+    /// Blocks the [`STOP_SIGNALS`] in this thread (and threads it starts) and opens a
     /// signalfd for them.
     pub fn new() -> std::io::Result<Self> {
         let set = stop_set();
@@ -126,6 +138,8 @@ pub fn name(sig: i32) -> String {
         libc::SIGINT => "SIGINT".into(),
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGHUP => "SIGHUP".into(),
+        libc::SIGQUIT => "SIGQUIT".into(),
+        libc::SIGPIPE => "SIGPIPE".into(),
         libc::SIGKILL => "SIGKILL".into(),
         n => format!("signal {n}"),
     }
@@ -145,6 +159,12 @@ mod tests {
         unsafe { libc::pthread_kill(me, libc::SIGHUP) };
         assert_eq!(g.wait(Duration::from_secs(5)), Some(libc::SIGHUP));
         assert_eq!(g.take(), None);
+        // SIGQUIT and SIGPIPE are taken the same way (their defaults would end the process).
+        for sig in [libc::SIGQUIT, libc::SIGPIPE] {
+            // SAFETY: as above.
+            unsafe { libc::pthread_kill(me, sig) };
+            assert_eq!(g.wait(Duration::from_secs(5)), Some(sig));
+        }
         // A child started through the guard has the stop signals unblocked.
         let mut cmd = std::process::Command::new("grep");
         cmd.args(["^SigBlk:", "/proc/self/status"]);

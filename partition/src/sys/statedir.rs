@@ -270,6 +270,11 @@ impl StateDir {
                     path: self.join(name),
                     why: "a symlink".into(),
                 },
+                // A directory (or a FIFO without a reader) where the file goes.
+                Some(libc::EISDIR) | Some(libc::ENXIO) => StateDirError::Untrusted {
+                    path: self.join(name),
+                    why: "not a regular file".into(),
+                },
                 _ => self.err(name, "open")(e),
             })?;
         self.checked(name, f)

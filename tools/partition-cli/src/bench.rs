@@ -118,10 +118,28 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     let cwd = std::env::current_dir().unwrap_or_default();
     let results = a.results.unwrap_or_else(|| results::default_path(&cwd));
     if a.report {
-        return if write_report(&results) {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(EXIT_VMM_ERROR)
+        // The results file is the user's input: missing, not a regular file, too large or
+        // not JSON is refused (exit 2); only writing the report can fail otherwise.
+        let doc = match benchmarks::doc::Results::read(&results) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("partition: error: --results {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+        return match benchmarks::report::write_from(&doc, &results) {
+            Ok((md, svg)) => {
+                eprintln!(
+                    "partition: bench: report {} and chart {}",
+                    md.display(),
+                    svg.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("partition: bench: report: {e}");
+                ExitCode::from(EXIT_VMM_ERROR)
+            }
         };
     }
     let cores = partition::config::cores::available();

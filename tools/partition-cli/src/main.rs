@@ -40,9 +40,26 @@ struct Cli {
 
 #[derive(clap::Args)]
 struct StateDir {
-    /// Directory holding the ledger (and our hugetlbfs mount, if we need one).
-    #[arg(long, value_name = "DIR", env = "PARTITION_STATE_DIR", default_value = partition::host::ledger::DEFAULT_STATE_DIR)]
+    /// Directory holding the ledger (and our hugetlbfs mount, if we need one): an absolute
+    /// path.
+    #[arg(long, value_name = "DIR", env = "PARTITION_STATE_DIR", default_value = partition::host::ledger::DEFAULT_STATE_DIR, value_parser = absolute_dir)]
     state_dir: PathBuf,
+}
+
+/// A state directory is named absolutely: a relative one would make a reservation under
+/// whatever directory the command happened to run in (host plans require the same).
+fn absolute_dir(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{s:?} is relative: give the state directory as an absolute path (such as {})",
+            std::env::current_dir()
+                .map(|d| d.join(&p).display().to_string())
+                .unwrap_or_else(|_| "/run/partition".into())
+        ))
+    }
 }
 
 #[derive(Subcommand)]

@@ -179,9 +179,12 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
         l.pool.file.display(),
         r.prealloc.as_secs_f64()
     );
+    let plural = |v: &[usize]| if v.len() == 1 { "core" } else { "cores" };
     eprintln!(
-        "partition: cores {} reserved, {} left to the host; isolation: {}",
+        "partition: {} {} reserved for partitions; the host keeps {} {}; isolation: {}",
+        plural(&l.cores.reserved),
         cores::format(&l.cores.reserved),
+        plural(&l.cores.housekeeping),
         cores::format(&l.cores.housekeeping),
         reserve::describe_isolation(&l.cores.isolation)
     );
@@ -322,8 +325,8 @@ fn print_status(s: &Status) {
             p.extent.len,
             bytes(p.extent.len),
             p.uptime_secs,
-            p.idle,
-            p.kernel
+            shown(&p.idle),
+            shown(&p.kernel)
         );
         if let Some(x) = &p.exits {
             for v in &x.vcpus {
@@ -331,7 +334,7 @@ fn print_status(s: &Status) {
                     .exits
                     .iter()
                     .filter(|(_, n)| **n > 0)
-                    .map(|(k, n)| format!("{k}={n}"))
+                    .map(|(k, n)| format!("{}={n}", shown(k)))
                     .collect();
                 println!("  vcpu{} (core {}) exits: {}", v.vcpu, v.core, e.join(" "));
             }
@@ -376,7 +379,11 @@ pub fn api_status(socket: &Path, json: bool) -> ExitCode {
             }
             Ok((code, v)) => {
                 return fail(
-                    format!("{}: GET {path}: {code} {v}", socket.display()),
+                    format!(
+                        "{}: GET {path}: {code} {}",
+                        socket.display(),
+                        shown(&v.to_string())
+                    ),
                     false,
                 );
             }
@@ -397,15 +404,17 @@ pub fn api_status(socket: &Path, json: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let p = &doc["partition"];
+    // Another process's words: shown with their control characters escaped.
+    let text = |v: &serde_json::Value, or: &str| shown(v.as_str().unwrap_or(or));
     println!(
         "partition {} (pid {}): {}, cores {}, {} of {} memory, kernel {}",
-        p["name"].as_str().unwrap_or("(unnamed)"),
-        p["pid"],
-        doc["state"]["state"].as_str().unwrap_or("?"),
-        p["cores"],
+        text(&p["name"], "(unnamed)"),
+        shown(&p["pid"].to_string()),
+        text(&doc["state"]["state"], "?"),
+        shown(&p["cores"].to_string()),
         bytes(p["memory"]["bytes"].as_u64().unwrap_or(0)),
-        p["memory"]["backing"].as_str().unwrap_or("?"),
-        p["kernel"].as_str().unwrap_or("?"),
+        text(&p["memory"]["backing"], "?"),
+        text(&p["kernel"], "?"),
     );
     for v in doc["counters"]["vcpus"].as_array().into_iter().flatten() {
         let exits: Vec<String> = v["exits"]
@@ -413,16 +422,22 @@ pub fn api_status(socket: &Path, json: bool) -> ExitCode {
             .into_iter()
             .flatten()
             .filter(|(_, n)| n.as_u64() > Some(0))
-            .map(|(k, n)| format!("{k}={n}"))
+            .map(|(k, n)| format!("{}={n}", shown(k)))
             .collect();
         println!(
             "  vcpu{} (core {}) exits: {}",
-            v["vcpu"],
-            v["core"],
+            shown(&v["vcpu"].to_string()),
+            shown(&v["core"].to_string()),
             exits.join(" ")
         );
     }
     ExitCode::SUCCESS
+}
+
+/// Text from a ledger or an API, as the terminal may show it (control characters escaped,
+/// at most 256 characters).
+fn shown(s: &str) -> String {
+    partition::sys::api_client::printable(s, 256)
 }
 
 pub fn caps(json: bool) -> ExitCode {

@@ -225,7 +225,8 @@ fn bad_disk_arguments_exit_2() {
     let cases = [
         (
             "path=/nonexistent/disk.img".to_string(),
-            "disk /nonexistent/disk.img",
+            // The directory that is missing is named.
+            "path=/nonexistent/disk.img\": /nonexistent: No such file",
         ),
         (
             format!("path={}", odd.display()),

@@ -242,13 +242,14 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     assert!(md.contains("| probe | **does not read**: "), "{md}");
     let svg = std::fs::read_to_string(dir.path("box-ratios.svg")).unwrap();
     assert!(svg.starts_with("<svg"));
-    // A results file that is not JSON is an error, not an empty report.
+    // A results file that is not JSON is refused as bad input (exit 2: issue 33), not an
+    // empty report.
     let bad = dir.file("bad.json", b"{not json");
     let out = run(
         &["bench", "--report", "--results", bad.to_str().unwrap()],
         LIMIT,
     );
-    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
 }
 
 /// The run removes its scratch directory at the end; the variable the supervisor passes it

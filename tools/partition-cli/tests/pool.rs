@@ -8,224 +8,12 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::sync::Mutex;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-const LIMIT: Duration = Duration::from_secs(120);
-
-/// What a reservation may touch, snapshot for comparison.
-#[derive(Debug, PartialEq, Eq, Clone)]
-struct HostSettings {
-    nr_hugepages: String,
-    hugetlbfs_mounts: Vec<String>,
-    cpusets: Vec<String>,
-    irq_affinities: Vec<(String, String)>,
-    default_affinity: String,
-}
-
-fn cpuset_root() -> Option<PathBuf> {
-    let m = std::fs::read_to_string("/proc/mounts").ok()?;
-    m.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpuset"))
-            .then(|| PathBuf::from(f[1]))
-    })
-}
-
-/// The cgroup v2 hierarchy's mount point, when its cpuset controller is available there
-/// (the rig mounts only v2; docs/testing.md).
-fn cgroup2_cpuset_root() -> Option<PathBuf> {
-    let m = std::fs::read_to_string("/proc/mounts").ok()?;
-    m.lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 2 && f[2] == "cgroup2").then(|| PathBuf::from(f[1]))
-        })
-        .filter(|r| {
-            std::fs::read_to_string(r.join("cgroup.controllers"))
-                .is_ok_and(|c| c.split_whitespace().any(|x| x == "cpuset"))
-        })
-}
-
-fn settings() -> HostSettings {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    let mut irqs = Vec::new();
-    for e in std::fs::read_dir("/proc/irq").unwrap().flatten() {
-        let f = e.path().join("smp_affinity_list");
-        if let Ok(v) = std::fs::read_to_string(&f) {
-            irqs.push((f.display().to_string(), v.trim().to_string()));
-        }
-    }
-    irqs.sort();
-    // The cpusets (v1) and the cgroups (v2) at the top of each hierarchy.
-    let mut cpusets: Vec<String> = [cpuset_root(), cgroup2_cpuset_root()]
-        .into_iter()
-        .flatten()
-        .filter_map(|r| std::fs::read_dir(r).ok())
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.path().display().to_string())
-        .collect();
-    cpusets.sort();
-    HostSettings {
-        nr_hugepages: std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap(),
-        hugetlbfs_mounts: mounts
-            .lines()
-            .filter(|l| l.contains(" hugetlbfs "))
-            .map(String::from)
-            .collect(),
-        cpusets,
-        irq_affinities: irqs,
-        default_affinity: std::fs::read_to_string("/proc/irq/default_smp_affinity")
-            .unwrap_or_default(),
-    }
-}
-
-/// Holds the test lock, a fresh state directory, and the host settings to restore.
-struct Host {
-    _serial: std::sync::MutexGuard<'static, ()>,
-    dir: PathBuf,
-    before: HostSettings,
-}
-
-impl Host {
-    fn new(name: &str) -> Option<Self> {
-        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        if !kvm_available(name) {
-            return None;
-        }
-        if host_cores() < 2 {
-            eprintln!("SKIPPED {name}: reserving a core needs a second one for the host");
-            return None;
-        }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED {name}: reserving hugepages and cpusets needs root");
-            return None;
-        }
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("pool-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Some(Self {
-            _serial: serial,
-            dir,
-            before: settings(),
-        })
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.run_env(args, &[])
-    }
-
-    fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut cmd = partition();
-        cmd.args(args)
-            .env("PARTITION_STATE_DIR", &self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        wait_output(cmd.spawn().unwrap(), LIMIT, &args.join(" "))
-    }
-
-    /// Starts a probe partition that stays up, and waits until it has said so.
-    fn hold(&self, name: &str, memory: &str, extra: &str) -> Child {
-        let log = self.dir.join(format!("{name}.console"));
-        let child = partition()
-            .args([
-                "launch", "--name", name, "--cores", "1", "--memory", memory, "--probe",
-            ])
-            .args(["--cmdline", &format!("probe.hold=1 {extra}"), "--console"])
-            .arg(&log)
-            .env("PARTITION_STATE_DIR", &self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_holding(child, &log, name, LIMIT)
-    }
-
-    fn status(&self) -> serde_json::Value {
-        let out = self.run(&["status", "--json"]);
-        assert_eq!(out.code(), 0, "status: {}", out.stderr);
-        serde_json::from_str(&out.stdout).unwrap()
-    }
-
-    fn ledger(&self) -> String {
-        std::fs::read_to_string(self.dir.join("ledger.json")).unwrap_or_default()
-    }
-
-    fn ledger_json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.ledger()).unwrap()
-    }
-
-    fn reserve(&self, memory: &str) {
-        let out = self.run(&["reserve", "--memory", memory, "--cores", "1"]);
-        assert_eq!(out.code(), 0, "reserve: {}", out.stderr);
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        // Stop whatever a failed test left running, then give everything back.
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&self.ledger()) {
-            for p in v["partitions"].as_array().into_iter().flatten() {
-                if let Some(pid) = p["pid"].as_u64() {
-                    // SAFETY: signalling a launcher this test started.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                }
-                let _ = self.run(&["release", p["name"].as_str().unwrap_or("")]);
-            }
-        }
-        let _ = self.run(&["unreserve"]);
-        // Whatever is still different, put back by hand.
-        let now = settings();
-        if now != self.before {
-            eprintln!("test left host settings changed; restoring by hand");
-            if let Some(root) = cpuset_root() {
-                let ours = std::fs::read_dir(&root)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.is_dir()
-                            && !self
-                                .before
-                                .cpusets
-                                .contains(&p.file_name().unwrap().to_string_lossy().into_owned())
-                    });
-                for p in ours {
-                    if let Ok(t) = std::fs::read_to_string(p.join("tasks")) {
-                        for tid in t.lines() {
-                            let _ = std::fs::write(root.join("tasks"), tid);
-                        }
-                    }
-                    let _ = std::fs::remove_dir(&p);
-                }
-            }
-            for (f, v) in &self.before.irq_affinities {
-                let _ = std::fs::write(f, v);
-            }
-            let _ = std::fs::write(
-                "/proc/irq/default_smp_affinity",
-                &self.before.default_affinity,
-            );
-            let mnt = self.dir.join("hugetlbfs-2048k");
-            let _ = std::process::Command::new("umount").arg(&mnt).status();
-            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", &self.before.nr_hugepages);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use common::host::*;
 
 /// Every descriptor of process `pid`: (number, what it points at).
 fn vmm_fds(pid: u32) -> Vec<(u32, String)> {
@@ -623,30 +411,6 @@ fn assert_dead_then_release(h: &Host, name: &str, reserved_ledger: &serde_json::
     assert_eq!(now, want);
 }
 
-/// The partition's keeper: the launcher's child named `partition-keep`.
-fn keeper_of(launcher: u32) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&pid| {
-            partition::host::ledger::proc_stat(pid).is_some_and(|st| st.ppid == launcher)
-                && std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .is_ok_and(|c| c.trim() == "partition-keep")
-        })
-}
-
-/// Kills a holding launcher's keeper, then the launcher (in that order, so the keeper
-/// cannot start giving the partition back).
-fn kill_launcher_and_keeper(mut c: Child) {
-    let keeper = keeper_of(c.id()).expect("a keeper beside the launcher");
-    // SAFETY: killing our own child's child.
-    unsafe { libc::kill(keeper as i32, libc::SIGKILL) };
-    // SAFETY: killing our own child.
-    unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
-    let _ = c.wait();
-}
-
 /// The launcher died without stopping its guest: its keeper scrubbed the extent and gave it
 /// and the cores back, and said so.
 fn assert_kept(h: &Host, name: &str, stderr: &str, reserved_ledger: &serde_json::Value) {
@@ -771,13 +535,34 @@ fn a_failed_reserve_rolls_everything_back() {
         .trim()
         .parse()
         .unwrap();
+    // More than the machine has memory: refused before a page is taken (exit 2).
     let too_much = format!("{}M", ((total_kb >> 10) + 2048) / 2 * 2);
     let out = h.run(&["reserve", "--memory", &too_much, "--cores", "1"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("more than this host can spare"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(settings(), before);
+    // Nothing is left: not even the state directory it made (and its ledger.lock).
+    assert!(
+        !h.dir.exists(),
+        "the refused reserve left {}",
+        h.dir.display()
+    );
+    // A failure once everything is taken (hugepages, the pool file and its mount, the
+    // cpusets, the IRQs): every step rolled back.
+    let out = h.run_env(
+        &["reserve", "--memory", "256M", "--cores", "1"],
+        &[(partition::host::reserve::FAIL_ENV, "after-isolation")],
+    );
     assert_eq!(out.code(), 1, "{}", out.stderr);
-    assert!(out.stderr.contains("rolled back"), "{}", out.stderr);
+    assert!(out.stderr.contains("failing on purpose"), "{}", out.stderr);
     assert_eq!(settings(), before);
     assert!(!h.dir.join("ledger.json").exists());
     // Bad plans are refused before anything is touched.
+    std::fs::create_dir_all(&h.dir).unwrap();
     let plan = h.dir.join("host.toml");
     std::fs::write(&plan, "memory = \"256M\"\ncore = \"1\"\n").unwrap();
     for (args, want) in [

@@ -126,6 +126,7 @@ fn one_core_linux64_reports_what_it_was_given() {
             "args",
             "check",
             "acquire",
+            "mounts",
             "memory",
             "kvm_open",
             "vm_create",
@@ -136,6 +137,8 @@ fn one_core_linux64_reports_what_it_was_given() {
             "devices",
             "vcpus",
             "msr_filter",
+            "filters",
+            "private_root",
             "confine",
             "vcpu_start",
             "guest_to_first_byte"

@@ -66,7 +66,38 @@ fn every_thread_of_a_running_vmm_is_confined() {
     let other_pid = other.id();
     let other_uid = partition::sys::sandbox::threads_of(other_pid)[0].uid[0];
     let threads = partition::sys::sandbox::threads_of(child.id());
+    // Every thread's root is an empty, read-only tmpfs of the VMM's own mount namespace,
+    // not the host's root (`/proc/PID/task/TID/root`).
+    let roots: Vec<(String, usize, u64, bool)> =
+        std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .unwrap()
+            .flatten()
+            .map(|t| {
+                let root = t.path().join("root");
+                let entries = std::fs::read_dir(&root)
+                    .map(|d| d.count())
+                    .unwrap_or(usize::MAX);
+                let dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(&root).unwrap());
+                let ro = std::fs::write(root.join("x"), b"x").is_err();
+                (
+                    t.file_name().to_string_lossy().into_owned(),
+                    entries,
+                    dev,
+                    ro,
+                )
+            })
+            .collect();
+    let host_root = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata("/").unwrap());
+    let mount_ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let (vmm_ns, our_ns) = (mount_ns(child.id()), mount_ns(std::process::id()));
     let _ = stop(other, "beside");
+    assert_ne!(vmm_ns, our_ns, "the VMM is in the host's mount namespace");
+    assert!(roots.len() >= 3, "{roots:?}");
+    for (tid, entries, dev, ro) in &roots {
+        assert_eq!(*entries, 0, "thread {tid}'s root is not empty");
+        assert_ne!(*dev, host_root, "thread {tid}'s root is the host's");
+        assert!(ro, "thread {tid}'s root is writable");
+    }
     assert_eq!(
         other_uid,
         partition::sys::sandbox::LAUNCH_ID_BASE + other_pid,

@@ -69,6 +69,23 @@ impl LedgerLock {
         Ok(Self { dir, _lock: f })
     }
 
+    /// For a request refused where no ledger exists: removes the lock file, then the
+    /// directories from the state directory up to (not including) `kept`, the deepest one
+    /// that existed before, while they are empty. A refused `reserve` leaves nothing.
+    pub fn discard(self, kept: &Path) {
+        let _ = self.dir.remove(LOCK);
+        let mut at = self.dir.path().to_path_buf();
+        drop(self);
+        while at != kept && at.starts_with(kept) {
+            if std::fs::remove_dir(&at).is_err() {
+                break;
+            }
+            if !at.pop() {
+                break;
+            }
+        }
+    }
+
     /// The state directory.
     pub fn dir(&self) -> &Path {
         self.dir.path()

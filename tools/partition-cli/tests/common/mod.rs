@@ -2,6 +2,7 @@
 //! parsing the probe guest's report, host facts, tiny hand-made kernels.
 #![allow(dead_code)]
 
+pub mod host;
 pub mod vfio;
 
 use std::io::Read;
