@@ -66,11 +66,17 @@ fetch() { # fetch PKG DIR: apt-get download PKG (a metapackage resolved) and unp
     local pkg=$1 dir=$2 real
     [ -e "$dir/.done" ] && return 0
     apt_lists
-    real=$(apt-cache depends "$pkg" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-.*\)/\1/p' | head -n1)
+    # Lists older than the package (a security update replaced the version they name): read
+    # them again once.
+    apt-cache show "$pkg" >/dev/null 2>&1 || APT_UPDATE=1 apt_lists
+    real=$(apt-cache depends "$pkg" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-.*\)/\1/p' | head -n1 || true)
     real=${real:-$pkg}
     say "rig: downloading $real"
     rm -rf "$dir" "$dir.deb" && mkdir -p "$dir.deb"
-    (cd "$dir.deb" && apt-get download -q "$real" >&2) || die "apt-get download $real failed"
+    # A list naming a version the mirror no longer has: read the lists again, once.
+    (cd "$dir.deb" && apt-get download -q "$real" >&2) \
+        || { APT_UPDATE=1 apt_lists && (cd "$dir.deb" && apt-get download -q "$real" >&2); } \
+        || die "apt-get download $real failed"
     dpkg-deb -x "$dir.deb"/*.deb "$dir"
     rm -rf "$dir.deb"
     echo "$real" > "$dir/.done"

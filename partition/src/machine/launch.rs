@@ -240,8 +240,10 @@ pub fn run(
     if let Some(a) = api {
         a.stop();
     }
-    // Every vCPU has stopped: the passed-through function is quieted before anything else
-    // (its DMA must end before the partition's memory is scrubbed).
+    // Every vCPU has stopped: the passed-through function's interrupt count is read (its
+    // host IRQs go with its MSI-X), then it is quieted before anything else (its DMA must
+    // end before the partition's memory is scrubbed).
+    let passthrough = devices.vfio.as_ref().map(|v| v.final_report());
     if let Some(r) = vfio_return {
         r.finish();
     }
@@ -297,7 +299,7 @@ pub fn run(
             .engine
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
-        passthrough: devices.vfio.as_ref().map(|v| v.final_report()),
+        passthrough,
         guest_fault_lines: devices
             .guest_faults
             .load(std::sync::atomic::Ordering::Relaxed),

@@ -347,18 +347,46 @@ pub fn empty_root() -> Result<(), SandboxError> {
     }
     // SAFETY: pivot_root with two NUL-terminated relative paths; every thread's root and
     // working directory that were the old root become the new one.
-    if unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c"old".as_ptr()) } != 0 {
-        return Err(os("pivot_root")(std::io::Error::last_os_error()));
+    let pivoted =
+        unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c"old".as_ptr()) } == 0;
+    if pivoted {
+        // SAFETY: detaching the host's tree from this namespace, by a NUL-terminated path.
+        if unsafe { libc::umount2(c"/old".as_ptr(), libc::MNT_DETACH) } != 0 {
+            return Err(os("detaching the host's file system")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // SAFETY: rmdir of a NUL-terminated path.
+        if unsafe { libc::rmdir(c"/old".as_ptr()) } != 0 {
+            return Err(os("leaving the empty root empty")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+    } else {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(os("pivot_root")(e));
+        }
+        // The host runs from its initramfs (rootfs, which pivot_root will not leave): the
+        // empty root is moved over `/` and made the root, as switch_root does. The host's
+        // mounts stay in the namespace, under it, where no path reaches them.
+        // SAFETY: rmdir of a relative NUL-terminated name in the new tmpfs.
+        if unsafe { libc::rmdir(c"old".as_ptr()) } != 0 {
+            return Err(os("leaving the empty root empty")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        mount(Some(c"."), c"/", None, libc::MS_MOVE, None)
+            .map_err(os("moving the empty root over /"))?;
+        // SAFETY: chroot to the working directory (the moved tmpfs), a NUL-terminated path;
+        // every thread shares this process's root.
+        if unsafe { libc::chroot(c".".as_ptr()) } != 0 {
+            return Err(os("chroot")(std::io::Error::last_os_error()));
+        }
     }
-    // SAFETY: detaching the host's tree from this namespace, by a NUL-terminated path.
-    if unsafe { libc::umount2(c"/old".as_ptr(), libc::MNT_DETACH) } != 0 {
-        return Err(os("detaching the host's file system")(
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: rmdir and chdir of NUL-terminated paths.
-    if unsafe { libc::rmdir(c"/old".as_ptr()) } != 0 || unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
-        return Err(os("leaving the empty root empty")(
+    // SAFETY: chdir of a NUL-terminated path.
+    if unsafe { libc::chdir(c"/".as_ptr()) } != 0 {
+        return Err(os("entering the empty root")(
             std::io::Error::last_os_error(),
         ));
     }

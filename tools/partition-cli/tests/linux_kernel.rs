@@ -88,6 +88,8 @@ fn debian_package(pkg: &str, name: &str) -> PathBuf {
             ok = true;
             break;
         }
+        // Lists naming a version the mirror no longer carries: read them again.
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
         std::thread::sleep(Duration::from_secs(2));
     }
     assert!(
