@@ -50,6 +50,13 @@ pub enum ApiError {
         "--api-socket {0}: exists and is not a stale socket of root or a VMM; not replacing it"
     )]
     InTheWay(PathBuf),
+    /// What was bound there went (or was replaced) before it could be handed over: someone
+    /// else changes that directory.
+    #[error(
+        "--api-socket {0}: the socket was removed or replaced as it was made (someone else \
+         controls that directory); nothing of theirs was touched"
+    )]
+    Replaced(PathBuf),
     /// A VMM is serving on it.
     #[error("--api-socket {0}: a running VMM serves on it (stop that one, or choose another path)")]
     InUse(PathBuf),
@@ -78,7 +85,7 @@ impl ApiError {
     pub fn is_usage(&self) -> bool {
         matches!(
             self,
-            Self::InTheWay(_) | Self::InUse(_) | Self::Place { .. }
+            Self::InTheWay(_) | Self::Replaced(_) | Self::InUse(_) | Self::Place { .. }
         )
     }
 }
@@ -182,10 +189,11 @@ impl ApiSocket {
             }
         };
         if place.stale()? {
-            place
-                .entry
-                .unlink()
-                .map_err(io("removing the stale socket"))?;
+            match place.entry.unlink() {
+                // Gone meanwhile: the bind below sees what is there now.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r.map_err(io("removing the stale socket"))?,
+            }
         }
         // SAFETY: umask has no preconditions; restored at once below.
         let old = unsafe { libc::umask(0o177) };
@@ -201,13 +209,16 @@ impl ApiSocket {
         listener
             .set_nonblocking(true)
             .map_err(io("making the socket non-blocking"))?;
-        let made = place.entry.open_path().map_err(io("open"))?;
+        // Replaced between the bind and now (or gone): nothing of it is touched.
+        let made = place
+            .entry
+            .open_path()
+            .map_err(|_| ApiError::Replaced(path.clone()))?;
         let m = made.metadata().map_err(io("stat"))?;
         // SAFETY: geteuid has no preconditions.
         let me = unsafe { libc::geteuid() };
         if !m.file_type().is_socket() || m.uid() != me || m.mode() & 0o077 != 0 {
-            // Replaced between the bind and now: nothing of it is touched.
-            return Err(ApiError::InTheWay(path));
+            return Err(ApiError::Replaced(path));
         }
         if let Some((uid, gid)) = owner {
             // SAFETY: fchownat on the O_PATH descriptor of the socket we bound, with
