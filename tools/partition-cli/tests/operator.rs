@@ -86,6 +86,17 @@ fn status_of_an_api_that_hangs_or_speaks_escapes_is_bounded_and_shown_escaped() 
     assert!(out.stdout.contains("\\u{1b}[1mio=3"), "{}", out.stdout);
 }
 
+/// `partition ARGS` refused (exit 2) with `want` in what it says, before a VM was built.
+fn refused_unbuilt(args: &[&str], want: &str) {
+    let out = run(args, LIMIT);
+    assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
+    assert!(
+        out.stderr.contains(want) && !out.stderr.contains("booting"),
+        "{args:?}: want {want:?} in {}",
+        out.stderr
+    );
+}
+
 /// `/proc/meminfo`'s value for `key`, in bytes.
 fn meminfo(key: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap();
@@ -104,15 +115,9 @@ fn guest_memory_the_host_cannot_back_is_refused_before_anything_is_built() {
     // Twice the host's memory.
     let total_mib = meminfo("MemTotal") / 1024;
     let big = format!("{}M", 2 * total_mib);
-    let out = run(
+    refused_unbuilt(
         &["launch", "--cores", "0", "--memory", &big, "--probe"],
-        LIMIT,
-    );
-    assert_eq!(out.code(), 2, "{}", out.stderr);
-    assert!(
-        out.stderr.contains("more than this host's") && !out.stderr.contains("booting"),
-        "{}",
-        out.stderr
+        "more than this host's",
     );
     // More hugepages than the kernel has free (none on a host that reserved nothing).
     let free = meminfo("HugePages_Free");
@@ -173,20 +178,15 @@ fn guest_memory_over_the_memory_cgroups_limit_is_refused() {
         return;
     };
     // The launcher starts inside it (a shell joins, then becomes partition).
-    let out = std::process::Command::new("sh")
-        .arg("-c")
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
         .arg(format!(
             "echo $$ > {} && exec \"$0\" \"$@\"",
             procs.display()
         ))
         .arg(env!("CARGO_BIN_EXE_partition"))
-        .args(["launch", "--cores", "0", "--memory", "128M", "--probe"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = wait_output(out, LIMIT, name);
+        .args(["launch", "--cores", "0", "--memory", "128M", "--probe"]);
+    let out = output_of(cmd, LIMIT, name);
     let _ = std::fs::remove_dir(&dir);
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(
@@ -211,30 +211,19 @@ fn a_relative_state_directory_is_refused_and_nothing_is_made() {
             "rel/state",
         ],
     ] {
-        let out = partition()
-            .current_dir(&dir.0)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = wait_output(out, LIMIT, args[0]);
+        let mut cmd = partition();
+        cmd.current_dir(&dir.0).args(args);
+        let out = output_of(cmd, LIMIT, args[0]);
         assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
         assert!(out.stderr.contains("is relative"), "{}", out.stderr);
         assert!(!dir.path("rel").exists(), "{args:?} made a directory");
     }
     // The environment variable is held to the same rule.
-    let out = partition()
-        .current_dir(&dir.0)
+    let mut cmd = partition();
+    cmd.current_dir(&dir.0)
         .env("PARTITION_STATE_DIR", "rel")
-        .args(["status"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = wait_output(out, LIMIT, "status");
+        .args(["status"]);
+    let out = output_of(cmd, LIMIT, "status");
     assert_eq!(out.code(), 2, "{}", out.stderr);
 }
 
@@ -310,15 +299,9 @@ fn a_file_at_the_api_socket_is_refused_before_the_vm_is_built() {
     }
     let dir = Scratch::new("operator-socket");
     let f = dir.file("api.sock", b"not a socket");
-    let out = run(
+    refused_unbuilt(
         &[&PROBE_16M[..], &["--api-socket", f.to_str().unwrap()]].concat(),
-        LIMIT,
-    );
-    assert_eq!(out.code(), 2, "{}", out.stderr);
-    assert!(
-        out.stderr.contains("not a stale socket") && !out.stderr.contains("booting"),
-        "{}",
-        out.stderr
+        "not a stale socket",
     );
     assert_eq!(std::fs::read(&f).unwrap(), b"not a socket");
 }

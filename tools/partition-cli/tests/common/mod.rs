@@ -159,14 +159,20 @@ pub fn report(stdout: &str) -> serde_json::Value {
 
 /// Runs `partition` with `args`, up to `limit`.
 pub fn run(args: &[&str], limit: Duration) -> Output {
-    let child = partition()
-        .args(args)
+    let mut cmd = partition();
+    cmd.args(args);
+    output_of(cmd, limit, &format!("partition {}", args.join(" ")))
+}
+
+/// Runs `cmd` (stdin empty, stdout and stderr captured) up to `limit`.
+pub fn output_of(mut cmd: Command, limit: Duration, what: &str) -> Output {
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawning partition");
-    wait_output(child, limit, &format!("partition {}", args.join(" ")))
+        .unwrap_or_else(|e| panic!("spawning {what}: {e}"));
+    wait_output(child, limit, what)
 }
 
 /// One e820 line of the probe's report.
