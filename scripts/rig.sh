@@ -18,6 +18,11 @@
 #   --mem MIB         the outer machine's memory (default 6144: the pool tests reserve
 #                     4 GiB of hugepages in it)
 #
+# RIG_OMIT_MODULES="kvm_amd ..." leaves those modules out (to see the rig refuse to run
+# without them). Before the command runs, the machine checks it is what it must be:
+# kvm_amd loaded, /dev/kvm, IOMMU groups, vfio-pci; anything missing stops it with
+# RIG-NOT-READY and exit status 3, the console's module lines printed.
+#
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
 # the files asked for; the command runs in /rig with PATH=/usr/bin:/bin. The rig's PCI
@@ -136,6 +141,10 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo +cpuset > /sys/fs/cgroup/cgroup.subtree_control
 ip link set lo up 2>/dev/null
 for m in $(cat /lib/modules/load); do
+    if grep -qx "$m" /rig/omit-modules 2>/dev/null; then
+        echo "rig: $m left out (RIG_OMIT_MODULES)" > /dev/console
+        continue
+    fi
     insmod /lib/modules/$m.ko || echo "rig: insmod $m failed" > /dev/console
 done
 # A cpuset cgroup and a VM that live as long as the machine: the kernel patches its code
@@ -148,10 +157,23 @@ echo 1 > /sys/devices/system/cpu/cpu1/online
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 dmesg -n 1
 out=/dev/ttyS1
-echo "RIG-READY kernel=$(uname -r) cpus=$(nproc) kvm=$([ -e /dev/kvm ] && echo yes || echo no) iommu_groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
+# What the rig is for, checked before anything runs: a suite must not pass on skips.
+missing=""
+grep -q '^kvm_amd ' /proc/modules || missing="$missing kvm_amd"
+[ -e /dev/kvm ] || missing="$missing /dev/kvm"
+[ "$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l)" -gt 0 ] || missing="$missing iommu-groups"
+[ -d /sys/bus/pci/drivers/vfio-pci ] || missing="$missing vfio-pci"
+[ "$(nproc)" -ge 2 ] || missing="$missing second-cpu"
+facts="kernel=$(uname -r) cpus=$(nproc) kvm=$([ -e /dev/kvm ] && echo yes || echo no) iommu_groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l) uptime=$(cut -d' ' -f1 /proc/uptime)"
 cd /rig
-sh /rig/cmd > $out 2>&1 < /dev/null
-rc=$?
+if [ -n "$missing" ]; then
+    echo "RIG-NOT-READY missing=${missing# } $facts" > $out
+    rc=3
+else
+    echo "RIG-READY $facts" > $out
+    sh /rig/cmd > $out 2>&1 < /dev/null
+    rc=$?
+fi
 echo "RIG-EXIT rc=$rc uptime=$(cut -d' ' -f1 /proc/uptime)" > $out
 sync
 poweroff -f
@@ -206,6 +228,7 @@ done
     printf '%q ' "$@"
     printf '\n'
 } > "$extra/rig/cmd"
+for m in ${RIG_OMIT_MODULES:-}; do echo "${m//-/_}"; echo "${m//_/-}"; done > "$extra/rig/omit-modules"
 (cd "$extra" && find . | cpio -o -H newc --quiet) > "$run/extra.cpio"
 cat "$base" "$run/extra.cpio" > "$run/initrd.cpio"
 
@@ -246,8 +269,16 @@ done
 wait $qpid || true
 wait $tpid 2>/dev/null || true
 rc=$(sed -n 's/^RIG-EXIT rc=\([0-9]*\).*/\1/p' "$out" | tail -n1)
+if grep -q '^RIG-NOT-READY' "$out"; then
+    echo "error: the rig is not what it must be, missing: $(sed -n 's/^RIG-NOT-READY missing=\(.*\) kernel=.*/\1/p' "$out"); the console's module lines:" >&2
+    grep -E 'rig: |insmod|kvm|vfio|iommu|DMAR' "$log" | tail -n 40 >&2 || true
+    exit 3
+fi
 if [ -z "$rc" ]; then
-    echo "error: the outer machine stopped before the command ended; its console's end:" >&2
+    # Kept for the record: what the outer kernel said as it died.
+    kept="$cache/died-$(date +%Y%m%dT%H%M%S).log"
+    cp "$log" "$kept" 2>/dev/null || true
+    echo "error: the outer machine stopped before the command ended (its whole console: $kept); its end:" >&2
     tail -n 40 "$log" >&2 || true
     grep -v "TCG doesn't support" "$log.qemu" >&2 || true
     exit 125

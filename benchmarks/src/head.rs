@@ -17,8 +17,8 @@ pub struct Head {
     /// UTC, when it ended (absent while it runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
-    /// The host, the build and the settings it ran on (`scripts/provenance.py`'s
-    /// document, every field nullable, kept as that script writes it).
+    /// The host, the build and the settings it ran on (`benchmarks::provenance`'s
+    /// document, every field nullable, kept as it was read).
     pub provenance: Value,
     /// Why it did not complete.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,6 +17,7 @@ pub mod lookup;
 pub mod memsetup;
 pub mod nvmecore;
 pub mod probe;
+pub mod provenance;
 pub mod quick;
 pub mod report;
 pub mod results;
@@ -34,9 +35,6 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-/// The provenance script, embedded so an installed binary carries it.
-pub const PROVENANCE_PY: &str = include_str!("../../scripts/provenance.py");
 
 /// Where benchmarks run.
 #[derive(Clone, Debug)]
@@ -265,26 +263,9 @@ impl Drop for HugepageCount {
     }
 }
 
-/// Host facts for a result (every field may be null).
+/// Host facts for a result (every field may be null): [`provenance::collect`].
 pub fn provenance(env: &Env) -> Value {
-    let mut cmd = Command::new("python3");
-    cmd.arg("-").stdin(Stdio::piped()).stdout(Stdio::piped());
-    if let Some(r) = &env.repo {
-        cmd.arg(r);
-    }
-    let out = cmd.spawn().and_then(|mut c| {
-        if let Some(mut i) = c.stdin.take() {
-            use std::io::Write;
-            let _ = i.write_all(PROVENANCE_PY.as_bytes());
-        }
-        c.wait_with_output()
-    });
-    match out {
-        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout)
-            .unwrap_or_else(|e| serde_json::json!({ "error": format!("provenance output: {e}") })),
-        Ok(o) => serde_json::json!({ "error": format!("provenance script exited {}", o.status) }),
-        Err(e) => serde_json::json!({ "error": format!("running python3: {e}") }),
-    }
+    crate::provenance::collect(env.repo.as_deref())
 }
 
 /// One run of a command whose stdout is a guest's serial console.

@@ -176,6 +176,7 @@ impl<B: Bar0> Controller<B> {
             cq_db: db(1),
             cid: 0,
             now: self.now,
+            submitted: 0,
         }
     }
 }
@@ -194,6 +195,8 @@ pub struct Queue {
     cq_db: u64,
     cid: u16,
     now: fn() -> u64,
+    /// Commands submitted on it so far (counted, for the reports).
+    pub submitted: u64,
 }
 
 impl Queue {
@@ -209,6 +212,7 @@ impl Queue {
             unsafe { slot.wrapping_add(i).write_volatile(*w) };
         }
         self.tail = (self.tail + 1) % QSIZE;
+        self.submitted += 1;
         fence(Ordering::SeqCst);
         let t0 = (self.now)();
         bar.wr(self.sq_db, u32::from(self.tail));

@@ -127,6 +127,8 @@ pub enum Action {
         /// Value.
         data: u64,
     },
+    /// The guest marked a moment of its run ([`MARK_PORT`]): note the counters now.
+    Mark(u32),
     /// Handle a debug exit (the SYSCALL repair): DR6 and RIP as KVM reported them.
     Debug {
         /// DR6 at the exit.
@@ -134,6 +136,27 @@ pub enum Action {
         /// RIP at the exit.
         pc: u64,
     },
+}
+
+/// The port a guest writes a 32-bit mark to (the probe, around a loop it measures): the
+/// vCPU thread that takes the exit notes the VMM's exit counts and KVM's own statistics at
+/// that moment ([`ExitCounters::mark`]), so what a loop cost is the difference between two
+/// marks, counted by KVM itself. No device answers there.
+pub const MARK_PORT: u16 = 0x520;
+
+/// Most marks kept per vCPU (a guest that writes more only makes `marks_dropped` grow).
+pub const MAX_MARKS: usize = 64;
+
+/// The counters at one mark.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// What the guest wrote.
+    pub id: u32,
+    /// The exits that reached the VMM so far, by reason (the mark's own included).
+    pub exits: [(&'static str, u64); 7],
+    /// KVM's statistics for the vCPU then (`exits`, `io_exits`, `mmio_exits`, `irq_exits`,
+    /// ...; the mark's own exit included), where the host offers them.
+    pub kvm: std::collections::BTreeMap<String, u64>,
 }
 
 /// Exit counts by reason, cheap enough for every exit.
@@ -158,6 +181,11 @@ pub struct ExitCounters {
     /// User-mode faults at LSTAR the SYSCALL repair did not match (each a SIGSEGV for a
     /// Linux guest's process): reported as `syscall_unmatched` beside the assists.
     pub syscall_unmatched: AtomicU64,
+    /// The guest's marks ([`MARK_PORT`]), at most [`MAX_MARKS`]; only its vCPU thread
+    /// writes them, and only at a mark.
+    pub marks: std::sync::Mutex<Vec<Mark>>,
+    /// Marks beyond [`MAX_MARKS`], not kept.
+    pub marks_dropped: AtomicU64,
 }
 
 impl ExitCounters {
@@ -195,6 +223,25 @@ impl ExitCounters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Notes mark `id` with `kvm`, KVM's statistics read at it.
+    pub fn mark(&self, id: u32, kvm: std::collections::BTreeMap<String, u64>) {
+        let mut m = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= MAX_MARKS {
+            self.marks_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        m.push(Mark {
+            id,
+            exits: self.snapshot(),
+            kvm,
+        });
+    }
+
+    /// The marks so far.
+    pub fn marks(&self) -> Vec<Mark> {
+        self.marks.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// (name, count) pairs.
     pub fn snapshot(&self) -> [(&'static str, u64); 7] {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -225,6 +272,12 @@ pub fn handle_exit(exit: Exit<'_>, pio: &Bus, mmio: &Bus) -> Action {
         Exit::IoIn { port, data } => {
             pio.read(port as u64, data);
             Action::Continue
+        }
+        Exit::IoOut { port, data } if port == MARK_PORT => {
+            let mut v = [0u8; 4];
+            let n = data.len().min(4);
+            v[..n].copy_from_slice(&data[..n]);
+            Action::Mark(u32::from_le_bytes(v))
         }
         Exit::IoOut { port, data } => event_action(pio.write(port as u64, data)),
         Exit::MmioRead { addr, data } => {
@@ -459,6 +512,53 @@ mod tests {
             handle_exit(Exit::InternalError { suberror: 1 }, &pio, &mmio),
             Action::Stop(StopReason::InternalError(_))
         ));
+    }
+
+    #[test]
+    fn a_mark_is_noted_with_its_counters_and_kept_within_bounds() {
+        let (pio, mmio) = (Bus::new("pio"), Bus::new("mmio"));
+        // A port write to the mark port is a mark, whatever its width; nothing on the bus.
+        assert_eq!(
+            handle_exit(
+                Exit::IoOut {
+                    port: MARK_PORT,
+                    data: &0x1234_5678u32.to_le_bytes()
+                },
+                &pio,
+                &mmio
+            ),
+            Action::Mark(0x1234_5678)
+        );
+        assert_eq!(
+            handle_exit(
+                Exit::IoOut {
+                    port: MARK_PORT,
+                    data: &[7]
+                },
+                &pio,
+                &mmio
+            ),
+            Action::Mark(7)
+        );
+        let c = ExitCounters::default();
+        c.count(&Exit::IoOut {
+            port: MARK_PORT,
+            data: &[1],
+        });
+        let kvm: std::collections::BTreeMap<String, u64> = [("exits".to_string(), 9)].into();
+        c.mark(1, kvm.clone());
+        let m = c.marks();
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].id, m[0].exits[1], m[0].kvm["exits"]),
+            (1, ("io_out", 1), 9)
+        );
+        // A guest that marks for ever keeps MAX_MARKS and a count of the rest.
+        for i in 0..MAX_MARKS as u32 + 5 {
+            c.mark(i, Default::default());
+        }
+        assert_eq!(c.marks().len(), MAX_MARKS);
+        assert_eq!(c.marks_dropped.load(Ordering::Relaxed), 6);
     }
 
     #[test]

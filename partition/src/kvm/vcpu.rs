@@ -187,6 +187,8 @@ pub struct VcpuContext {
     pub guest_faults: Arc<std::sync::atomic::AtomicU64>,
     /// Paused by the local API.
     pub pause: Arc<PauseControl>,
+    /// KVM's statistics for this vCPU (read at the guest's marks), if the host offers them.
+    pub stats: Option<Arc<super::stats::Stats>>,
 }
 
 /// A vCPU's handles, kept by the launcher.
@@ -303,6 +305,10 @@ fn run_loop(ctx: &mut VcpuContext) -> StopReason {
                 if !ok {
                     set_msr_error(&mut ctx.fd);
                 }
+            }
+            Action::Mark(id) => {
+                let kvm = ctx.stats.as_ref().map(|s| s.read()).unwrap_or_default();
+                ctx.counters.mark(id, kvm);
             }
             Action::Debug { dr6, pc } => {
                 if let Err(why) =

@@ -22,6 +22,8 @@ pub(super) struct Descriptors {
     pub(super) vcpus: Vec<RawFd>,
     /// KVM's statistics (each vCPU's), which the launcher and the API read.
     pub(super) stats: Vec<RawFd>,
+    /// Each vCPU's own statistics, which its thread reads at the guest's marks.
+    pub(super) vcpu_stats: Vec<Option<RawFd>>,
     /// Host interrupt counters the launcher reads (a passed-through function's).
     pub(super) irq_counts: Vec<RawFd>,
     /// Each disk's buffered descriptor (a worker zeroes ranges with pwrite64).
@@ -53,10 +55,34 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
                     requests: crate::kvm::vm_device_ioctls(),
                 });
             }
-            if let Some((device, _)) = d.vfio {
-                let what = "the VFIO device's descriptor, with a passed-through function";
-                g.pread = Some(fds(what, vec![device]));
-                g.pwrite = Some(fds(what, vec![device]));
+            let own_stats: Vec<RawFd> = d
+                .vcpu_stats
+                .get(vcpu)
+                .copied()
+                .flatten()
+                .into_iter()
+                .collect();
+            match d.vfio {
+                Some((device, _)) => {
+                    let mut read = own_stats;
+                    read.push(device);
+                    g.pread = Some(fds(
+                        "its own KVM statistics (at the guest's marks) and, with a passed-through \
+                         function, the VFIO device's descriptor",
+                        read,
+                    ));
+                    g.pwrite = Some(fds(
+                        "the VFIO device's descriptor, with a passed-through function",
+                        vec![device],
+                    ));
+                }
+                None => {
+                    g.pread = Some(fds(
+                        "its own KVM statistics (at the guest's marks) and, with a passed-through \
+                         function, the VFIO device's descriptor",
+                        own_stats,
+                    ));
+                }
             }
         }
         Role::BlockWorker => {
@@ -193,6 +219,7 @@ pub fn table() -> String {
         vm: 3,
         vcpus: vec![4],
         stats: vec![5],
+        vcpu_stats: vec![Some(5)],
         irq_counts: vec![6],
         disks: vec![7],
         pci: true,
@@ -256,17 +283,20 @@ mod tests {
             vm: 10,
             vcpus: vec![11, 12],
             stats: vec![13, 14],
+            vcpu_stats: vec![Some(13), Some(14)],
             irq_counts: vec![15],
             disks: vec![16],
             pci: false,
             vfio: None,
         };
-        // vCPU 1's ioctls name descriptor 12 only; no VM ioctl without a PCI function; no
-        // pread without passthrough.
+        // vCPU 1's ioctls name descriptor 12 only; no VM ioctl without a PCI function; it
+        // reads its own statistics (14) and nothing else, and writes nothing, without
+        // passthrough.
         let g = grants(Role::Vcpu, &d, 1);
         assert_eq!(g.ioctls.len(), 1);
         assert_eq!(g.ioctls[0].on.fds, vec![12]);
-        assert!(g.pread.is_none() && g.pwrite.is_none());
+        assert_eq!(g.pread.as_ref().unwrap().fds, vec![14]);
+        assert!(g.pwrite.is_none());
         let g = grants(
             Role::Vcpu,
             &Descriptors {
@@ -277,7 +307,8 @@ mod tests {
             0,
         );
         assert_eq!(g.ioctls[1].on.fds, vec![10]);
-        assert_eq!(g.pread.as_ref().unwrap().fds, vec![20]);
+        assert_eq!(g.pread.as_ref().unwrap().fds, vec![13, 20]);
+        assert_eq!(g.pwrite.as_ref().unwrap().fds, vec![20]);
         // The launcher reads statistics and counters, the API statistics only.
         assert_eq!(
             grants(Role::Main, &d, 0).pread.unwrap().fds,

@@ -186,6 +186,11 @@ pub fn run(
             .iter()
             .filter_map(|h| h.stats.as_ref().map(|s| s.raw_fd()))
             .collect(),
+        vcpu_stats: vcpus
+            .handles
+            .iter()
+            .map(|h| h.stats.as_ref().map(|s| s.raw_fd()))
+            .collect(),
         irq_counts: devices
             .vfio
             .as_ref()

@@ -256,6 +256,23 @@ pub struct VcpuDoc {
     pub assists: BTreeMap<String, u64>,
     /// KVM's own statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
     pub kvm: BTreeMap<String, u64>,
+    /// The guest's marks, in order: what the VMM and KVM had counted at each (what a loop
+    /// between two marks cost is their difference).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<MarkDoc>,
+}
+
+/// The counters at one of the guest's marks.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct MarkDoc {
+    /// What the guest wrote to the mark port.
+    pub mark: u32,
+    /// Exits that reached the VMM so far, by reason (the mark's own included).
+    pub exits: BTreeMap<String, u64>,
+    /// KVM's statistics then (its `exits`, `io_exits`, `mmio_exits`, `irq_exits`, ...,
+    /// the mark's own exit included): what KVM itself counted, the exits it handled
+    /// without the VMM too.
+    pub kvm: BTreeMap<String, u64>,
 }
 
 impl From<&VcpuReport> for VcpuDoc {
@@ -267,6 +284,15 @@ impl From<&VcpuReport> for VcpuDoc {
             exits: map(&v.exits),
             assists: map(&v.assists),
             kvm: v.kvm.clone(),
+            marks: v
+                .marks
+                .iter()
+                .map(|m| MarkDoc {
+                    mark: m.id,
+                    exits: map(&m.exits),
+                    kvm: m.kvm.clone(),
+                })
+                .collect(),
         }
     }
 }
@@ -437,6 +463,8 @@ pub struct VcpuReport {
     pub kvm: std::collections::BTreeMap<String, u64>,
     /// Instructions the VMM carried out for the guest (see [`crate::cpu::assist`]), by kind.
     pub assists: Vec<(&'static str, u64)>,
+    /// The guest's marks ([`crate::cpu::exits::MARK_PORT`]), each with the counters then.
+    pub marks: Vec<crate::cpu::exits::Mark>,
 }
 
 /// What happened.
@@ -791,8 +819,11 @@ mod tests {
             exits: vec![("io_out", 5), ("hlt", 0)],
             kvm: [("halt_exits".to_string(), 9)].into_iter().collect(),
             assists: vec![("int3", 1)],
+            marks: Vec::new(),
         };
         let j = serde_json::to_value(VcpuDoc::from(&v)).unwrap();
+        // No marks: no key (the report of a guest that marks nothing is as it was).
+        assert!(j.get("marks").is_none(), "{j}");
         assert_eq!(j["exits"]["io_out"], 5);
         assert_eq!(j["exits"]["hlt"], 0);
         assert_eq!(j["assists"]["int3"], 1);

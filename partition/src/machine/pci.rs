@@ -263,10 +263,18 @@ pub struct KvmPciHost {
     mapped: BTreeMap<(u8, usize), Vec<crate::machine::vfio::Piece>>,
 }
 
+/// Environment variable that makes the VMM install no MSI route for its PCI functions, so
+/// their interrupts never reach the guest: how the tests see their interrupt checks fail
+/// (tests/vfio.rs). Only debug builds (the test builds) read it.
+pub const BREAK_MSI_ENV: &str = "PARTITION_TEST_BREAK_MSI_ROUTES";
+
 impl KvmPciHost {
     fn install_routes(&self) {
-        let msi: Vec<(u32, u64, u32)> =
+        let mut msi: Vec<(u32, u64, u32)> =
             self.routes.iter().map(|(g, (a, d))| (*g, *a, *d)).collect();
+        if cfg!(debug_assertions) && std::env::var_os(BREAK_MSI_ENV).is_some() {
+            msi.clear();
+        }
         if let Err(e) = self.vm.set_routes(&routing_table(&msi)) {
             log::warn!("PCI: installing MSI routes: {e}");
         }

@@ -198,7 +198,6 @@ pub(super) fn create_vcpus(
         }
         let (counters, kicker, mut h) = kvm_vcpu::handles(index, core);
         h.stats = Stats::open(&fd).ok().map(Arc::new);
-        out.handles.push(h);
         let ctx = VcpuContext {
             index,
             core,
@@ -211,7 +210,9 @@ pub(super) fn create_vcpus(
             pause: Arc::default(),
             syscall: SyscallRepair::new(checked.cpu_model.syscall_repair),
             guest_faults: devices.guest_faults.clone(),
+            stats: h.stats.clone(),
         };
+        out.handles.push(h);
         out.threads.push(VcpuThread {
             ctx,
             policy: ThreadPolicy::default(),
@@ -285,6 +286,7 @@ pub(super) fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
             core: h.core,
             exits: h.counters.snapshot().to_vec(),
             assists: h.counters.assist_snapshot(),
+            marks: h.counters.marks(),
             kvm: h
                 .stats
                 .as_ref()

@@ -25,6 +25,11 @@ pub struct BenchArgs {
     /// Only rewrite the report (<results>.md and its chart) from the results file.
     #[arg(long)]
     report: bool,
+    /// Merge the sections of this results file (one a run elsewhere wrote, such as
+    /// scripts/rig-bench.sh's inside the rig) into --results, as a run of them here would
+    /// (an incomplete one never replaces a completed one), then write the report.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["only", "report", "quick"])]
+    merge: Option<PathBuf>,
     /// Measured runs per configuration (memsetup adds a discarded warm-up round; wake
     /// discards warm-up samples inside each run).
     #[arg(long, default_value_t = 5)]
@@ -69,6 +74,51 @@ fn write_report(results: &Path) -> bool {
             eprintln!("partition: bench: report: {e}");
             false
         }
+    }
+}
+
+/// `--merge FROM`: each section of results file `from` stored into `results`.
+fn merge(from: &Path, results: &Path) -> ExitCode {
+    let bytes = match partition::sys::files::read_limited(from, benchmarks::doc::MAX_RESULTS) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("partition: error: --merge {}: {e}", from.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let sections = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(v) => match v.get("sections").and_then(|s| s.as_object()) {
+            Some(s) => s.clone(),
+            None => {
+                eprintln!("partition: error: --merge {}: no sections", from.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        Err(e) => {
+            eprintln!("partition: error: --merge {}: {e}", from.display());
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    for (name, section) in sections {
+        match results::store_section(results, &name, section) {
+            Ok(Stored::Written) => {
+                eprintln!("partition: bench: {name} merged into {}", results.display())
+            }
+            Ok(Stored::KeptEarlier) => eprintln!(
+                "partition: bench: {name} is incomplete in {}; the completed one in {} is kept",
+                from.display(),
+                results.display()
+            ),
+            Err(e) => {
+                eprintln!("partition: error: {name}: {e}");
+                return ExitCode::from(EXIT_VMM_ERROR);
+            }
+        }
+    }
+    if write_report(results) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VMM_ERROR)
     }
 }
 
@@ -117,6 +167,9 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     }
     let cwd = std::env::current_dir().unwrap_or_default();
     let results = a.results.unwrap_or_else(|| results::default_path(&cwd));
+    if let Some(from) = &a.merge {
+        return merge(from, &results);
+    }
     if a.report {
         // The results file is the user's input: missing, not a regular file, too large or
         // not JSON is refused (exit 2); only writing the report can fail otherwise.

@@ -586,6 +586,8 @@ fn marker<'a>(log: &'a str, key: &str) -> Option<&'a str> {
 
 /// The userspace initramfs's name in the assets directory.
 const DEBIAN_INITRAMFS: &str = "debian-userspace-8.cpio";
+/// The userspace initramfs for our own kernel (its virtio drivers built in: no modules).
+const OWN_INITRAMFS: &str = "own-kernel-userspace-8.cpio";
 
 /// Debian's vmlinux and an initramfs with the virtio-mmio and virtio-blk modules of its
 /// package (those not built in). Once both are cached nothing else is read (the rig gets
@@ -651,11 +653,16 @@ fn the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules() {
         "{mods:?}"
     );
     // What the rig needs of them (scripts/rig-suite.sh copies these in): relative to the
-    // assets directory.
+    // assets directory; our own kernel's initramfs too (the kernel itself, where
+    // scripts/guest-image.sh built it, rig-suite.sh adds).
     let bz = debian_bzimage();
     let bz = bz.strip_prefix(assets_dir()).unwrap();
+    {
+        let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
+        userspace_initramfs(OWN_INITRAMFS, &[]);
+    }
     let list = format!(
-        "vmlinux\n{DEBIAN_INITRAMFS}\nlinux-image/.done\n{}\n",
+        "vmlinux\n{DEBIAN_INITRAMFS}\n{OWN_INITRAMFS}\nlinux-image/.done\n{}\n",
         bz.display()
     );
     std::fs::write(assets_dir().join("rig.list"), list).unwrap();
@@ -756,6 +763,13 @@ fn userspace_with(
     let done = marker(&log, "DONE").unwrap_or_else(|| panic!("{}", show()));
     if let Some(fault) = GUEST_FAULTS.iter().find(|f| log.contains(*f)) {
         panic!("{name}: the guest's log shows {fault:?}\n{}", show());
+    }
+    // A kernel warning is said, with the lines after it (the XSAVE check once warned so).
+    if let Some(at) = log.find("WARNING:") {
+        println!(
+            "NOTE {name}: the guest's kernel warned:\n{}",
+            log[at..].lines().take(40).collect::<Vec<_>>().join("\n")
+        );
     }
     // The guest's reads and write succeeded, it reads the write back from the device, and
     // the host sees it.
@@ -1001,8 +1015,13 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
         println!("SKIPPED {name}: needs two host cores");
         return;
     }
+    // The checkout's root by name (inside the rig only the files put there exist, not
+    // tools/partition-cli for a `..` to climb from).
     let bz = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../benchmarks/cache/guest-image/current/bzImage");
+        .ancestors()
+        .nth(2)
+        .unwrap()
+        .join("benchmarks/cache/guest-image/current/bzImage");
     if !bz.exists() {
         println!(
             "SKIPPED {name}: {} does not exist (scripts/guest-image.sh builds it; scripts/test.sh runs that first)",
@@ -1012,7 +1031,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs("own-kernel-userspace-8.cpio", &[])
+        userspace_initramfs(OWN_INITRAMFS, &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }

@@ -476,3 +476,61 @@ fn the_timeline_counts_exec_when_the_caller_says_when_it_spawned() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     assert!(cpu_total <= wall * cpus, "{t}");
 }
+
+/// A guest's marks (the mark port): the VMM notes its own exit counts and KVM's statistics
+/// at each, so what a loop cost is the difference, counted by KVM itself too. 50 port
+/// reads between two marks: 50 port-read exits to the VMM, the second mark's own port
+/// write, and at least as many exits in KVM's count.
+#[test]
+fn marks_say_what_a_loop_cost_to_the_vmm_and_to_kvm() {
+    if !kvm_available("marks_say_what_a_loop_cost_to_the_vmm_and_to_kvm") {
+        return;
+    }
+    let out = run(
+        &[
+            "launch",
+            "--cores",
+            "0",
+            "--memory",
+            "16M",
+            "--probe",
+            "--cmdline",
+            "probe.memtest=0 probe.marks=50",
+            "--json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    let r = report(&out.stdout);
+    let marks = r["vcpus"][0]["marks"].as_array().expect("marks");
+    assert_eq!(marks.len(), 2, "{r}");
+    assert_eq!(
+        (marks[0]["mark"].as_u64(), marks[1]["mark"].as_u64()),
+        (Some(1), Some(2))
+    );
+    let grew = |key: &str, name: &str| {
+        marks[1][key][name].as_u64().unwrap_or(0) - marks[0][key][name].as_u64().unwrap_or(0)
+    };
+    assert_eq!(grew("exits", "io_in"), 50, "{r}");
+    assert_eq!(grew("exits", "io_out"), 1, "{r}");
+    assert_eq!(grew("exits", "mmio_read"), 0, "{r}");
+    if marks[0]["kvm"].get("exits").is_some() {
+        assert!(grew("kvm", "exits") >= 51, "{r}");
+        // Hardware KVM counts each port exit in io_exits; the nested kvm_pvm emulates
+        // guest port I/O and counts it as emulation instead (io_exits stays 0 there).
+        if nested_pvm() {
+            println!(
+                "NOTE marks: kvm_pvm counted {} exits, {} failed emulations and {} port exits for the loop and the mark",
+                grew("kvm", "exits"),
+                grew("kvm", "insn_emulation_fail"),
+                grew("kvm", "io_exits")
+            );
+        } else {
+            assert_eq!(grew("kvm", "io_exits"), 51, "{r}");
+        }
+    } else {
+        println!(
+            "NOTE marks: this host's KVM keeps no statistics; only the VMM's counts were checked"
+        );
+    }
+}

@@ -79,6 +79,50 @@ fn exits(r: &serde_json::Value) -> (u64, u64) {
     (total, quiet)
 }
 
+/// vCPU 0's mark `id` in a launch report.
+fn mark(r: &serde_json::Value, id: u64) -> &serde_json::Value {
+    r["vcpus"][0]["marks"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mark"] == id))
+        .unwrap_or_else(|| panic!("no mark {id} in {}", r["vcpus"][0]))
+}
+
+/// How much each of `key`'s counters grew between marks `from` and `to`.
+fn grew(
+    r: &serde_json::Value,
+    key: &str,
+    from: u64,
+    to: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    let (a, b) = (&mark(r, from)[key], &mark(r, to)[key]);
+    b.as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let before = a[k].as_u64().unwrap_or(0);
+            (k.clone(), v.as_u64().unwrap_or(0).saturating_sub(before))
+        })
+        .collect()
+}
+
+/// KVM's statistics' growth between two marks.
+fn kvm_between(
+    r: &serde_json::Value,
+    from: u64,
+    to: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    grew(r, "kvm", from, to)
+}
+
+/// The VMM's exit counts' growth between two marks.
+fn vmm_between(
+    r: &serde_json::Value,
+    from: u64,
+    to: u64,
+) -> std::collections::BTreeMap<String, u64> {
+    grew(r, "exits", from, to)
+}
+
 /// The value of `key=` in the first line holding `prefix`.
 fn field<'a>(out: &'a str, prefix: &str, key: &str) -> &'a str {
     let line = out
@@ -135,16 +179,85 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
             let prefix = format!("probe: nvme test=submit completion={mode} n={n} ");
             assert!(out.contains(&prefix), "no {prefix:?} in:\n{out}");
         }
-        let submitted: u64 = field(&out, "probe: nvme submitted=", "submitted")
-            .parse()
-            .unwrap();
-        let irqs: u64 = field(&out, "probe: nvme submitted=", "irqs")
-            .parse()
-            .unwrap();
+        let count = |key| -> u64 { field(&out, "probe: nvme submitted=", key).parse().unwrap() };
+        let (submitted, irqs) = (count("submitted"), count("irqs"));
+        // Counted on the I/O queue: the write and its read-back, then n + n/10 reads polled
+        // and as many by MSI-X.
+        assert_eq!(submitted, 2 * (n + n / 10) + 2, "{out}");
+        // Every read waited for by MSI-X had its interrupt: on its own vector (the watchdog
+        // has another), and no read was found complete by a watchdog tick alone.
+        assert_eq!(count("by_watchdog"), 0, "{out}");
         assert!(
             irqs >= n + n / 10,
             "{irqs} MSI-X interrupts for {n} reads:\n{out}"
         );
+        // The host saw them too: VFIO's interrupts for the function, counted on its IRQs.
+        let host = p["interrupts"].as_u64().unwrap_or(0);
+        assert!(
+            host >= n + n / 10,
+            "the host counted {host} interrupts for {} reads by MSI-X: {p}",
+            n + n / 10
+        );
+        // Counted by KVM itself between the probe's marks (1-2: the polled reads, 3-4: the
+        // reads waited for by MSI-X), less what a mark alone costs (5-6, nothing between):
+        // no port or MMIO exit and no emulated instruction in either loop.
+        let mark_cost = kvm_between(&r, 5, 6);
+        for (from, to, what) in [(1, 2, "polled"), (3, 4, "by MSI-X")] {
+            let d = kvm_between(&r, from, to);
+            if d.is_empty() {
+                println!(
+                    "NOTE vfio nvme: this host's KVM keeps no statistics; the loop's exits are the VMM's only"
+                );
+                continue;
+            }
+            let k = |name: &str| {
+                d.get(name)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(mark_cost.get(name).copied().unwrap_or(0))
+            };
+            for stat in ["io_exits", "mmio_exits"] {
+                assert_eq!(
+                    k(stat),
+                    0,
+                    "{what}: {stat} in the loop: {d:?} (a mark alone: {mark_cost:?})"
+                );
+            }
+            // Emulated instructions come with interrupts, never with submissions: none in
+            // the polled loop; by MSI-X at most two an injected interrupt (its EOI, an xAPIC
+            // page write, and the instruction its window opens on, which KVM emulates on an
+            // AMD CPU without AVIC or NRIPS, as QEMU's TCG SVM is).
+            if from == 1 {
+                assert_eq!(
+                    k("insn_emulation"),
+                    0,
+                    "{what}: {d:?} (a mark: {mark_cost:?})"
+                );
+            } else {
+                assert!(
+                    k("insn_emulation") <= 2 * k("irq_injections"),
+                    "{what}: more emulated instructions than two an interrupt: {d:?}"
+                );
+            }
+            let vmm = vmm_between(&r, from, to);
+            assert_eq!(vmm.get("io_out").copied(), Some(1), "{what}: {vmm:?}");
+            assert!(
+                vmm.iter().all(|(k, n)| *n == 0 || k == "io_out"),
+                "{what}: the VMM saw exits in the loop: {vmm:?}"
+            );
+            let reads = (n + n / 10) as f64;
+            println!(
+                "NOTE vfio nvme ({n} reads {what}): KVM counted {} exits over the loop, {:.3} a \
+                 read ({} for host interrupts, {} interrupt windows, {} emulated EOIs of {} \
+                 injected interrupts); 0 port or MMIO exits",
+                k("exits"),
+                k("exits") as f64 / reads,
+                k("irq_exits"),
+                k("irq_window_exits"),
+                k("insn_emulation"),
+                k("irq_injections")
+            );
+        }
         runs.push((submitted, exits(&r), irqs, out));
     }
     let (s0, (e0, q0), _, _) = &runs[0];
@@ -163,6 +276,43 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
         q0, q1,
         "exits other than console bytes grew with the submissions"
     );
+}
+
+/// The check above can fail: with the VMM's MSI routes left out on purpose (a debug-build
+/// hook), the controller's MSI-X never reaches the guest, the watchdog finds the reads
+/// complete, and the probe fails the run (exit status 4) saying so.
+#[test]
+fn the_nvme_check_fails_when_msix_never_reaches_the_guest() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "the_nvme_check_fails_when_msix_never_reaches_the_guest";
+    let Some(dev) = passthrough_target(name, 0x1b36, 0x0010, "QEMU NVMe") else {
+        return;
+    };
+    let mut cmd = partition();
+    cmd.env(partition::machine::pci::BREAK_MSI_ENV, "1").args([
+        "launch",
+        "--cores",
+        "1",
+        "--memory",
+        "64M",
+        "--probe",
+        "--device",
+        &format!("vfio={}", dev.bdf),
+        "--cmdline",
+        "probe.memtest=0 probe.nvme=10",
+    ]);
+    let out = output_of(cmd, LIMIT, name);
+    assert_eq!(out.code(), 4, "{}\n{}", out.stderr, out.stdout);
+    assert!(
+        out.stdout
+            .contains("nvme FAILED: reads completed with no MSI-X interrupt"),
+        "{}",
+        out.stdout
+    );
+    let by: u64 = field(&out.stdout, "probe: nvme submitted=", "by_watchdog")
+        .parse()
+        .unwrap();
+    assert!(by > 0, "{}", out.stdout);
 }
 
 /// QEMU's edu has MSI and no MSI-X: the guest sees MSI emulated, programs it, and edu's

@@ -190,6 +190,16 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         Some(other) => say!("unknown probe.bench={}", other),
         None => {}
     }
+    // `probe.marks=N`: marks 1 and 2 around N port reads (each an exit to the VMM), so a
+    // test sees what the VMM and KVM counted between two marks.
+    if let Some(n) = bi.arg("probe.marks").and_then(|v| v.parse::<u32>().ok()) {
+        sys::mark(1);
+        for _ in 0..n {
+            core::hint::black_box(sys::inb(0x3fd));
+        }
+        sys::mark(2);
+        say!("marks n={}", n);
+    }
     failed |= assist::run(&bi);
     let canary = canary::start(&bi, first_ap);
     failed |= blk::run(&bi, tsc_khz);

@@ -31,6 +31,9 @@ use nvmecore::{Bar0, Controller, Error, Page, bring_up, fnv1a, io, pattern, text
 
 /// The vector the I/O queue's completions arrive on.
 const VECTOR: usize = 0x62;
+/// The watchdog's vector (the LAPIC timer's, while reads wait for MSI-X): apart from
+/// `VECTOR`, so a read its tick found complete is counted as one MSI-X never announced.
+const WATCHDOG: usize = 0x63;
 const CAP_MSIX: u8 = 0x11;
 
 #[repr(C, align(4096))]
@@ -206,6 +209,57 @@ fn drive(bi: &BootInfo, e: Ecam, n: usize, tsc_khz: u64, apic: u32) -> Result<()
     c.disable()
 }
 
+/// Waits (in the idle mode in force) until our vector's count is no longer `seen` or a
+/// watchdog tick comes.
+fn wait_for_either(seen: u64) {
+    use crate::wake::{Mode, irq_count, irq_count_addr, mode};
+    let ticks = irq_count(WATCHDOG);
+    let moved = || irq_count(VECTOR) != seen || irq_count(WATCHDOG) != ticks;
+    match mode() {
+        Mode::Spin => {
+            while !moved() {
+                core::hint::spin_loop();
+            }
+        }
+        Mode::HaltPoll(cycles) => {
+            let start = rdtsc();
+            while !moved() {
+                if rdtsc().wrapping_sub(start) > cycles {
+                    sys::wait_either(
+                        irq_count_addr(VECTOR),
+                        seen,
+                        irq_count_addr(WATCHDOG),
+                        false,
+                    );
+                    break;
+                }
+                core::hint::spin_loop();
+            }
+        }
+        m => {
+            sys::wait_either(
+                irq_count_addr(VECTOR),
+                seen,
+                irq_count_addr(WATCHDOG),
+                m == Mode::Mwait,
+            );
+        }
+    }
+}
+
+/// Whether our vector's count moves from `seen` within `grace` TSC cycles (a completion a
+/// tick found first, whose MSI-X was only late).
+fn msi_within(seen: u64, grace: u64) -> bool {
+    let start = rdtsc();
+    while rdtsc().wrapping_sub(start) < grace {
+        if crate::wake::irq_count(VECTOR) != seen {
+            return true;
+        }
+        core::hint::spin_loop();
+    }
+    false
+}
+
 /// Timed one-block reads, polled then by MSI-X; prints both and the doorbell store.
 fn timed(
     c: &Controller<Regs>,
@@ -221,6 +275,15 @@ fn timed(
     // SAFETY: the BSP runs this; these are the only borrows of the two sample buffers.
     let (s, db) = unsafe { (sys::scratch(0), sys::scratch(1)) };
     let mut irqs = 0;
+    let mut ticks = 0;
+    let mut by_watchdog = 0u64;
+    // How long a completion seen at a watchdog tick may wait for its own MSI-X (a late
+    // interrupt, not a lost one): 10 ms.
+    let grace = tsc_khz.saturating_mul(10);
+    // Two marks with nothing between (5, 6): what a mark's own exit costs on this host
+    // (the reader takes it off the loops' figures).
+    sys::mark(5);
+    sys::mark(6);
     for irq in [false, true] {
         if irq {
             sys::set_interrupts(matches!(
@@ -229,30 +292,31 @@ fn timed(
             ));
         }
         let before_all = crate::wake::irq_count(VECTOR);
+        let ticks_before = crate::wake::irq_count(WATCHDOG);
+        // Marks around the timed reads (1, 2 polled; 3, 4 by MSI-X): what KVM counted
+        // between them is what the reads cost, exits and all.
+        sys::mark(if irq { 3 } else { 1 });
         if irq {
-            // A watchdog on our vector every 100 ms: a lost interrupt then costs a slow
-            // sample (the completion is polled after any wake-up) instead of a guest halted
-            // for good. Its ticks count as interrupts; at microseconds a read, few land.
-            crate::smp::set_lvt_timer_periodic(VECTOR as u8, 100_000);
+            // A watchdog on a vector of its own every 100 ms: a lost interrupt then costs a
+            // slow sample instead of a guest halted for good, and is seen as lost.
+            crate::smp::set_lvt_timer_periodic(WATCHDOG as u8, 100_000);
         }
         for i in 0..n + warm {
             let before = crate::wake::irq_count(VECTOR);
             let t0 = rdtsc();
             let d = q.submit(&c.bar, read1);
             let done = if irq {
-                // Wait for an interrupt on our vector; a wake-up with no completion posted
-                // (a watchdog tick, a late interrupt of the polled phase) waits again.
+                // Wait for our vector or a watchdog tick; a wake-up with no completion
+                // posted (a tick, a late interrupt of the polled phase) waits again.
                 let mut seen = before;
                 loop {
-                    while crate::wake::irq_count(VECTOR) == seen {
-                        crate::wake::wait_word(
-                            crate::wake::irq_count_addr(VECTOR),
-                            seen,
-                            crate::wake::mode(),
-                        );
-                    }
+                    wait_for_either(seen);
                     let t = rdtsc();
+                    let msi = crate::wake::irq_count(VECTOR) != seen;
                     if let Some(r) = q.reap(&c.bar) {
+                        if !msi && !msi_within(seen, grace) {
+                            by_watchdog += 1;
+                        }
                         break Some((r, t));
                     }
                     if t.wrapping_sub(t0) > limit {
@@ -287,12 +351,14 @@ fn timed(
                 }
             }
         }
+        sys::mark(if irq { 4 } else { 2 });
         sys::set_interrupts(false);
         crate::smp::stop_lvt_timer();
         let mode = if irq { "irq" } else { "poll" };
         crate::stats::summarise("nvme", "submit", "completion", mode, &mut s[..n], tsc_khz);
         if irq {
             irqs = crate::wake::irq_count(VECTOR) - before_all;
+            ticks = crate::wake::irq_count(WATCHDOG) - ticks_before;
         } else {
             crate::stats::summarise(
                 "nvme",
@@ -304,13 +370,23 @@ fn timed(
             );
         }
     }
+    // `submitted` is counted on the I/O queue (the write and read-back before, the polled
+    // and the MSI-X reads here), `irqs` on the MSI-X vector alone, `watchdog_ticks` on the
+    // watchdog's, `by_watchdog` the reads whose completion only a tick found.
     say!(
-        "nvme submitted={} irqs={} sq_tail={} cq_head={}",
-        2 * (n + warm) + 2,
+        "nvme submitted={} irqs={} watchdog_ticks={} by_watchdog={} sq_tail={} cq_head={}",
+        q.submitted,
         irqs,
+        ticks,
+        by_watchdog,
         q.tail,
         q.head
     );
+    if by_watchdog > 0 {
+        return Err(Error::Setup(
+            "reads completed with no MSI-X interrupt (the watchdog found them)",
+        ));
+    }
     if irqs < (n + warm) as u64 {
         return Err(Error::Setup("fewer MSI-X interrupts than reads waited for"));
     }

@@ -24,7 +24,7 @@
     .set SEL_TSS0, 0x30
     .set COM1, 0x3f8
     .set EXIT_PORT, 0xf4
-    .set SYS_COUNT, 18
+    .set SYS_COUNT, 19
     .set VEC_PING, 0x40
     .set VEC_PONG, 0x41
     .set VEC_TIMER, 0x42
@@ -530,6 +530,48 @@ sys_wait:                          # RDI = address, RSI = old value, RDX = mode 
     call r0_wait
     jmp sys_ret
 
+# Waits until either of two u64 words moves: RDI = first address, RSI = its old value,
+# RDX = second address | mwait (bit 0; the words are 8-byte aligned), whose old value is
+# read first thing (the caller read both just before). Hlt, or monitor/mwait on the first
+# word; any interrupt ends either, and the words are checked again. -> TSC.
+sys_wait2:
+    mov %rdx, %r9
+    and $1, %r9                    # mwait?
+    mov %rdx, %r8
+    and $-2, %r8                   # second address
+    mov (%r8), %r10                # its old value
+1:
+    cmp (%rdi), %rsi
+    jne 3f
+    cmp (%r8), %r10
+    jne 3f
+    test %r9, %r9
+    jnz 2f
+    sti
+    hlt
+    cli
+    jmp 1b
+2:
+    mov %rdi, %rax
+    xor %ecx, %ecx
+    xor %edx, %edx
+    monitor
+    cmp (%rdi), %rsi
+    jne 3f
+    cmp (%r8), %r10
+    jne 3f
+    xor %eax, %eax
+    xor %ecx, %ecx
+    sti
+    mwait
+    cli
+    jmp 1b
+3:
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    jmp sys_ret
+
 # IPI ping-pong, both sides in ring 0. RDI = iterations, RSI = peer APIC ID << 24,
 # RDX = flags: bit 0 mwait (else hlt), bit 1 initiator (else responder). The initiator
 # sends PING and waits for PONG, storing each round trip (TSC cycles) in wake_samples;
@@ -676,6 +718,7 @@ systab:
     .quad sys_outb, sys_inb, sys_outsb, sys_halt, sys_wrmsr, sys_rdmsr, sys_cpuid
     .quad sys_setif, sys_stop, sys_outl, sys_inl, sys_outw, sys_inw
     .quad sys_wait, sys_pingpong, sys_timer_wait, sys_null, sys_assist
+    .quad sys_wait2
 hexdigits:
     .ascii "0123456789abcdef"
 msg_exc:

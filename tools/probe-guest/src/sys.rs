@@ -25,11 +25,13 @@ const SYS_RDMSR: u64 = 5;
 const SYS_CPUID: u64 = 6;
 const SYS_SETIF: u64 = 7;
 const SYS_STOP: u64 = 8;
+const SYS_OUTL: u64 = 9;
 const SYS_WAIT: u64 = 13;
 const SYS_PINGPONG: u64 = 14;
 const SYS_TIMER_WAIT: u64 = 15;
 const SYS_NULL: u64 = 16;
 const SYS_ASSIST: u64 = 17;
+const SYS_WAIT2: u64 = 18;
 
 /// Calls ring-0 service `op`.
 #[inline(always)]
@@ -55,6 +57,16 @@ fn call(op: u64, a: u64, b: u64, c: u64) -> u64 {
 /// The service dispatch and nothing else: a trap into ring 0 and back.
 pub fn null() -> u64 {
     call(SYS_NULL, 0, 0, 0)
+}
+
+/// The VMM's mark port (partition's `cpu::exits::MARK_PORT`).
+const MARK_PORT: u16 = 0x520;
+
+/// Marks this moment for the VMM: it notes its exit counts and KVM's statistics for this
+/// vCPU, so a loop between two marks is measured by KVM itself (one port write: an exit,
+/// the second mark's own, which the reader takes off).
+pub fn mark(id: u32) {
+    call(SYS_OUTL, MARK_PORT as u64, id as u64, 0);
 }
 
 /// `out` a byte.
@@ -125,6 +137,13 @@ pub fn stop() -> ! {
 /// longer `old`; returns the TSC at wake-up.
 pub fn wait(addr: *const u64, old: u64, mwait: bool) -> u64 {
     call(SYS_WAIT, addr as u64, old, mwait as u64)
+}
+
+/// Waits in ring 0 (hlt, or monitor/mwait on `a` when `mwait`) until the u64 at `a` is no
+/// longer `old_a` or the u64 at `b` (8-byte aligned) moves from what it is when the call
+/// starts; returns the TSC at wake-up.
+pub fn wait_either(a: *const u64, old_a: u64, b: *const u64, mwait: bool) -> u64 {
+    call(SYS_WAIT2, a as u64, old_a, b as u64 | mwait as u64)
 }
 
 /// Ring-0 IPI ping-pong (see ring0.s): `n` rounds with the CPU whose APIC ID is

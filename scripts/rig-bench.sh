@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A benchmark section taken inside the rig (scripts/rig.sh: real kvm_amd on QEMU TCG, an
+# IOMMU, QEMU's NVMe): `partition bench --only SECTION ARGS...` runs there as root, with
+# QEMU and its firmware beside it for the sections that measure it too; its results come
+# back over the rig's output and are merged into benchmarks/results/rig.json (an
+# incomplete run never replaces a completed one), and rig.md and its charts are written
+# again. The provenance is the rig's own, read inside it (benchmarks/src/provenance.rs),
+# with this checkout's commit passed in. Under TCG only exit and interrupt counts describe
+# anything; docs/benchmarks.md says how to read each section.
+#
+#   scripts/rig-bench.sh SECTION [BENCH ARGS...]
+#   scripts/rig-bench.sh submit-vfio --vfio 0000:00:04.0
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+need_root
+need_cargo
+section=$1
+shift
+
+commit=$(git rev-parse HEAD 2>/dev/null || true)
+dirty=false
+[ -n "$(git status --porcelain --untracked-files=no -- . ':(exclude)benchmarks/results' 2>/dev/null)" ] && dirty=true
+
+say "rig bench: cargo build --release -p partition-cli"
+cargo build --release -p partition-cli --quiet
+bin=target/$TRIPLE/release/partition
+files=(--partition "$bin")
+if command -v qemu-system-x86_64 >/dev/null; then
+    qemu=$(command -v qemu-system-x86_64)
+    files+=(--file "$qemu:$qemu")
+    for f in /usr/share/qemu/bios-microvm.bin /usr/share/qemu/qboot.rom /usr/share/qemu/pvh.bin \
+        /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin \
+        /usr/share/seabios/bios-microvm.bin; do
+        [ -e "$f" ] && files+=(--file "$(readlink -f "$f"):$f")
+    done
+fi
+
+mkdir -p target/rig
+inner=target/rig/bench.sh
+{
+    echo "export PARTITION_COMMIT='$commit' PARTITION_COMMIT_DIRTY=$dirty"
+    echo "mkdir -p /rig/out && cd /rig/out"
+    printf 'partition bench --only %q' "$section"
+    printf ' %q' "$@"
+    echo ' --results /rig/out/rig.json; rc=$?'
+    echo 'echo RIG-RESULTS-BEGIN; cat /rig/out/rig.json 2>/dev/null; echo; echo RIG-RESULTS-END'
+    echo 'exit $rc'
+} > "$inner"
+out=target/rig/bench.out
+rc=0
+scripts/rig.sh "${files[@]}" --file "$inner:/rig/bench.sh" --timeout "${RIG_TIMEOUT:-2400}" \
+    -- sh /rig/bench.sh | tee "$out" || rc=${PIPESTATUS[0]}
+taken=target/rig/bench-results.json
+sed -n '/^RIG-RESULTS-BEGIN$/,/^RIG-RESULTS-END$/p' "$out" | sed '1d;$d' > "$taken"
+[ -s "$taken" ] || die "the rig gave no results (rig.sh exit $rc)"
+"$bin" bench --merge "$taken" --results benchmarks/results/rig.json
+exit "$rc"
