@@ -94,6 +94,44 @@ fn power_off(status: u8, fadt: Option<u64>) -> ! {
     sys::stop()
 }
 
+/// `probe.xsave=1`: enables every XSAVE feature CPUID 0xd.0 offers (XSETBV) and asks CPUID
+/// again for the save area they need (0xd.0 EBX, which the hypervisor must compute from the
+/// guest's XCR0): what a Linux guest's XSAVE consistency check reads. Prints both sizes;
+/// true (a failure) when the second is not what the offered features add up to.
+fn xsave_check() -> bool {
+    let l1 = sys::cpuid(1, 0);
+    if l1[2] & (1 << 26) == 0 {
+        say!("xsave skipped: no XSAVE in CPUID 1");
+        return false;
+    }
+    let d0 = sys::cpuid(0xd, 0);
+    let offered = u64::from(d0[0]) | u64::from(d0[3]) << 32;
+    // x87, SSE and AVX: what Linux enables first (the rest have their own rules).
+    let want = offered & 0x7;
+    let before = d0[1];
+    let xcr0 = sys::xsetbv(want);
+    let after = sys::cpuid(0xd, 0)[1];
+    // The size XCR0's features need: 512 legacy + 64 header, then each extended feature's
+    // offset + size from its sub-leaf, standard (uncompacted) layout.
+    let mut need = 576u32;
+    for i in 2..64 {
+        if xcr0 & (1 << i) != 0 {
+            let s = sys::cpuid(0xd, i);
+            need = need.max(s[1] + s[0]);
+        }
+    }
+    say!(
+        "xsave offered={:#x} xcr0={:#x} ebx_before={} ebx_after={} need={} consistent={}",
+        offered,
+        xcr0,
+        before,
+        after,
+        need,
+        after == need
+    );
+    after != need
+}
+
 /// Entry of the bootstrap processor in ring 3. `kind` 0 = Linux zero page at `info`,
 /// 1 = PVH start info at `info`.
 #[unsafe(no_mangle)]
@@ -199,6 +237,9 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
         }
         sys::mark(2);
         say!("marks n={}", n);
+    }
+    if bi.arg("probe.xsave") == Some("1") {
+        failed |= xsave_check();
     }
     failed |= assist::run(&bi);
     let canary = canary::start(&bi, first_ap);

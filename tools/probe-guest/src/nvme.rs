@@ -293,14 +293,14 @@ fn timed(
         }
         let before_all = crate::wake::irq_count(VECTOR);
         let ticks_before = crate::wake::irq_count(WATCHDOG);
-        // Marks around the timed reads (1, 2 polled; 3, 4 by MSI-X): what KVM counted
-        // between them is what the reads cost, exits and all.
-        sys::mark(if irq { 3 } else { 1 });
         if irq {
             // A watchdog on a vector of its own every 100 ms: a lost interrupt then costs a
             // slow sample instead of a guest halted for good, and is seen as lost.
             crate::smp::set_lvt_timer_periodic(WATCHDOG as u8, 100_000);
         }
+        // Marks around the timed reads (1, 2 polled; 3, 4 by MSI-X, the watchdog armed
+        // before and stopped after): what KVM counted between them is what the reads cost.
+        sys::mark(if irq { 3 } else { 1 });
         for i in 0..n + warm {
             let before = crate::wake::irq_count(VECTOR);
             let t0 = rdtsc();

@@ -24,7 +24,7 @@
     .set SEL_TSS0, 0x30
     .set COM1, 0x3f8
     .set EXIT_PORT, 0xf4
-    .set SYS_COUNT, 19
+    .set SYS_COUNT, 20
     .set VEC_PING, 0x40
     .set VEC_PONG, 0x41
     .set VEC_TIMER, 0x42
@@ -443,6 +443,22 @@ sys_cpuid:                         # RDI = leaf, RSI = subleaf, RDX = &[u32; 4]
     mov %ecx, 8(%r8)
     mov %edx, 12(%r8)
     jmp sys_ret
+# XSETBV and XGETBV, for the XSAVE consistency check (probe.xsave=1; never on the nested
+# host, whose emulator refuses both): CR4.OSXSAVE set, XCR0 = RDI, -> XCR0 read back.
+sys_xsetbv:
+    mov %cr4, %rax
+    or $0x40000, %rax
+    mov %rax, %cr4
+    mov %edi, %eax
+    mov %rdi, %rdx
+    shr $32, %rdx
+    xor %ecx, %ecx
+    xsetbv
+    xor %ecx, %ecx
+    xgetbv
+    shl $32, %rdx
+    or %rdx, %rax
+    jmp sys_ret
 sys_setif:                         # RDI != 0: interrupts on in ring 3
     test %rdi, %rdi
     jz 1f
@@ -718,7 +734,7 @@ systab:
     .quad sys_outb, sys_inb, sys_outsb, sys_halt, sys_wrmsr, sys_rdmsr, sys_cpuid
     .quad sys_setif, sys_stop, sys_outl, sys_inl, sys_outw, sys_inw
     .quad sys_wait, sys_pingpong, sys_timer_wait, sys_null, sys_assist
-    .quad sys_wait2
+    .quad sys_wait2, sys_xsetbv
 hexdigits:
     .ascii "0123456789abcdef"
 msg_exc:

@@ -32,6 +32,7 @@ const SYS_TIMER_WAIT: u64 = 15;
 const SYS_NULL: u64 = 16;
 const SYS_ASSIST: u64 = 17;
 const SYS_WAIT2: u64 = 18;
+const SYS_XSETBV: u64 = 19;
 
 /// Calls ring-0 service `op`.
 #[inline(always)]
@@ -118,6 +119,12 @@ pub fn cpuid(leaf: u32, sub: u32) -> [u32; 4] {
     let mut out = [0u32; 4];
     call(SYS_CPUID, leaf as u64, sub as u64, out.as_mut_ptr() as u64);
     out
+}
+
+/// Sets CR4.OSXSAVE and XCR0 to `xcr0` (XSETBV); returns XCR0 as XGETBV reads it back.
+/// Only where ring 0 runs natively (the nested host's emulator refuses both).
+pub fn xsetbv(xcr0: u64) -> u64 {
+    call(SYS_XSETBV, xcr0, 0, 0)
 }
 
 /// Turns interrupt delivery in ring 3 on or off.
