@@ -18,6 +18,7 @@ pub mod memsetup;
 pub mod nvmecore;
 pub mod probe;
 pub mod provenance;
+pub use provenance::now_utc;
 pub mod quick;
 pub mod report;
 pub mod results;
@@ -465,16 +466,6 @@ pub fn probe_image(env: &Env) -> Result<PathBuf, String> {
 /// Milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-/// UTC timestamp.
-pub fn now_utc() -> String {
-    Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 /// The parts of `partition launch --json`'s report the sections read (the VMM's own

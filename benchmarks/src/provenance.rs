@@ -200,7 +200,7 @@ pub fn collect(repo: Option<&Path>) -> Value {
         .and_then(|v| v.lines().next().map(str::to_string));
     json!({
         "hostname": text(hostname),
-        "date_utc": crate::now_utc(),
+        "date_utc": now_utc(),
         "cpu_model": field("model name"),
         "microcode": field("microcode"),
         "cpus_online": text(read("/sys/devices/system/cpu/online")),
@@ -224,6 +224,16 @@ pub fn collect(repo: Option<&Path>) -> Value {
         "commit": commit,
         "commit_dirty": dirty,
     })
+}
+
+/// UTC timestamp.
+pub fn now_utc() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
