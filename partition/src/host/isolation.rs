@@ -4,21 +4,51 @@
 //!   reserved cores; the kernel removes them from every other cgroup's CPUs.
 //! - cgroup v1 cpusets (what the development hosts have): a housekeeping cpuset with the
 //!   other cores, into which every movable task of the root cpuset is moved, and an
-//!   exclusive guests cpuset with the reserved cores, which vCPU threads join.
+//!   exclusive guests cpuset with the reserved cores, which vCPU threads join. Every other
+//!   cpuset whose CPUs span the reserved cores (Docker's `docker`, podman's
+//!   `libpod_parent`, libvirt's `machine`, a kubelet's `kubepods`, anyone's) is narrowed to
+//!   the others first, deepest first, and widened back when the reservation ends: no task
+//!   of any cgroup runs on a reserved core.
 //! - movable IRQs are pointed at the housekeeping cores (old affinities recorded).
 //!
-//! Where the host allows none of it, the reservation says so and still stands: the
-//! ledger keeps partitions off each other's cores either way. What the kernel command line
-//! would add (isolcpus, nohz_full, rcu_nocbs, boot-time hugepages) is printed by reserve.
+//! Where isolation cannot be made, the reserve is refused naming the cgroup in the way,
+//! unless the plan says shared cores are acceptable (`--isolation none`): then the
+//! reservation stands without it, and says so (the ledger keeps partitions off each
+//! other's cores either way). What the kernel command line would add (isolcpus, nohz_full,
+//! rcu_nocbs, boot-time hugepages) is printed by reserve.
 
 use std::path::{Path, PathBuf};
 
 use crate::config::cores;
-use crate::host::ledger::{IrqRecord, Isolation};
+use crate::host::ledger::IsolationMode;
+use crate::host::ledger::{IrqRecord, Isolation, NarrowedCpuset};
 
-/// Errors undoing isolation.
+/// Errors isolating cores or undoing it.
 #[derive(Debug, thiserror::Error)]
 pub enum IsolationError {
+    /// Isolation cannot be made here and the plan did not accept shared cores.
+    #[error(
+        "the reserved cores cannot be taken out of the host's cgroups: {why} (reserve with \
+         --isolation none to accept cores other cgroups share)"
+    )]
+    Refused {
+        /// What stood in the way, each method's reason.
+        why: String,
+    },
+    /// Another's cgroup holds the reserved cores in a way that cannot be taken from it.
+    #[error(
+        "{path} is in the way: {why} (give it other cores, or reserve with \
+         --isolation none to accept cores other cgroups share)"
+    )]
+    InTheWay {
+        /// The cgroup.
+        path: PathBuf,
+        /// How.
+        why: String,
+    },
+    /// The record of the cpusets about to be narrowed could not be written.
+    #[error("recording the cpusets to narrow: {0}")]
+    Record(String),
     /// A cgroup file operation failed.
     #[error("{path}: {what}: {source}")]
     Io {
@@ -41,6 +71,9 @@ fn io<'a>(
         source,
     }
 }
+
+/// Writes down, before any is narrowed, the cpusets [`isolate`] will narrow.
+pub type Record<'a> = dyn FnMut(&[NarrowedCpuset]) -> Result<(), String> + 'a;
 
 fn write(path: &Path, v: &str) -> Result<(), IsolationError> {
     std::fs::write(path, v).map_err(io(path, "write"))
@@ -67,18 +100,34 @@ pub fn cgroup_mounts(mounts: &str) -> (Option<PathBuf>, Option<PathBuf>) {
 }
 
 /// Isolates `reserved`, leaving `housekeeping` to the host. `tag` names our cgroups (one
-/// per state directory). Never fails: what could not be done is recorded as the reason in
-/// [`Isolation::None`].
-pub fn isolate(reserved: &[usize], housekeeping: &[usize], tag: &str) -> Isolation {
+/// per state directory); `record` writes down the others' cpusets about to be narrowed.
+/// With [`IsolationMode::None`] nothing is done and the result says it was asked for;
+/// otherwise where it cannot be done the error says what stood in the way.
+pub fn isolate(
+    reserved: &[usize],
+    housekeeping: &[usize],
+    tag: &str,
+    mode: IsolationMode,
+    record: &mut Record<'_>,
+) -> Result<Isolation, IsolationError> {
+    if mode == IsolationMode::None {
+        return Ok(Isolation::None {
+            reason: "--isolation none: the reserved cores stay shared with every cgroup, as \
+                     asked"
+                .into(),
+        });
+    }
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let (v2, v1) = cgroup_mounts(&mounts);
     let mut reasons = Vec::new();
+    // A cgroup in the way is the answer, whichever hierarchy found it.
     if let Some(root) = v2 {
         let controllers =
             std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
         if controllers.split_whitespace().any(|c| c == "cpuset") {
-            match isolate_v2(&root, reserved, tag) {
-                Ok(i) => return i,
+            match isolate_v2(&root, reserved, tag, record) {
+                Ok(i) => return Ok(i),
+                Err(e) if named_ref(&e) => return Err(e),
                 Err(e) => reasons.push(format!("cgroup v2: {e}")),
             }
         } else {
@@ -89,29 +138,65 @@ pub fn isolate(reserved: &[usize], housekeeping: &[usize], tag: &str) -> Isolati
         }
     }
     if let Some(root) = v1 {
-        match isolate_v1(&root, reserved, housekeeping, tag) {
-            Ok(i) => return i,
+        match isolate_v1(&root, reserved, housekeeping, tag, record) {
+            Ok(i) => return Ok(i),
+            Err(e) if named_ref(&e) => return Err(e),
             Err(e) => reasons.push(format!("cgroup v1: {e}")),
         }
     } else {
         reasons.push("no cgroup v1 cpuset hierarchy is mounted".into());
     }
-    Isolation::None {
-        reason: reasons.join("; "),
-    }
+    Err(IsolationError::Refused {
+        why: reasons.join("; "),
+    })
 }
 
-fn isolate_v2(root: &Path, reserved: &[usize], tag: &str) -> Result<Isolation, IsolationError> {
-    write(&root.join("cgroup.subtree_control"), "+cpuset")?;
+/// Whether `e` names what stood in the way (and so is the answer as it is).
+fn named_ref(e: &IsolationError) -> bool {
+    matches!(
+        e,
+        IsolationError::InTheWay { .. } | IsolationError::Record(_)
+    )
+}
+
+fn isolate_v2(
+    root: &Path,
+    reserved: &[usize],
+    tag: &str,
+    record: &mut Record<'_>,
+) -> Result<Isolation, IsolationError> {
     let dir = root.join(format!("{tag}-guests"));
-    if !dir.exists() {
-        std::fs::create_dir(&dir).map_err(io(&dir, "mkdir"))?;
+    // A sibling that holds any of the cores exclusively (another partition) keeps them:
+    // the kernel will not take them from it, and neither do we.
+    if let Some((path, why)) = siblings_v2_exclusive(root, &dir, reserved)
+        .into_iter()
+        .next()
+    {
+        return Err(IsolationError::InTheWay { path, why });
     }
-    let list = cores::format(reserved);
+    write(&root.join("cgroup.subtree_control"), "+cpuset")?;
+    // Siblings whose own cpuset.cpus spans the cores: the kernel's exclusivity rule
+    // leaves a partition over them invalid, so they are narrowed first.
+    let siblings: Vec<PathBuf> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .filter(|p| *p != dir)
+        .collect();
+    let narrowed = narrow_recorded(&siblings, reserved, record)?;
     let undo = |e| {
         let _ = std::fs::remove_dir(&dir);
+        widen(&narrowed);
         e
     };
+    if !dir.exists() {
+        std::fs::create_dir(&dir)
+            .map_err(io(&dir, "mkdir"))
+            .map_err(undo)?;
+    }
+    let list = cores::format(reserved);
     let excl = dir.join("cpuset.cpus.exclusive");
     if excl.exists() {
         write(&excl, &list).map_err(undo)?;
@@ -119,15 +204,49 @@ fn isolate_v2(root: &Path, reserved: &[usize], tag: &str) -> Result<Isolation, I
     write(&dir.join("cpuset.cpus"), &list).map_err(undo)?;
     write(&dir.join("cpuset.cpus.partition"), "isolated").map_err(undo)?;
     let state = std::fs::read_to_string(dir.join("cpuset.cpus.partition")).unwrap_or_default();
-    if !state.trim().starts_with("isolated") {
-        let _ = std::fs::remove_dir(&dir);
-        return Err(IsolationError::Io {
+    if state.trim() != "isolated" {
+        let _ = write(&dir.join("cpuset.cpus.partition"), "member");
+        return Err(undo(IsolationError::Io {
             path: dir.join("cpuset.cpus.partition"),
-            what: "kernel refused the isolated partition",
+            what: "the kernel refused the isolated partition",
             source: std::io::Error::other(state.trim().to_string()),
-        });
+        }));
     }
-    Ok(Isolation::CgroupV2 { path: dir })
+    Ok(Isolation::CgroupV2 {
+        path: dir,
+        narrowed,
+    })
+}
+
+/// The cgroups beside `ours` under `root` that hold any of `cores` exclusively: a cpuset
+/// partition of their own, or `cpuset.cpus.exclusive`; each with what it holds.
+fn siblings_v2_exclusive(root: &Path, ours: &Path, cores: &[usize]) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p == ours || !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).unwrap_or_default();
+        let partition = read("cpuset.cpus.partition");
+        let partition = partition.trim();
+        let (held, how) = if partition.starts_with("root") || partition.starts_with("isolated") {
+            (
+                read("cpuset.cpus.effective"),
+                format!("a cpuset partition ({partition})"),
+            )
+        } else {
+            (
+                read("cpuset.cpus.exclusive"),
+                "cpuset.cpus.exclusive".to_string(),
+            )
+        };
+        let list = cores::parse(held.trim()).unwrap_or_default();
+        if list.iter().any(|c| cores.contains(c)) {
+            out.push((p, format!("it holds {} exclusively as {how}", held.trim())));
+        }
+    }
+    out
 }
 
 /// Moves every task listed in `from/tasks` to `to/tasks`; returns (moved, unmovable).
@@ -163,11 +282,122 @@ fn remove_v1_cpuset(root: &Path, dir: &Path) -> Result<(), IsolationError> {
     std::fs::remove_dir(dir).map_err(io(dir, "rmdir"))
 }
 
+/// Every cpuset directory below `root` but `skip`, deepest first.
+fn cpusets_below(root: &Path, skip: &[&Path]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) && !skip.contains(&p.as_path()) {
+                todo.push(p.clone());
+                out.push(p);
+            }
+        }
+    }
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out
+}
+
+/// The cpusets among `dirs` (in order) whose `cpuset.cpus` spans any of `reserved`, each
+/// with the list it is to keep. One that holds nothing but reserved cores cannot be
+/// narrowed: the error names it.
+pub fn narrowing_plan(
+    dirs: &[PathBuf],
+    reserved: &[usize],
+) -> Result<Vec<NarrowedCpuset>, IsolationError> {
+    let mut plan = Vec::new();
+    for dir in dirs {
+        let Ok(old) = std::fs::read_to_string(dir.join("cpuset.cpus")) else {
+            continue;
+        };
+        let old = old.trim().to_string();
+        let cpus = cores::parse(&old).unwrap_or_default();
+        if !cpus.iter().any(|c| reserved.contains(c)) {
+            continue;
+        }
+        let left: Vec<usize> = cpus.into_iter().filter(|c| !reserved.contains(c)).collect();
+        if left.is_empty() {
+            return Err(IsolationError::InTheWay {
+                path: dir.clone(),
+                why: format!("its cpuset holds only reserved cores ({old})"),
+            });
+        }
+        plan.push(NarrowedCpuset {
+            path: dir.clone(),
+            cpus: old,
+            narrowed_to: cores::format(&left),
+        });
+    }
+    Ok(plan)
+}
+
+/// Narrows the cpusets of `plan`, in order; where the kernel refuses one, what was
+/// narrowed by then is widened back and the error names the one in the way.
+fn narrow(plan: &[NarrowedCpuset]) -> Result<(), IsolationError> {
+    for (i, n) in plan.iter().enumerate() {
+        if let Err(e) = std::fs::write(n.path.join("cpuset.cpus"), &n.narrowed_to) {
+            widen(&plan[..i]);
+            return Err(IsolationError::InTheWay {
+                path: n.path.clone(),
+                why: format!(
+                    "the kernel would not narrow its cpuset.cpus to {}: {e}",
+                    n.narrowed_to
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Gives narrowed cpusets their CPUs back, in the reverse order of narrowing (parents
+/// before children). One gone since (its container ended) is passed over, and one whose
+/// CPUs are no longer what was written (its owner changed them) is left as its owner made
+/// it. Returns what could not be written back.
+pub fn widen(narrowed: &[NarrowedCpuset]) -> Vec<String> {
+    let mut left = Vec::new();
+    for n in narrowed.iter().rev() {
+        let file = n.path.join("cpuset.cpus");
+        let Ok(now) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        if cores::parse(now.trim()).ok() != cores::parse(&n.narrowed_to).ok() {
+            log::warn!(
+                "{}: cpuset.cpus is {} now, not the {} reserve left: left as it is",
+                n.path.display(),
+                now.trim(),
+                n.narrowed_to
+            );
+            continue;
+        }
+        if let Err(e) = write(&file, &n.cpus) {
+            left.push(e.to_string());
+        }
+    }
+    left
+}
+
+/// Narrows the cpusets in `dirs` off `reserved`, `record`ing the plan first (a reserve
+/// killed half-way leaves it for the next to widen).
+fn narrow_recorded(
+    dirs: &[PathBuf],
+    reserved: &[usize],
+    record: &mut Record<'_>,
+) -> Result<Vec<NarrowedCpuset>, IsolationError> {
+    let plan = narrowing_plan(dirs, reserved)?;
+    if !plan.is_empty() {
+        record(&plan).map_err(IsolationError::Record)?;
+        narrow(&plan)?;
+    }
+    Ok(plan)
+}
+
 fn isolate_v1(
     root: &Path,
     reserved: &[usize],
     housekeeping: &[usize],
     tag: &str,
+    record: &mut Record<'_>,
 ) -> Result<Isolation, IsolationError> {
     let hk = root.join(format!("{tag}-housekeeping"));
     let guests = root.join(format!("{tag}-guests"));
@@ -175,6 +405,9 @@ fn isolate_v1(
     // tasks back first.
     remove_v1_cpuset(root, &guests)?;
     remove_v1_cpuset(root, &hk)?;
+    // Everyone else's cpusets off the reserved cores, children before parents (a child's
+    // CPUs must stay within its parent's), before ours claims them exclusively.
+    let narrowed = narrow_recorded(&cpusets_below(root, &[&hk, &guests]), reserved, record)?;
     let mems =
         std::fs::read_to_string(root.join("cpuset.mems")).map_err(io(root, "read cpuset.mems"))?;
     let setup = || -> Result<(), IsolationError> {
@@ -190,6 +423,7 @@ fn isolate_v1(
     if let Err(e) = setup() {
         let _ = remove_v1_cpuset(root, &guests);
         let _ = remove_v1_cpuset(root, &hk);
+        widen(&narrowed);
         return Err(e);
     }
     let (moved, unmovable) = move_tasks(root, &hk);
@@ -199,36 +433,76 @@ fn isolate_v1(
         guests,
         moved,
         unmovable,
+        narrowed,
     })
 }
 
-/// Undoes [`isolate`].
+/// Undoes [`isolate`]: our cgroups first (the others' CPUs can only grow back over the
+/// reserved cores once the exclusive one is gone), then the narrowed cpusets widened.
 pub fn restore(iso: &Isolation) -> Result<(), IsolationError> {
-    match iso {
-        Isolation::None { .. } => Ok(()),
+    let (ours, narrowed, root) = match iso {
+        Isolation::None { .. } => return Ok(()),
         Isolation::CgroupV1 {
             root,
             housekeeping,
             guests,
+            narrowed,
             ..
         } => {
             let a = remove_v1_cpuset(root, guests);
             let b = remove_v1_cpuset(root, housekeeping);
-            a.and(b)
+            (a.and(b), narrowed, root.as_path())
         }
-        Isolation::CgroupV2 { path } => {
-            if !path.exists() {
-                return Ok(());
-            }
+        Isolation::CgroupV2 { path, narrowed } => {
             let parent = path.parent().unwrap_or(Path::new("/"));
-            let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
-            for pid in procs.lines() {
-                let _ = std::fs::write(parent.join("cgroup.procs"), pid);
-            }
-            let _ = write(&path.join("cpuset.cpus.partition"), "member");
-            std::fs::remove_dir(path).map_err(io(path, "rmdir"))
+            (remove_v2_partition(path), narrowed, parent)
+        }
+    };
+    let left = widen(narrowed);
+    ours?;
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(IsolationError::Io {
+            path: root.to_path_buf(),
+            what: "widening the narrowed cpusets back",
+            source: std::io::Error::other(left.join("; ")),
+        })
+    }
+}
+
+/// Removes the cgroups a reserve of state directory `tag` made and recorded nowhere (it was
+/// killed before its ledger was written): their tasks go back, and the cores they held
+/// exclusively are free for the cpusets narrowed off them to grow back over.
+pub fn remove_unrecorded(tag: &str) {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let (v2, v1) = cgroup_mounts(&mounts);
+    if let Some(root) = v2 {
+        if let Err(e) = remove_v2_partition(&root.join(format!("{tag}-guests"))) {
+            log::warn!("{e}");
         }
     }
+    if let Some(root) = v1 {
+        for part in ["guests", "housekeeping"] {
+            if let Err(e) = remove_v1_cpuset(&root, &root.join(format!("{tag}-{part}"))) {
+                log::warn!("{e}");
+            }
+        }
+    }
+}
+
+/// Moves what runs in the v2 partition `path` to its parent and removes it.
+fn remove_v2_partition(path: &Path) -> Result<(), IsolationError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs.lines() {
+        let _ = std::fs::write(parent.join("cgroup.procs"), pid);
+    }
+    let _ = write(&path.join("cpuset.cpus.partition"), "member");
+    std::fs::remove_dir(path).map_err(io(path, "rmdir"))
 }
 
 /// The reserved cores' cpuset, opened by the launcher while it is root so that vCPU threads
@@ -255,7 +529,7 @@ impl GuestsCpuset {
                     .map_err(io(&path, "open"))?;
                 Ok(Some(Self { tasks, path }))
             }
-            Isolation::CgroupV2 { path } => {
+            Isolation::CgroupV2 { path, .. } => {
                 write(&path.join("cgroup.procs"), &std::process::id().to_string())?;
                 Ok(None)
             }

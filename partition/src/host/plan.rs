@@ -9,6 +9,7 @@ use serde::Deserialize;
 
 use crate::config::cores::{self, CoreError};
 use crate::config::size::{self, SizeError};
+pub use crate::host::ledger::IsolationMode;
 use crate::host::ledger::PlanRecord;
 
 /// Errors reading or validating a plan.
@@ -81,6 +82,9 @@ pub struct PlanFile {
     pub cores: CoreList,
     /// State directory (default /run/partition).
     pub state_dir: Option<PathBuf>,
+    /// `cpusets` (default): the reserved cores taken out of every cgroup, or the reserve
+    /// refused; `none`: they stay shared, as the user accepts.
+    pub isolation: Option<IsolationMode>,
 }
 
 /// A validated plan.
@@ -96,9 +100,17 @@ pub struct HostPlan {
     pub cores: Vec<usize>,
     /// Cores left to the host.
     pub housekeeping: Vec<usize>,
+    /// Whether the cores must be taken out of every cgroup.
+    pub isolation: IsolationMode,
 }
 
 impl HostPlan {
+    /// The plan with `mode` of isolation.
+    pub fn with_isolation(mut self, mode: IsolationMode) -> Self {
+        self.isolation = mode;
+        self
+    }
+
     /// Builds and validates a plan from its textual parts, against the cores `available`.
     pub fn new(
         memory: &str,
@@ -167,6 +179,7 @@ impl HostPlan {
             node,
             cores,
             housekeeping,
+            isolation: IsolationMode::default(),
         })
     }
 
@@ -210,7 +223,8 @@ impl HostPlan {
             f.node,
             f.cores.0,
             available,
-        )?;
+        )?
+        .with_isolation(f.isolation.unwrap_or_default());
         Ok((plan, f.state_dir))
     }
 
@@ -223,6 +237,7 @@ impl HostPlan {
             page_size: self.page_size,
             node: self.node,
             cores,
+            isolation: self.isolation,
         }
     }
 }

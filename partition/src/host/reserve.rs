@@ -56,6 +56,10 @@ pub enum ReserveError {
         /// The state directory whose ledger holds it.
         by: PathBuf,
     },
+    /// The reserved cores cannot be kept from the host's other cgroups (and the plan did
+    /// not accept shared cores).
+    #[error("{0}")]
+    Isolation(#[from] isolation::IsolationError),
     /// The host cannot give the pool without leaving itself too little memory.
     #[error("--memory: {0}")]
     HostMemory(String),
@@ -76,6 +80,9 @@ impl ReserveError {
     pub fn is_usage(&self) -> bool {
         match self {
             Self::Busy { .. } | Self::CoreTaken { .. } | Self::HostMemory(_) => true,
+            // The host's cgroups refused (named); an error writing our own record is not
+            // the request's fault.
+            Self::Isolation(e) => !matches!(e, isolation::IsolationError::Record(_)),
             Self::Ledger(e) => e.is_usage(),
             _ => false,
         }
@@ -155,12 +162,21 @@ pub fn core_holder(claims: &Path, core: usize) -> Option<PathBuf> {
 
 /// Environment variable naming a point at which `reserve` fails on purpose, once the
 /// hugepages, the pool file, the cores and the IRQs are taken (`after-isolation`): how the
-/// tests see every step rolled back. Only debug builds (the test builds) have it.
+/// tests see every step rolled back. `kill-after-isolation` kills the process there
+/// instead (SIGKILL: no undo runs), as a crash would. Only debug builds (the test builds)
+/// have it.
 pub const FAIL_ENV: &str = "PARTITION_TEST_RESERVE_FAIL_AT";
 
 #[cfg(debug_assertions)]
 fn fail_point(name: &str) -> Result<(), ReserveError> {
-    if std::env::var(FAIL_ENV).as_deref() == Ok(name) {
+    let at = std::env::var(FAIL_ENV).unwrap_or_default();
+    if at.strip_prefix("kill-") == Some(name) {
+        eprintln!("partition: {FAIL_ENV}={at}: killing this reserve");
+        let me = std::process::id() as libc::pid_t;
+        // SAFETY: kill on our own pid; no pointers.
+        unsafe { libc::kill(me, libc::SIGKILL) };
+    }
+    if at == name {
         return Err(ReserveError::Io {
             path: PathBuf::from(FAIL_ENV),
             what: "failing on purpose",
@@ -307,6 +323,7 @@ fn reserve_locked(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ReserveReport, ReserveError> {
     let mut outcome = ReserveOutcome::Created;
+    widen_unrecorded(lock);
     if let Some(old) = lock.load()? {
         if old.plan == plan.record() {
             // A reservation made before cores were claimed host-wide gets its claims now.
@@ -366,7 +383,9 @@ fn reserve_locked(
             })
         }
         Err(e) => {
+            // The undos widened what was narrowed: its record goes too.
             undo.run();
+            lock.clear_narrowing();
             Err(e)
         }
     }
@@ -463,12 +482,22 @@ fn build(
         });
     }
 
-    // 4. Cores and IRQs.
+    // 4. Cores and IRQs. The others' cpusets about to be narrowed are written down first,
+    // and the record goes once the ledger holds them.
     let isolation = isolation::isolate(
         &plan.cores,
         &plan.housekeeping,
         &crate::host::ledger::state_tag(&state_dir),
+        plan.isolation,
+        &mut |n| lock.store_narrowing(n).map_err(|e| e.to_string()),
     );
+    let isolation = match isolation {
+        Ok(i) => i,
+        Err(e) => {
+            lock.clear_narrowing();
+            return Err(e.into());
+        }
+    };
     {
         let i = isolation.clone();
         undo.push(move || {
@@ -508,6 +537,7 @@ fn build(
         partitions: Vec::new(),
     };
     lock.store(&ledger)?;
+    lock.clear_narrowing();
     Ok((ledger, prealloc, irqs_refused))
 }
 
@@ -604,12 +634,46 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     }
 }
 
+/// A reserve killed between narrowing others' cpusets and recording them in its ledger left
+/// the list of them: widen them back (one the ledger records is left to `unreserve`).
+fn widen_unrecorded(lock: &LedgerLock) {
+    let n = lock.take_narrowing();
+    if n.is_empty() {
+        return;
+    }
+    let recorded = match lock.load() {
+        Ok(Some(l)) => match l.cores.isolation {
+            Isolation::CgroupV1 { narrowed, .. } | Isolation::CgroupV2 { narrowed, .. } => narrowed,
+            Isolation::None { .. } => Vec::new(),
+        },
+        Ok(None) => {
+            // No ledger: the cpusets that reserve made hold the cores exclusively, and
+            // nothing may grow back over them while they exist.
+            isolation::remove_unrecorded(&crate::host::ledger::state_tag(lock.dir()));
+            Vec::new()
+        }
+        Err(_) => Vec::new(),
+    };
+    let left: Vec<_> = n.into_iter().filter(|c| !recorded.contains(c)).collect();
+    if left.is_empty() {
+        return;
+    }
+    log::warn!(
+        "a reserve that did not finish had narrowed {} cpuset(s): widening them back",
+        left.len()
+    );
+    for e in isolation::widen(&left) {
+        log::warn!("{e}");
+    }
+}
+
 /// Gives back everything reserve took. Refused while any partition (running or dead) is
 /// recorded.
 pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
     let Some(lock) = LedgerLock::exclusive_existing(state_dir)? else {
         return Ok(UnreserveReport::default());
     };
+    widen_unrecorded(&lock);
     let Some(l) = lock.load()? else {
         return Ok(UnreserveReport::default());
     };
@@ -631,14 +695,34 @@ pub fn describe_isolation(i: &Isolation) -> String {
             guests,
             moved,
             unmovable,
+            narrowed,
             ..
         } => format!(
-            "cgroup v1 cpusets: {moved} tasks moved to {}, vCPUs join {} ({unmovable} per-CPU kernel threads stay)",
+            "cgroup v1 cpusets: {moved} tasks moved to {}, vCPUs join {} ({unmovable} per-CPU kernel threads stay){}",
             housekeeping.display(),
-            guests.display()
+            guests.display(),
+            describe_narrowed(narrowed)
         ),
-        Isolation::CgroupV2 { path } => format!("cgroup v2 isolated partition {}", path.display()),
+        Isolation::CgroupV2 { path, narrowed } => format!(
+            "cgroup v2 isolated partition {}{}",
+            path.display(),
+            describe_narrowed(narrowed)
+        ),
     }
+}
+
+fn describe_narrowed(narrowed: &[crate::host::ledger::NarrowedCpuset]) -> String {
+    if narrowed.is_empty() {
+        return "; no other cpuset held the cores".into();
+    }
+    let each: Vec<String> = narrowed
+        .iter()
+        .map(|n| format!("{} {} -> {}", n.path.display(), n.cpus, n.narrowed_to))
+        .collect();
+    format!(
+        "; other cpusets narrowed off the cores: {}",
+        each.join(", ")
+    )
 }
 
 #[cfg(test)]

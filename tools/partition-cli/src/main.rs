@@ -175,11 +175,23 @@ struct ReserveArgs {
     /// Cores to reserve: "1", "2-5". At least one core must stay with the host.
     #[arg(long, value_name = "LIST")]
     cores: Option<String>,
-    /// Read the plan from a TOML file (memory, page_size, node, cores, state_dir).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["memory", "cores", "node"])]
+    /// Read the plan from a TOML file (memory, page_size, node, cores, state_dir,
+    /// isolation).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["memory", "cores", "node", "isolation"])]
     plan: Option<PathBuf>,
+    /// How the reserved cores are kept from the host's other tasks. "cpusets" (the
+    /// default): out of every cpuset cgroup (Docker's, podman's, libvirt's, a kubelet's are
+    /// narrowed and given back at unreserve); where that cannot be done the reserve is
+    /// refused (exit 2) naming the cgroup in the way. "none": accept cores that other
+    /// cgroups' tasks share (the reservation then keeps only partitions off each other).
+    #[arg(long, value_name = "MODE", value_parser = parse_isolation)]
+    isolation: Option<partition::host::plan::IsolationMode>,
     #[command(flatten)]
     state: StateDir,
+}
+
+fn parse_isolation(s: &str) -> Result<partition::host::plan::IsolationMode, String> {
+    partition::host::plan::IsolationMode::parse(s).ok_or_else(|| "cpusets or none".to_string())
 }
 
 fn parse_idle(s: &str) -> Result<partition::cpu::idle::IdlePolicy, String> {

@@ -111,7 +111,10 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
                 return fail("--memory and --cores are required without --plan", true);
             };
             match HostPlan::new(memory, Some(&a.page_size), a.node, core_list, &available) {
-                Ok(p) => (p, a.state.state_dir),
+                Ok(p) => (
+                    p.with_isolation(a.isolation.unwrap_or_default()),
+                    a.state.state_dir,
+                ),
                 Err(e) => return fail(e, true),
             }
         }

@@ -661,3 +661,140 @@ fn a_reserve_stopped_half_way_changes_nothing() {
     );
     assert_eq!(h.status()["reserved"], false);
 }
+
+/// A host that already runs containers (Docker's `docker` cpuset spanning every core, with a
+/// nested one, each with a task): reserve takes core 1 from all of them and unreserve gives
+/// it back exactly; a cpuset holding nothing but core 1 is in the way (exit 2, named,
+/// nothing changed) unless `--isolation none` accepts shared cores; a reserve killed after
+/// narrowing leaves a record the next reserve widens from, so what it records is what the
+/// cpusets were before.
+#[test]
+fn a_reservation_takes_its_cores_from_every_other_cpuset() {
+    const TEST: &str = "pool::a_reservation_takes_its_cores_from_every_other_cpuset";
+    // SAFETY: geteuid has no preconditions.
+    if host_cores() < 2 || unsafe { libc::geteuid() } != 0 {
+        skip(
+            TEST,
+            "reserving a core needs root and a second core for the host",
+        );
+        return;
+    }
+    let Some(h) = Host::new("foreign") else {
+        return;
+    };
+    let all = partition::config::cores::format(&partition::config::cores::available());
+    let Some(docker) = ForeignCpuset::new("partition-test-docker", &all, true) else {
+        skip(TEST, "no cpuset hierarchy here");
+        return;
+    };
+    let child = docker.child.clone().unwrap();
+    assert!(docker.task_cpus().iter().all(|c| c.contains(&1)));
+    let before = settings();
+    h.reserve("64M");
+    // No task of either foreign cpuset may run on the reserved core now.
+    for c in docker.task_cpus() {
+        assert!(
+            !c.contains(&1) && !c.is_empty(),
+            "a foreign task may run on {c:?}"
+        );
+    }
+    let s = h.status();
+    let iso = s["cores"]["isolation"].as_str().unwrap().to_string();
+    assert!(iso.contains(&docker.dir.display().to_string()), "{iso}");
+    let narrowed = h.ledger_json()["cores"]["isolation"]["narrowed"].clone();
+    let paths: Vec<&str> = narrowed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    if cpuset_root().is_some() {
+        // cgroup v1: children before parents (a child's CPUs stay within its parent's).
+        assert_eq!(
+            paths,
+            [child.to_str().unwrap(), docker.dir.to_str().unwrap()],
+            "{narrowed}"
+        );
+    } else {
+        assert!(paths.contains(&docker.dir.to_str().unwrap()), "{narrowed}");
+    }
+    let out = h.run(&["unreserve"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert_eq!(ForeignCpuset::cpus(&docker.dir), all);
+    assert_eq!(ForeignCpuset::cpus(&child), all);
+    for c in docker.task_cpus() {
+        assert!(
+            c.contains(&1),
+            "the foreign task did not get core 1 back: {c:?}"
+        );
+    }
+    assert_eq!(settings(), before);
+
+    // A cpuset with nothing but core 1 cannot be narrowed: refused, named, nothing taken.
+    let pinned = ForeignCpuset::new("partition-test-pinned", "1", false).unwrap();
+    let before = settings();
+    let out = h.run(&["reserve", "--memory", "64M", "--cores", "1"]);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("{} is in the way", pinned.dir.display()))
+            && out.stderr.contains("--isolation none"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(settings(), before);
+    for f in ["ledger.json", "narrowing.json"] {
+        assert!(!h.dir.join(f).exists(), "the refused reserve left {f}");
+    }
+    // Shared cores accepted: reserved, said so, no cpuset touched.
+    let out = h.run(&[
+        "reserve",
+        "--memory",
+        "64M",
+        "--cores",
+        "1",
+        "--isolation",
+        "none",
+    ]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("isolation: none (--isolation none"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(ForeignCpuset::cpus(&pinned.dir), "1");
+    assert_eq!(ForeignCpuset::cpus(&docker.dir), all);
+    let iso = h.status()["cores"]["isolation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(iso.starts_with("none (--isolation none"), "{iso}");
+    let out = h.run(&["unreserve"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    drop(pinned);
+
+    // Killed once the cpusets are narrowed, before its ledger records them: the next
+    // reserve widens them back first, so its ledger holds what they were before.
+    let out = h.run_env(
+        &["reserve", "--memory", "64M", "--cores", "1"],
+        &[(partition::host::reserve::FAIL_ENV, "kill-after-isolation")],
+    );
+    assert_eq!(out.code(), -1, "expected death by SIGKILL: {}", out.stderr);
+    assert_ne!(ForeignCpuset::cpus(&docker.dir), all, "not narrowed");
+    assert!(h.dir.join("narrowing.json").exists());
+    h.reserve("64M");
+    assert!(!h.dir.join("narrowing.json").exists());
+    let narrowed = h.ledger_json()["cores"]["isolation"]["narrowed"].clone();
+    let n = narrowed.as_array().unwrap();
+    assert!(
+        !n.is_empty(),
+        "nothing narrowed after the recovery: {narrowed}"
+    );
+    for n in n {
+        assert_eq!(n["cpus"], all.as_str(), "{narrowed}");
+    }
+    let out = h.run(&["unreserve"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert_eq!(ForeignCpuset::cpus(&docker.dir), all);
+    assert_eq!(ForeignCpuset::cpus(&child), all);
+}

@@ -2,7 +2,9 @@
 //! read and changed (written whole, renamed into place), and a partition's own
 //! lock that says its launcher is alive.
 
-use super::{LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, VERSION};
+use super::{
+    LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, NARROWING, NarrowedCpuset, VERSION,
+};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -150,6 +152,50 @@ impl LedgerLock {
         text.push('\n');
         self.dir.replace(LEDGER, text.as_bytes())?;
         Ok(())
+    }
+
+    /// Records the cpusets a reserve is about to narrow (see [`NARROWING`]).
+    pub fn store_narrowing(&self, n: &[NarrowedCpuset]) -> Result<(), LedgerError> {
+        let text = serde_json::to_string(n).map_err(|e| LedgerError::Corrupt {
+            path: self.dir.join(NARROWING),
+            reason: e.to_string(),
+        })?;
+        self.dir.replace(NARROWING, text.as_bytes())?;
+        Ok(())
+    }
+
+    /// The cpusets a reserve that did not finish had narrowed, if it left a record (which
+    /// is removed): each in a cgroup hierarchy, with core lists, or the record is ignored.
+    pub fn take_narrowing(&self) -> Vec<NarrowedCpuset> {
+        let Ok(Some(f)) = self.dir.read_file(NARROWING) else {
+            return Vec::new();
+        };
+        let mut text = String::new();
+        let read = f.take(MAX_LEDGER).read_to_string(&mut text).is_ok();
+        let _ = self.dir.remove(NARROWING);
+        let n: Vec<NarrowedCpuset> = match serde_json::from_str(&text) {
+            Ok(n) if read => n,
+            _ => {
+                log::warn!(
+                    "{}: unreadable; ignored",
+                    self.dir.join(NARROWING).display()
+                );
+                return Vec::new();
+            }
+        };
+        match super::check_narrowed(&n, Path::new("/sys/fs/cgroup")) {
+            Ok(()) => n,
+            Err(e) => {
+                log::warn!("{}: {e}; ignored", self.dir.join(NARROWING).display());
+                Vec::new()
+            }
+        }
+    }
+
+    /// Removes the record of cpusets being narrowed (the ledger has them now, or they were
+    /// widened back).
+    pub fn clear_narrowing(&self) {
+        let _ = self.dir.remove(NARROWING);
     }
 
     /// Removes the ledger.

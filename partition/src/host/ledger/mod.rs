@@ -21,6 +21,10 @@ pub const DEFAULT_STATE_DIR: &str = "/run/partition";
 pub const VERSION: u32 = 1;
 const LEDGER: &str = "ledger.json";
 const LOCK: &str = "ledger.lock";
+/// Others' cpusets a reserve is narrowing, written before the first is narrowed and
+/// removed once the ledger records them: a reserve killed between the two leaves this for
+/// the next reserve or unreserve to widen them back.
+const NARROWING: &str = "narrowing.json";
 /// Directory of the partitions' liveness locks.
 const LOCKS: &str = "locks";
 /// Largest ledger read (a forged one cannot make us read without end).
@@ -77,6 +81,34 @@ pub struct PlanRecord {
     pub node: Option<u32>,
     /// Reserved cores.
     pub cores: Vec<usize>,
+    /// Whether they were to be taken out of every cgroup.
+    #[serde(default)]
+    pub isolation: IsolationMode,
+}
+
+/// Whether a reservation must take its cores out of every cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationMode {
+    /// The reserved cores are taken out of every cpuset cgroup of the host (cgroup v1: every
+    /// other cpuset narrowed; v2: an isolated partition); where that cannot be done the
+    /// reserve is refused, naming the cgroup in the way.
+    #[default]
+    Cpusets,
+    /// No isolation: the reserved cores stay shared with every cgroup (the ledger still
+    /// keeps partitions off each other's cores).
+    None,
+}
+
+impl IsolationMode {
+    /// Parses `cpusets` or `none`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "cpusets" => Some(Self::Cpusets),
+            "none" => Some(Self::None),
+            _ => None,
+        }
+    }
 }
 
 /// The pool as built.
@@ -121,12 +153,54 @@ pub enum Isolation {
         moved: usize,
         /// Tasks that could not be moved (per-CPU kernel threads).
         unmovable: usize,
+        /// Other cpusets (Docker's, podman's, libvirt's, a kubelet's, ...) whose CPUs
+        /// spanned the reserved cores, narrowed to the others, deepest first; widened back,
+        /// shallowest first, when the reservation ends.
+        #[serde(default)]
+        narrowed: Vec<NarrowedCpuset>,
     },
     /// cgroup v2: an "isolated" cpuset partition; the launcher process joins it.
     CgroupV2 {
         /// The partition cgroup.
         path: PathBuf,
+        /// Its siblings whose `cpuset.cpus` spanned the reserved cores (the kernel takes
+        /// no cores from them for a partition), narrowed as for v1.
+        #[serde(default)]
+        narrowed: Vec<NarrowedCpuset>,
     },
+}
+
+/// A cpuset of someone else's whose CPUs a reservation narrowed, and what they were.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NarrowedCpuset {
+    /// The cpuset's directory.
+    pub path: PathBuf,
+    /// Its `cpuset.cpus` before.
+    pub cpus: String,
+    /// What the reservation wrote (`cpus` less the reserved cores): it is widened back
+    /// only if it still reads this, so a change its owner made since is kept.
+    pub narrowed_to: String,
+}
+
+/// Another's cpuset a reservation narrowed must lie inside the hierarchy at `root`, and
+/// both its core lists must parse (unreserve writes one back where the other still is).
+pub(crate) fn check_narrowed(narrowed: &[NarrowedCpuset], root: &Path) -> Result<(), String> {
+    for n in narrowed {
+        plain(&n.path)?;
+        if !n.path.starts_with(root) || n.path == root {
+            return Err(format!(
+                "narrowed cpuset {} is not in the hierarchy at {}",
+                n.path.display(),
+                root.display()
+            ));
+        }
+        for list in [&n.cpus, &n.narrowed_to] {
+            crate::config::cores::parse(list)
+                .map_err(|e| format!("narrowed cpuset {}: {e}", n.path.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// An IRQ whose affinity reserve changed.
@@ -354,6 +428,7 @@ impl Ledger {
                 root,
                 housekeeping,
                 guests,
+                narrowed,
                 ..
             } => {
                 plain(root)?;
@@ -362,8 +437,9 @@ impl Ledger {
                 {
                     return Err("the cpusets are not this state directory's own".into());
                 }
+                check_narrowed(narrowed, root)?;
             }
-            Isolation::CgroupV2 { path } => {
+            Isolation::CgroupV2 { path, narrowed } => {
                 plain(path)?;
                 if path.file_name() != Some(std::ffi::OsStr::new(&format!("{tag}-guests"))) {
                     return Err(format!(
@@ -371,6 +447,7 @@ impl Ledger {
                         path.display()
                     ));
                 }
+                check_narrowed(narrowed, path.parent().unwrap_or(Path::new("/")))?;
             }
         }
         if self.cores.reserved.is_empty()
@@ -438,6 +515,7 @@ pub(crate) mod tests {
                 page_size: 2 << 20,
                 node: None,
                 cores: vec![1],
+                isolation: IsolationMode::Cpusets,
             },
             pool: PoolRecord {
                 file: mount.join(format!("{}-pool", state_tag(dir))),
@@ -563,6 +641,7 @@ pub(crate) mod tests {
         let lock = LedgerLock::exclusive(&dir).unwrap();
         let here = lock.dir().to_path_buf();
         assert_eq!(sample_in(&here).check_paths(&here), Ok(()));
+        let here_for_bad = here.clone();
         let bad: Vec<(&str, Forge)> = vec![
             (
                 "a 4 KiB page size",
@@ -632,6 +711,25 @@ pub(crate) mod tests {
                         guests: "/sys/fs/cgroup/cpuset/partition-000000000000-guests".into(),
                         moved: 0,
                         unmovable: 0,
+                        narrowed: Vec::new(),
+                    };
+                }),
+            ),
+            (
+                "a narrowed cpuset outside the hierarchy",
+                Box::new(move |l| {
+                    let tag = state_tag(&here_for_bad);
+                    l.cores.isolation = Isolation::CgroupV1 {
+                        root: "/sys/fs/cgroup/cpuset".into(),
+                        housekeeping: format!("/sys/fs/cgroup/cpuset/{tag}-housekeeping").into(),
+                        guests: format!("/sys/fs/cgroup/cpuset/{tag}-guests").into(),
+                        moved: 0,
+                        unmovable: 0,
+                        narrowed: vec![NarrowedCpuset {
+                            path: "/sys/fs/cgroup/memory/docker".into(),
+                            cpus: "0-1".into(),
+                            narrowed_to: "0".into(),
+                        }],
                     };
                 }),
             ),
@@ -659,6 +757,11 @@ pub(crate) mod tests {
             guests: format!("/sys/fs/cgroup/cpuset/{tag}-guests").into(),
             moved: 0,
             unmovable: 0,
+            narrowed: vec![NarrowedCpuset {
+                path: "/sys/fs/cgroup/cpuset/docker".into(),
+                cpus: "0-1".into(),
+                narrowed_to: "0".into(),
+            }],
         };
         assert_eq!(l.check_paths(&here), Ok(()));
         lock.remove().unwrap();

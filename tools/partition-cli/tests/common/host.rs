@@ -19,7 +19,8 @@ pub const LIMIT: Duration = Duration::from_secs(120);
 pub struct HostSettings {
     pub nr_hugepages: String,
     pub hugetlbfs_mounts: Vec<String>,
-    pub cpusets: Vec<String>,
+    /// Each top-level cpuset (v1) or cgroup (v2) and its `cpuset.cpus`.
+    pub cpusets: Vec<(String, String)>,
     pub irq_affinities: Vec<(String, String)>,
     pub default_affinity: String,
 }
@@ -59,14 +60,17 @@ pub fn settings() -> HostSettings {
     }
     irqs.sort();
     // The cpusets (v1) and the cgroups (v2) at the top of each hierarchy.
-    let mut cpusets: Vec<String> = [cpuset_root(), cgroup2_cpuset_root()]
+    let mut cpusets: Vec<(String, String)> = [cpuset_root(), cgroup2_cpuset_root()]
         .into_iter()
         .flatten()
         .filter_map(|r| std::fs::read_dir(r).ok())
         .flatten()
         .flatten()
         .filter(|e| e.path().is_dir())
-        .map(|e| e.path().display().to_string())
+        .map(|e| {
+            let cpus = std::fs::read_to_string(e.path().join("cpuset.cpus")).unwrap_or_default();
+            (e.path().display().to_string(), cpus.trim().to_string())
+        })
         .collect();
     cpusets.sort();
     HostSettings {
@@ -215,11 +219,8 @@ impl Drop for Host {
                     .flatten()
                     .map(|e| e.path())
                     .filter(|p| {
-                        p.is_dir()
-                            && !self
-                                .before
-                                .cpusets
-                                .contains(&p.file_name().unwrap().to_string_lossy().into_owned())
+                        let p_str = p.display().to_string();
+                        p.is_dir() && !self.before.cpusets.iter().any(|(c, _)| *c == p_str)
                     });
                 for p in ours {
                     if let Ok(t) = std::fs::read_to_string(p.join("tasks")) {
@@ -267,4 +268,145 @@ pub fn kill_launcher_and_keeper(mut c: Child) {
     // SAFETY: killing our own child.
     unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
     let _ = c.wait();
+}
+
+/// Someone else's cpuset (Docker's `docker`, podman's `libpod_parent`, libvirt's `machine`,
+/// a kubelet's `kubepods`) at the top of the cpuset hierarchy (v1) or of cgroup v2, with a
+/// task in it and, with `child`, a cpuset inside it with a task of its own: what a
+/// reservation must take its cores from and give back exactly. Removed on drop (tasks
+/// killed first).
+pub struct ForeignCpuset {
+    pub dir: PathBuf,
+    pub child: Option<PathBuf>,
+    tasks: Vec<Child>,
+    v2: bool,
+    /// The v2 root's subtree_control had no cpuset until this enabled it.
+    enabled: Option<PathBuf>,
+}
+
+impl ForeignCpuset {
+    /// `NAME` holding `cpus`; None where this host has no cpuset hierarchy to make it in.
+    pub fn new(name: &str, cpus: &str, child: bool) -> Option<Self> {
+        let (root, v2) = match (cpuset_root(), cgroup2_cpuset_root()) {
+            (Some(r), _) => (r, false),
+            (None, Some(r)) => (r, true),
+            _ => return None,
+        };
+        let write = |p: PathBuf, v: &str| {
+            std::fs::write(&p, v).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        };
+        let mut enabled = None;
+        if v2 {
+            let ctl = root.join("cgroup.subtree_control");
+            if !std::fs::read_to_string(&ctl)
+                .unwrap_or_default()
+                .split_whitespace()
+                .any(|c| c == "cpuset")
+            {
+                write(ctl.clone(), "+cpuset");
+                enabled = Some(ctl);
+            }
+        }
+        let dir = root.join(format!("{name}-{}", std::process::id()));
+        let mut f = Self {
+            dir: dir.clone(),
+            child: None,
+            tasks: Vec::new(),
+            v2,
+            enabled,
+        };
+        let mems = std::fs::read_to_string(root.join(if v2 {
+            "cpuset.mems.effective"
+        } else {
+            "cpuset.mems"
+        }))
+        .unwrap();
+        let make = |d: &PathBuf, f: &mut Self| {
+            std::fs::create_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+            write(d.join("cpuset.cpus"), cpus);
+            write(d.join("cpuset.mems"), mems.trim());
+            if v2 {
+                let ctl = d.join("cgroup.subtree_control");
+                let _ = std::fs::write(ctl, "+cpuset");
+            }
+            let t = std::process::Command::new("sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap();
+            let procs = if v2 { "cgroup.procs" } else { "tasks" };
+            let target = if v2 && child && d == &dir {
+                // cgroup v2 allows no task beside child cgroups that use controllers: the
+                // parent's task goes to a leaf of its own.
+                let leaf = d.join("leaf");
+                std::fs::create_dir(&leaf).unwrap();
+                write(leaf.join("cpuset.cpus"), cpus);
+                leaf.join(procs)
+            } else {
+                d.join(procs)
+            };
+            write(target, &t.id().to_string());
+            f.tasks.push(t);
+        };
+        make(&dir, &mut f);
+        if child {
+            let c = dir.join("child");
+            make(&c, &mut f);
+            f.child = Some(c);
+        }
+        Some(f)
+    }
+
+    /// A cpuset's `cpuset.cpus` now.
+    pub fn cpus(dir: &std::path::Path) -> String {
+        std::fs::read_to_string(dir.join("cpuset.cpus"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// The CPUs each of its tasks may run on now (`Cpus_allowed_list`).
+    pub fn task_cpus(&self) -> Vec<Vec<usize>> {
+        self.tasks
+            .iter()
+            .map(|t| {
+                let st = std::fs::read_to_string(format!("/proc/{}/status", t.id())).unwrap();
+                let l = st
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .unwrap();
+                partition::config::cores::parse(l.trim()).unwrap()
+            })
+            .collect()
+    }
+}
+
+impl Drop for ForeignCpuset {
+    fn drop(&mut self) {
+        for t in &mut self.tasks {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
+        let mut dirs = vec![
+            self.dir.join("child"),
+            self.dir.join("leaf"),
+            self.dir.clone(),
+        ];
+        if !self.v2 {
+            dirs.remove(1);
+        }
+        for d in dirs {
+            // An exiting task leaves its cgroup a moment after wait() returns.
+            for _ in 0..100 {
+                if !d.exists() || std::fs::remove_dir(&d).is_ok() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // Busy while a reservation's partition is still there: then it stays on.
+        if let Some(ctl) = &self.enabled {
+            let _ = std::fs::write(ctl, "-cpuset");
+        }
+    }
 }

@@ -21,6 +21,22 @@ pub fn partition() -> Command {
     c
 }
 
+/// Environment variable listing (comma-separated) the tests that must run on this
+/// platform: scripts/test.sh names those whose purpose is this host, so that a missing
+/// prerequisite fails them instead of passing them as SKIPPED.
+pub const MUST_RUN_ENV: &str = "PARTITION_MUST_RUN";
+
+/// Prints that `test` (binary::name) is SKIPPED and why, or fails it if [`MUST_RUN_ENV`]
+/// names its binary or itself.
+pub fn skip(test: &str, why: &str) {
+    let must = std::env::var(MUST_RUN_ENV).unwrap_or_default();
+    let binary = test.split("::").next().unwrap_or(test);
+    if must.split(',').any(|m| m == test || m == binary) {
+        panic!("{test} must run on this platform ({MUST_RUN_ENV}={must}), but: {why}");
+    }
+    println!("SKIPPED {test}: {why}");
+}
+
 /// Whether /dev/kvm can be used; prints why not when it cannot.
 pub fn kvm_available(test: &str) -> bool {
     match std::fs::OpenOptions::new()
