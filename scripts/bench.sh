@@ -16,7 +16,8 @@ need_root "$@"
 need_cargo
 need_kvm
 apt_lists
-apt_install gcc qemu-system-x86 python3 rt-tests stress-ng fio
+apt_install gcc python3 rt-tests stress-ng fio
+apt_qemu
 cargo build --release --quiet -p partition-cli
 
 args=()

@@ -31,6 +31,46 @@ apt_install() {
     fi
 }
 
+# apt_qemu: QEMU 10 from Debian's bookworm-backports suite (added to apt's sources once,
+# as /etc/apt/sources.list.d/bookworm-backports.sources), unless a QEMU 10 or later is
+# installed. The rig needs it: under bookworm's QEMU 7.2, TCG's SVM never delivers a
+# guest's XSETBV intercept to the KVM inside, so that KVM's CPUID 0xd keeps describing the
+# old XCR0 (tests/assist.rs's xsave test, Debian's "XSAVE consistency problem" WARN); 7.2's
+# multi-threaded TCG also lost IPIs and triple-faulted in 2 of 5 suite runs
+# (docs/testing.md). The benchmarks' QEMU peer is the same binary.
+QEMU_MIN_MAJOR=10
+qemu_major() {
+    qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+}
+apt_qemu() {
+    local major
+    major=$(qemu_major)
+    if [ -n "$major" ] && [ "$major" -ge "$QEMU_MIN_MAJOR" ] \
+        && dpkg-query -W -f='${Status}' qemu-utils 2>/dev/null | grep -q "install ok installed"; then
+        return 0
+    fi
+    . /etc/os-release
+    [ "${VERSION_CODENAME:-}" = bookworm ] \
+        || die "QEMU ${QEMU_MIN_MAJOR} or later is needed (found ${major:-none}); this script installs it from Debian 12's bookworm-backports only"
+    local src=/etc/apt/sources.list.d/bookworm-backports.sources
+    if ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        say "adding Debian's bookworm-backports suite to apt's sources ($src)"
+        printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" \
+            "Suites: bookworm-backports" "Components: main" \
+            "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" > "$src"
+    fi
+    if ! apt-cache policy qemu-system-x86 2>/dev/null | grep -q "~bpo12"; then
+        say "apt-get update (bookworm-backports)"
+        apt-get update -q >&2
+    fi
+    say "installing QEMU from bookworm-backports (found ${major:-none}, need ${QEMU_MIN_MAJOR}+)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        -t bookworm-backports qemu-system-x86 qemu-utils >&2
+    major=$(qemu_major)
+    [ -n "$major" ] && [ "$major" -ge "$QEMU_MIN_MAJOR" ] \
+        || die "bookworm-backports gave QEMU ${major:-none}, not ${QEMU_MIN_MAJOR}+"
+}
+
 # apt_lists: makes sure the package lists are there (apt-get download needs them).
 apt_lists() {
     if [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ] || [ "${APT_UPDATE:-0}" = 1 ]; then

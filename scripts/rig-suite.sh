@@ -23,7 +23,8 @@ case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;
 need_root
 need_cargo
 apt_lists
-apt_install qemu-system-x86 cpio xz-utils dpkg python3
+apt_install cpio xz-utils dpkg python3
+apt_qemu
 
 # What runs inside: test binary names (tools/partition-cli/tests/NAME.rs), each with an
 # optional filter: the tests whose paths real hardware takes differently (the idle

@@ -56,12 +56,14 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || die "no command to run inside (scripts/rig.sh --help)"
 need_root
-command -v qemu-system-x86_64 >/dev/null 2>&1 && command -v cpio >/dev/null 2>&1 \
+command -v cpio >/dev/null 2>&1 \
     && command -v xz >/dev/null 2>&1 && command -v dpkg-deb >/dev/null 2>&1 \
     && command -v gcc >/dev/null 2>&1 && [ -e /usr/lib/x86_64-linux-gnu/libc.a ] || {
     apt_lists
-    apt_install qemu-system-x86 cpio xz-utils dpkg gcc libc6-dev
+    apt_install cpio xz-utils dpkg gcc libc6-dev
 }
+apt_qemu
+say "rig: $(qemu-system-x86_64 --version | head -1), TCG multi-threaded"
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 log=${log:-$cache/console.log}

@@ -983,10 +983,20 @@ impl HostNvme {
             if let Some(d) = found() {
                 break d;
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(60),
-                "no namespace of {bdf} under the host's nvme driver"
-            );
+            if t0.elapsed() >= Duration::from_secs(60) {
+                // What the host's driver said: the kernel log's nvme lines.
+                let log = Command::new("dmesg")
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                let nvme: Vec<&str> = log.lines().filter(|l| l.contains("nvme")).collect();
+                let tail = &nvme[nvme.len().saturating_sub(30)..];
+                panic!(
+                    "no namespace of {bdf} under the host's nvme driver after 60 s; the \
+                     kernel's nvme lines:\n{}",
+                    tail.join("\n")
+                );
+            }
             std::thread::sleep(Duration::from_millis(100));
         };
         Self {
