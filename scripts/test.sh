@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything CI runs: install what the tests need, check formatting and lints, build the
-# no_std core, run every test on this host's /dev/kvm, then the end-to-end suite again on
-# the rig (real KVM under QEMU TCG with an IOMMU: scripts/rig-suite.sh, docs/testing.md).
-# No timing assertions anywhere.
+# no_std core, check docs/deploy's manifests against the Kubernetes schemas, run every test
+# on this host's /dev/kvm (a pod through containerd's CRI among them), then the end-to-end
+# suite again on the rig (real KVM under QEMU TCG with an IOMMU: scripts/rig-suite.sh,
+# docs/testing.md). No timing assertions anywhere.
 #
 #   scripts/test.sh          (as root)
 #   scripts/test.sh --long   also every Linux boot to userspace on a nested kvm_pvm host
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
     --long) export PARTITION_LONG_TESTS=1 ;;
     "") ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (scripts/test.sh [--long])" ;;
 esac
 need_root "$@"
@@ -24,8 +25,13 @@ need_cargo
 need_kvm
 apt_lists
 # gcc links the probe guest; dpkg-deb unpacks the Debian kernel the tests fetch; QEMU runs
-# the probe as the benchmarks' peer does.
-apt_install gcc binutils dpkg python3 qemu-system-x86
+# the probe as the benchmarks' peer does; containerd and runc run tests/cri.rs's pod;
+# protoc builds the CRI client it drives them with; python3-venv holds the manifests'
+# schema check.
+apt_install gcc binutils dpkg python3 python3-venv containerd runc protobuf-compiler
+apt_qemu
+# What this host is for: these fail, not skip, when something they need is missing.
+export PARTITION_MUST_RUN=cri,pool::a_reservation_takes_its_cores_from_every_other_cpuset
 
 say "cargo fmt --check"
 cargo fmt --all -- --check
@@ -39,6 +45,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 say "no_std build of the pure boot and pool logic"
 cargo build -p boot -p pool --no-default-features --quiet
+
+say "docs/deploy/ against the Kubernetes API schemas (kubernetes-validate from PyPI)"
+scripts/validate-manifests.sh
 
 if [ "${PARTITION_LONG_TESTS:-0}" = 1 ] || [ ! -e /sys/module/kvm_pvm ]; then
     say "our guest kernel (scripts/guest-image.sh; cached in benchmarks/cache after the first build)"

@@ -102,10 +102,90 @@ impl PodError {
     }
 }
 
+/// One cgroup file system mounted in this mount namespace, from `/proc/self/mountinfo`.
+#[derive(Debug, PartialEq, Eq)]
+struct CgroupMount {
+    /// The cgroup the mount shows as its top (mountinfo's root field): `/` on a host,
+    /// the container's own cgroup where a runtime bind-mounted it there.
+    root: String,
+    /// Where it is mounted.
+    point: PathBuf,
+    /// cgroup v2 (else v1).
+    v2: bool,
+    /// Its super options (a v1 hierarchy's controllers among them).
+    options: Vec<String>,
+}
+
+/// mountinfo's octal escapes (`\040` for a space) undone.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup mounts of a `/proc/self/mountinfo` text.
+fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split_whitespace().collect();
+            let post: Vec<&str> = post.split_whitespace().collect();
+            let v2 = match *post.first()? {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => return None,
+            };
+            Some(CgroupMount {
+                root: unescape(pre.get(3)?),
+                point: PathBuf::from(unescape(pre.get(4)?)),
+                v2,
+                options: post
+                    .get(2)
+                    .map(|o| o.split(',').map(String::from).collect())
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// `path` (a cgroup as `/proc/self/cgroup` names it) under the mount `m`: the part of it
+/// below the mount's root, joined to the mount point. None when the cgroup is outside
+/// what the mount shows.
+fn under_mount(m: &CgroupMount, path: &str) -> Option<PathBuf> {
+    let root = m.root.trim_end_matches('/');
+    let rel = if root.is_empty() {
+        path
+    } else if path == root {
+        ""
+    } else {
+        path.strip_prefix(root)?.strip_prefix('/')?
+    };
+    Some(m.point.join(rel.trim_start_matches('/')))
+}
+
 /// Where this process's cgroup for `controller` is, from `/proc/self/cgroup` and
-/// `/proc/self/mounts` texts: under a cgroup v1 hierarchy that has the controller, else
-/// under the cgroup v2 hierarchy if the controller is enabled there.
-pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mounts: &str) -> Option<PathBuf> {
+/// `/proc/self/mountinfo` texts: under a cgroup v1 hierarchy that has the controller, else
+/// under the cgroup v2 hierarchy if the controller is enabled there. A container's cgroup
+/// is found too: its runtime mounts the hierarchy with the container's cgroup as its root
+/// (mountinfo's root field says which), and with a cgroup namespace `/proc/self/cgroup`
+/// names that root `/`.
+pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mountinfo: &str) -> Option<PathBuf> {
+    let mounts = cgroup_mounts(mountinfo);
     let mut v2_path = None;
     for l in proc_cgroup.lines() {
         let mut f = l.splitn(3, ':');
@@ -115,20 +195,17 @@ pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mounts: &str) -> Option<P
         if id == "0" && ctrls.is_empty() {
             v2_path = Some(path.to_string());
         } else if ctrls.split(',').any(|c| c == controller) {
-            let mount = mounts.lines().find_map(|m| {
-                let w: Vec<&str> = m.split_whitespace().collect();
-                (w.len() >= 4 && w[2] == "cgroup" && w[3].split(',').any(|o| o == controller))
-                    .then(|| PathBuf::from(w[1]))
-            })?;
-            return Some(mount.join(path.trim_start_matches('/')));
+            return mounts
+                .iter()
+                .filter(|m| !m.v2 && m.options.iter().any(|o| o == controller))
+                .find_map(|m| under_mount(m, path));
         }
     }
     let path = v2_path?;
-    let mount = mounts.lines().find_map(|m| {
-        let w: Vec<&str> = m.split_whitespace().collect();
-        (w.len() >= 3 && w[2] == "cgroup2").then(|| PathBuf::from(w[1]))
-    })?;
-    let dir = mount.join(path.trim_start_matches('/'));
+    let dir = mounts
+        .iter()
+        .filter(|m| m.v2)
+        .find_map(|m| under_mount(m, &path))?;
     let ctrls = std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default();
     // The root cgroup lists every controller; a child only those its parent enabled.
     ctrls
@@ -137,9 +214,17 @@ pub fn cgroup_dir(controller: &str, proc_cgroup: &str, mounts: &str) -> Option<P
         .then_some(dir)
 }
 
-/// Whether `dir` is its hierarchy's root cgroup: its parent is no cgroup (has no
-/// `cgroup.procs`).
+/// Whether `dir` is its hierarchy's root cgroup (every core of the host, nobody's grant),
+/// by what only a root has: on cgroup v2 no `cgroup.type`; a v1 cpuset
+/// `cpuset.memory_pressure_enabled`. Not by where it is mounted: inside a container the
+/// container's own cgroup is mounted where the root would be.
 pub fn is_root_cgroup(dir: &Path) -> bool {
+    if dir.join("cgroup.controllers").exists() {
+        return !dir.join("cgroup.type").exists();
+    }
+    if dir.join("cpuset.cpus").exists() {
+        return dir.join("cpuset.memory_pressure_enabled").exists();
+    }
     !dir.parent()
         .is_some_and(|p| p.join("cgroup.procs").exists())
 }
@@ -154,7 +239,7 @@ fn own_cgroup_dir(controller: &'static str) -> Result<PathBuf, PodError> {
     cgroup_dir(
         controller,
         &read("/proc/self/cgroup")?,
-        &read("/proc/self/mounts")?,
+        &read("/proc/self/mountinfo")?,
     )
     .ok_or(PodError::Cgroup {
         controller,
@@ -421,38 +506,113 @@ pub fn volume_memory(dir: &Path, size: u64) -> Result<ExtentFile, PodError> {
 mod tests {
     use super::*;
 
-    const MOUNTS: &str = "\
-cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0
-cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
-cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+    /// This development host's cgroup mounts (cgroup v1 cpuset and memory, v2 unified).
+    const MOUNTINFO: &str = "\
+30 24 0:26 / /sys/fs/cgroup/cpuset rw,nosuid,nodev,noexec,relatime shared:12 - cgroup cgroup rw,cpuset
+31 24 0:27 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:13 - cgroup cgroup rw,memory
+25 24 0:22 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:6 - cgroup2 cgroup2 rw
 ";
 
+    /// Inside a runc container on cgroup v1, captured from tests/cri.rs's pod (containerd
+    /// 1.6.20's CRI, runc 1.1.5, this host): each hierarchy bind-mounted read-only with the
+    /// container's cgroup as its root; no cgroup namespace, no cgroup2 mount.
+    const V1_CONTAINER: (&str, &str) = (
+        "\
+4:memory:/kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967
+3:cpuset:/kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967
+0::/kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967
+",
+        "\
+104 103 0:56 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=755
+107 104 0:31 /kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967 /sys/fs/cgroup/cpuset ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,cpuset
+108 104 0:32 /kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967 /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,memory
+",
+    );
+
+    /// Inside a container on cgroup v2 with a cgroup namespace (containerd's default
+    /// there): the container's cgroup is `/` to it, and mounted at /sys/fs/cgroup. Written
+    /// from cgroup_namespaces(7), not captured: this host's containerd runs on cgroup v1.
+    const V2_NAMESPACED: (&str, &str) = (
+        "0::/\n",
+        "812 811 0:30 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate\n",
+    );
+
     #[test]
-    fn the_root_of_a_hierarchy_is_known_by_its_parent() {
+    fn the_root_of_a_hierarchy_is_known_by_what_only_a_root_has() {
         let d = std::env::temp_dir().join(format!("pod-root-{}", std::process::id()));
-        let child = d.join("root/kubepods/pod1");
-        std::fs::create_dir_all(&child).unwrap();
-        for c in ["root", "root/kubepods", "root/kubepods/pod1"] {
-            std::fs::write(d.join(c).join("cgroup.procs"), "").unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+        let v2 = d.join("v2");
+        let v1 = d.join("v1");
+        for (dir, files) in [
+            (v2.clone(), &["cgroup.controllers", "cgroup.procs"][..]),
+            (
+                v2.join("pod"),
+                &["cgroup.controllers", "cgroup.procs", "cgroup.type"][..],
+            ),
+            (
+                v1.clone(),
+                &[
+                    "cpuset.cpus",
+                    "cgroup.procs",
+                    "cpuset.memory_pressure_enabled",
+                ][..],
+            ),
+            (v1.join("kubepods"), &["cpuset.cpus", "cgroup.procs"][..]),
+        ] {
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in files {
+                std::fs::write(dir.join(f), "").unwrap();
+            }
         }
-        assert!(is_root_cgroup(&d.join("root")));
-        assert!(!is_root_cgroup(&d.join("root/kubepods")));
-        assert!(!is_root_cgroup(&child));
+        assert!(is_root_cgroup(&v2));
+        assert!(!is_root_cgroup(&v2.join("pod")));
+        assert!(is_root_cgroup(&v1));
+        assert!(!is_root_cgroup(&v1.join("kubepods")));
         std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
-    fn cgroup_directories_are_found_in_v1_and_v2() {
+    fn cgroup_directories_are_found_on_hosts_and_inside_containers() {
         let pc = "4:memory:/kubepods/pod1\n3:cpuset:/kubepods/pod1/c1\n0::/kubepods/pod1/c1\n";
         assert_eq!(
-            cgroup_dir("cpuset", pc, MOUNTS),
+            cgroup_dir("cpuset", pc, MOUNTINFO),
             Some(PathBuf::from("/sys/fs/cgroup/cpuset/kubepods/pod1/c1"))
         );
         // A controller no v1 hierarchy has: v2, if enabled there (not in this fake tree).
-        assert_eq!(cgroup_dir("hugetlb", pc, MOUNTS), None);
-        assert_eq!(cgroup_dir("cpuset", "", MOUNTS), None);
+        assert_eq!(cgroup_dir("hugetlb", pc, MOUNTINFO), None);
+        assert_eq!(cgroup_dir("cpuset", "", MOUNTINFO), None);
         // A v1 controller without a mount.
         assert_eq!(cgroup_dir("cpuset", "3:cpuset:/x\n", ""), None);
+        // A v1 container: its cgroup is the mount's root, so it is the mount point itself
+        // (the path /proc/self/cgroup gives does not exist in there).
+        assert_eq!(
+            cgroup_dir("cpuset", V1_CONTAINER.0, V1_CONTAINER.1),
+            Some(PathBuf::from("/sys/fs/cgroup/cpuset"))
+        );
+        // A cgroup outside what the mount shows is not found.
+        assert_eq!(
+            cgroup_dir("cpuset", "12:cpuset:/other\n", V1_CONTAINER.1),
+            None
+        );
+        // Below the mount's root: the rest joined to the mount point.
+        assert_eq!(
+            cgroup_dir(
+                "cpuset",
+                "3:cpuset:/kubepods/podpartition-cri-23517/ae882ed9f44f87716eb1f796bccfffd832434600c5a3681ef29eb871d16bd967/sub\n",
+                V1_CONTAINER.1
+            ),
+            Some(PathBuf::from("/sys/fs/cgroup/cpuset/sub"))
+        );
+        // v2 with a cgroup namespace: "/" is the container's cgroup, at the mount point (the
+        // controller check reads the real file there, so only the path is checked here).
+        let m = cgroup_mounts(V2_NAMESPACED.1);
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            under_mount(&m[0], "/"),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        // Escapes in mount points.
+        assert_eq!(unescape("/a\\040b"), "/a b");
     }
 
     #[test]

@@ -97,9 +97,28 @@ fn routing_entry(r: &Route) -> kvm_irq_routing_entry {
     e
 }
 
+/// Opens /dev/kvm. EPERM is the device controller's answer (file modes give EACCES): a
+/// container that was given /dev/kvm as a mount, not as a device.
+fn open_kvm() -> Result<Kvm, VmError> {
+    Kvm::new().map_err(|e| {
+        if e.errno() == libc::EPERM {
+            VmError::KvmDenied(e)
+        } else {
+            VmError::OpenKvm(e)
+        }
+    })
+}
+
+impl VmError {
+    /// Whether the request, as the host or container is set up, cannot work (exit 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, Self::KvmDenied(_))
+    }
+}
+
 /// Probes what this host's KVM offers for idle policies (without creating a VM).
 pub fn idle_caps() -> Result<IdleCaps, VmError> {
-    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    let kvm = open_kvm()?;
     let disable_exits = crate::cpu::idle::DisableExits::from_bits_truncate(
         kvm.check_extension_raw(KVM_CAP_X86_DISABLE_EXITS as _)
             .max(0) as u32,
@@ -132,6 +151,16 @@ pub enum VmError {
     /// /dev/kvm could not be opened.
     #[error("cannot open /dev/kvm: {0} (is KVM available, and are you root or in the kvm group?)")]
     OpenKvm(#[source] kvm_ioctls::Error),
+    /// /dev/kvm is there but the device controller (a container's device cgroup or eBPF
+    /// filter) denies it, or the container has no /dev/kvm at all.
+    #[error(
+        "cannot open /dev/kvm: {0}: this process's device controller does not grant it. In a \
+         container /dev/kvm must be given as a device: a device plugin's resource (KubeVirt's \
+         devices.kubevirt.io/kvm, or generic-device-plugin configured for /dev/kvm; \
+         docs/kubernetes.md), or a privileged container. A hostPath volume or bind mount of \
+         /dev/kvm is not a device grant: the runtime denies opening it"
+    )]
+    KvmDenied(#[source] kvm_ioctls::Error),
     /// A KVM ioctl failed.
     #[error("{what}: {source}")]
     Kvm {
@@ -180,7 +209,7 @@ impl Vm {
 
     /// Opens KVM and creates a VM with an in-kernel irqchip and PIT.
     pub fn new() -> Result<Self, VmError> {
-        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let kvm = open_kvm()?;
         for (cap, name) in [
             (kvm_ioctls::Cap::Irqchip, "KVM_CAP_IRQCHIP"),
             (kvm_ioctls::Cap::UserMemory, "KVM_CAP_USER_MEMORY"),

@@ -199,6 +199,7 @@ impl LaunchError {
             Self::Pod(e) => e.is_usage(),
             Self::Api(e) => e.is_usage(),
             Self::Ledger(e) => e.is_usage(),
+            Self::Vm(e) => e.is_usage(),
             _ => false,
         }
     }

@@ -123,7 +123,11 @@ pub fn run(
     // keeper, forked before, stays in the host's), so that every thread it starts shares
     // the empty root it moves to before giving up root (`confine`).
     if let Sandbox::On(_) = checked.sandbox {
-        crate::sys::sandbox::private_mounts()?;
+        if let crate::sys::sandbox::PrivateRoot::NotMade(why) =
+            crate::sys::sandbox::private_mounts()?
+        {
+            log::warn!("no private root for the VMM: {why}");
+        }
         crate::sys::timeline::mark("mounts");
     }
     // The vCPU threads first: they take their cores while the VM is built.

@@ -295,7 +295,20 @@ fn mount(
 /// already forked, no other thread started): a mount namespace of the VMM's own, every
 /// mount in it private (nothing made in it reaches the host's). Every thread started
 /// afterwards is in it. The host's files stay reachable until [`empty_root`].
-pub fn private_mounts() -> Result<(), SandboxError> {
+///
+/// Without `CAP_SYS_ADMIN` (a container's default capabilities: no mount namespace can be
+/// made in it) there is none: the container's own mount namespace and root are the VMM's,
+/// and the answer says so ([`PrivateRoot::NotMade`]); [`empty_root`] then does nothing.
+pub fn private_mounts() -> Result<PrivateRoot, SandboxError> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let (effective, _) = capabilities().map_err(os("capget"))?;
+    if effective & (1 << CAP_SYS_ADMIN) == 0 {
+        NO_PRIVATE_ROOT.store(true, std::sync::atomic::Ordering::Relaxed);
+        return Ok(PrivateRoot::NotMade(
+            "no CAP_SYS_ADMIN here (a container's default capabilities): the container's \
+             own root is the VMM's",
+        ));
+    }
     if threads() != Some(1) {
         return Err(SandboxError::Os {
             what: "a mount namespace of the VMM's own",
@@ -310,8 +323,21 @@ pub fn private_mounts() -> Result<(), SandboxError> {
         return Err(os("unshare(CLONE_NEWNS)")(std::io::Error::last_os_error()));
     }
     mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
-        .map_err(os("making every mount private"))
+        .map_err(os("making every mount private"))?;
+    Ok(PrivateRoot::Made)
 }
+
+/// Whether the VMM has a root of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrivateRoot {
+    /// A mount namespace of its own, its root an empty tmpfs once [`empty_root`] ran.
+    Made,
+    /// None could be made, and why.
+    NotMade(&'static str),
+}
+
+/// Set when [`private_mounts`] made none: [`empty_root`] has nothing to do.
+static NO_PRIVATE_ROOT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Second step, once everything the VMM needs is open and before root is given up: the
 /// root of every thread becomes an empty, read-only tmpfs (as Firecracker's jailer makes a
@@ -319,6 +345,9 @@ pub fn private_mounts() -> Result<(), SandboxError> {
 /// it, no path of the host names anything for the VMM (`/proc/PID/root` shows an empty
 /// directory); it works only through the descriptors it holds.
 pub fn empty_root() -> Result<(), SandboxError> {
+    if NO_PRIVATE_ROOT.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
     // A directory of the host's to mount the new root over, in this namespace only.
     let over: &std::ffi::CStr = if std::path::Path::new("/tmp").is_dir() {
         c"/tmp"

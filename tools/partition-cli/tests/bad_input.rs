@@ -592,7 +592,7 @@ fn from_cgroup_in_the_root_cpuset_is_refused() {
     let Some(dir) = partition::host::pod::cgroup_dir(
         "cpuset",
         &read("/proc/self/cgroup"),
-        &read("/proc/self/mounts"),
+        &read("/proc/self/mountinfo"),
     ) else {
         println!("SKIPPED {name}: this process is in no cgroup with the cpuset controller");
         return;

@@ -81,6 +81,8 @@ fn scripts_test_sh_says_what_it_runs() {
         ("scripts/rig-suite.sh", "rig-suite.sh"),
         ("PARTITION_LONG_TESTS=1", "--long"),
         ("guest-image.sh", "our own kernel built first"),
+        ("validate-manifests.sh", "Kubernetes schemas"),
+        ("PARTITION_MUST_RUN=cri", "containerd's CRI"),
     ] {
         assert!(s.contains(stage), "scripts/test.sh has no {stage:?}");
         assert!(
@@ -93,5 +95,61 @@ fn scripts_test_sh_says_what_it_runs() {
     assert!(
         s.contains(&format!("sed -n '2,{lines}p'")),
         "--help prints another range than the header's lines 2-{lines}"
+    );
+}
+
+/// The pod in docs/deploy/ gets /dev/kvm the way a real node grants it: as the device
+/// plugin's resource (a CRI Device), never as a hostPath volume (a plain mount that the
+/// runtime's device controller refuses to open), and the plugin offers that resource.
+#[test]
+fn the_deploy_manifests_grant_kvm_through_the_device_plugin() {
+    let pod = read("docs/deploy/partition-pod.yaml");
+    let plugin = read("docs/deploy/kvm-device-plugin.yaml");
+    for (name, text) in [
+        ("partition-pod.yaml", &pod),
+        ("kvm-device-plugin.yaml", &plugin),
+    ] {
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            assert!(
+                !(line.contains("hostPath") && line.contains("/dev/kvm")),
+                "{name} mounts /dev/kvm as a hostPath: {line}"
+            );
+            assert!(
+                !line.contains("mountPath: /dev/kvm"),
+                "{name} mounts a volume at /dev/kvm: {line}"
+            );
+        }
+    }
+    let limits = pod
+        .lines()
+        .find(|l| l.trim_start().starts_with("limits:"))
+        .expect("the pod's limits");
+    assert!(limits.contains("squat.ai/kvm: \"1\""), "{limits}");
+    // The plugin's default domain is squat.ai; its device is named kvm and is /dev/kvm.
+    assert!(
+        plugin.contains(
+            r#"{"name": "kvm", "groups": [{"count": 64, "paths": [{"path": "/dev/kvm"}]}]}"#
+        ),
+        "kvm-device-plugin.yaml does not offer /dev/kvm as kvm"
+    );
+    assert!(
+        !plugin.contains("--domain"),
+        "the resource name would not be squat.ai/kvm"
+    );
+    // The flags the pod passes are the ones tests/cri.rs ran through containerd.
+    for flag in [
+        "--cores=from-cgroup",
+        "--kubelet-cpu-state=/var/lib/kubelet/cpu_manager_state",
+        "--memory-from=/hugepages",
+        "--api-socket=/run/partition-api/api.sock",
+        "--state-dir=/run/partition-state",
+    ] {
+        assert!(pod.contains(flag), "the pod no longer passes {flag}");
+    }
+    let cri = read("tools/partition-cli/tests/cri.rs");
+    assert!(
+        cri.contains(r#"["SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE"]"#)
+            && pod.contains(r#"add: ["SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE"]"#),
+        "the pod's capabilities differ from those the CRI test ran with"
     );
 }
