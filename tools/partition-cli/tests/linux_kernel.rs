@@ -929,6 +929,42 @@ fn debian_kernels_nvme_driver_uses_a_passed_through_controller_and_gives_it_back
     );
 }
 
+/// The block device of a namespace entry in an NVMe controller's sysfs directory:
+/// `nvme<C>n<N>` is itself; with native multipath (a kernel with NVME_MULTIPATH, and a
+/// controller that reports a multi-controller subsystem, as QEMU 10's does) the entry is
+/// the hidden path `nvme<S>c<C>n<N>` and the disk is the subsystem's head, `nvme<S>n<N>`.
+fn namespace_disk(entry: &str) -> Option<String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (head, ns) = entry.strip_prefix("nvme")?.split_once('n')?;
+    if !digits(ns) {
+        return None;
+    }
+    match head.split_once('c') {
+        None if digits(head) => Some(entry.to_string()),
+        Some((subsys, ctrl)) if digits(subsys) && digits(ctrl) => {
+            Some(format!("nvme{subsys}n{ns}"))
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn namespace_entries_name_their_disk() {
+    assert_eq!(namespace_disk("nvme0n1").as_deref(), Some("nvme0n1"));
+    assert_eq!(namespace_disk("nvme3c5n2").as_deref(), Some("nvme3n2"));
+    for other in [
+        "nvme0",
+        "ng0n1",
+        "nvme0n",
+        "nvmecn1",
+        "nvme0c0n",
+        "nvme0c0x1",
+        "power",
+    ] {
+        assert_eq!(namespace_disk(other), None, "{other}");
+    }
+}
+
 /// The host's nvme driver bound to `bdf` for a read; unbound again when dropped (the
 /// modules stay: the rig's machine ends with the suite).
 struct HostNvme {
@@ -961,21 +997,11 @@ impl HostNvme {
         );
         let found = || -> Option<PathBuf> {
             let ctrl = std::fs::read_dir(dev.join("nvme")).ok()?.flatten().next()?;
-            let ns = std::fs::read_dir(ctrl.path())
+            let disk = std::fs::read_dir(ctrl.path())
                 .ok()?
                 .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .find(|n| {
-                    // nvme<controller>n<namespace>
-                    n.strip_prefix("nvme")
-                        .and_then(|r| r.split_once('n'))
-                        .is_some_and(|(c, ns)| {
-                            !c.is_empty()
-                                && !ns.is_empty()
-                                && c.bytes().chain(ns.bytes()).all(|b| b.is_ascii_digit())
-                        })
-                })?;
-            let disk = Path::new("/dev").join(ns);
+                .find_map(|e| namespace_disk(&e.file_name().to_string_lossy()))?;
+            let disk = Path::new("/dev").join(disk);
             disk.exists().then_some(disk)
         };
         let t0 = Instant::now();

@@ -211,7 +211,10 @@ impl Drop for Host {
         // Whatever is still different, put back by hand.
         let now = settings();
         if now != self.before {
-            eprintln!("test left host settings changed; restoring by hand");
+            eprintln!(
+                "test left host settings changed; restoring by hand\n  before: {:?}\n  now:    {:?}",
+                self.before, now
+            );
             if let Some(root) = cpuset_root() {
                 let ours = std::fs::read_dir(&root)
                     .into_iter()
