@@ -718,19 +718,8 @@ pub(crate) mod tests {
             (
                 "a narrowed cpuset outside the hierarchy",
                 Box::new(move |l| {
-                    let tag = state_tag(&here_for_bad);
-                    l.cores.isolation = Isolation::CgroupV1 {
-                        root: "/sys/fs/cgroup/cpuset".into(),
-                        housekeeping: format!("/sys/fs/cgroup/cpuset/{tag}-housekeeping").into(),
-                        guests: format!("/sys/fs/cgroup/cpuset/{tag}-guests").into(),
-                        moved: 0,
-                        unmovable: 0,
-                        narrowed: vec![NarrowedCpuset {
-                            path: "/sys/fs/cgroup/memory/docker".into(),
-                            cpus: "0-1".into(),
-                            narrowed_to: "0".into(),
-                        }],
-                    };
+                    l.cores.isolation =
+                        ours_narrowing(&here_for_bad, "/sys/fs/cgroup/memory/docker");
                 }),
             ),
             (
@@ -750,23 +739,28 @@ pub(crate) mod tests {
         }
         // Our own cpusets pass.
         let mut l = sample_in(&here);
-        let tag = state_tag(&here);
-        l.cores.isolation = Isolation::CgroupV1 {
+        l.cores.isolation = ours_narrowing(&here, "/sys/fs/cgroup/cpuset/docker");
+        assert_eq!(l.check_paths(&here), Ok(()));
+        lock.remove().unwrap();
+        drop(lock);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Our own v1 cpusets for state directory `here`, having narrowed `other` 0-1 to 0.
+    fn ours_narrowing(here: &Path, other: &str) -> Isolation {
+        let tag = state_tag(here);
+        Isolation::CgroupV1 {
             root: "/sys/fs/cgroup/cpuset".into(),
             housekeeping: format!("/sys/fs/cgroup/cpuset/{tag}-housekeeping").into(),
             guests: format!("/sys/fs/cgroup/cpuset/{tag}-guests").into(),
             moved: 0,
             unmovable: 0,
             narrowed: vec![NarrowedCpuset {
-                path: "/sys/fs/cgroup/cpuset/docker".into(),
+                path: other.into(),
                 cpus: "0-1".into(),
                 narrowed_to: "0".into(),
             }],
-        };
-        assert_eq!(l.check_paths(&here), Ok(()));
-        lock.remove().unwrap();
-        drop(lock);
-        let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
