@@ -250,7 +250,8 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=mul
     -device nvme,serial=rig-nvme,drive=nv,addr=04.0
     -object memory-backend-ram,id=vram,size=1G,share=on
     -device ivshmem-plain,memdev=vram,addr=05.0
-    -device e1000e,addr=06.0)
+    -device e1000e,addr=06.0
+    -d cpu_reset -D "$log.resets")
 # QEMU's own warnings (TCG lacks some of EPYC's features) go to a file beside the log.
 "${qemu[@]}" 2> "$log.qemu" &
 qpid=$!
@@ -278,8 +279,17 @@ if grep -q '^RIG-NOT-READY' "$out"; then
 fi
 if [ -z "$rc" ]; then
     # Kept for the record: what the outer kernel said as it died.
+    # The outer kernel is quiet (only emergencies reach the console), and an outer triple
+    # fault says nothing there at all: QEMU's own log of CPU resets (-d cpu_reset; a reset
+    # after boot is the machine dying) and its stderr are kept beside it.
     kept="$cache/died-$(date +%Y%m%dT%H%M%S).log"
-    cp "$log" "$kept" 2>/dev/null || true
+    {
+        cat "$log"
+        echo "---- QEMU's stderr"
+        grep -v "TCG doesn't support" "$log.qemu"
+        echo "---- QEMU's last CPU resets (-d cpu_reset)"
+        tail -n 80 "$log.resets"
+    } > "$kept" 2>/dev/null || true
     echo "error: the outer machine stopped before the command ended (its whole console: $kept); its end:" >&2
     tail -n 40 "$log" >&2 || true
     grep -v "TCG doesn't support" "$log.qemu" >&2 || true
