@@ -42,6 +42,19 @@ inner=target/rig/bench.sh
 {
     echo "export PARTITION_COMMIT='$commit' PARTITION_COMMIT_DIRTY=$dirty"
     echo "mkdir -p /rig/out && cd /rig/out"
+    # A function named with --vfio BDF is bound to vfio-pci first, as tests/vfio.rs binds
+    # it (the rig boots with every function on its own driver or none).
+    prev=""
+    for a in "$@"; do
+        if [ "$prev" = --vfio ]; then
+            d="/sys/bus/pci/devices/$a"
+            echo "echo vfio-pci > $d/driver_override"
+            echo "[ -e $d/driver ] && echo $a > $d/driver/unbind"
+            echo "echo $a > /sys/bus/pci/drivers_probe"
+            echo "[ \"\$(basename \"\$(readlink $d/driver)\")\" = vfio-pci ] || { echo 'error: $a did not bind to vfio-pci' >&2; exit 1; }"
+        fi
+        prev=$a
+    done
     printf 'partition bench --only %q' "$section"
     printf ' %q' "$@"
     echo ' --results /rig/out/rig.json; rc=$?'

@@ -215,11 +215,14 @@ impl Results {
         self.head(name).map(|h| h.completed)
     }
 
-    /// What the first section with a provenance says about the host.
+    /// What the first section with a provenance says about the host: the host-wide ones
+    /// first, then any (the rig's file holds only submit-vfio).
     pub fn host_facts(&self) -> HostFacts {
         ["host", "probe", "blk", "wake", "memsetup"]
             .iter()
-            .find_map(|k| self.head(k))
+            .chain(SECTIONS.iter())
+            .filter_map(|k| self.head(k))
+            .find(|h| h.provenance.get("kernel").is_some())
             .and_then(|h| serde_json::from_value(h.provenance.clone()).ok())
             .unwrap_or_default()
     }
