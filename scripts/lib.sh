@@ -71,6 +71,21 @@ apt_qemu() {
         || die "bookworm-backports gave QEMU ${major:-none}, not ${QEMU_MIN_MAJOR}+"
 }
 
+# rig_qemu_files: prints, one a line, rig.sh's --file arguments that carry this host's
+# QEMU and its microvm firmware (QEMU's own and SeaBIOS's microvm build, where present)
+# into the rig, for the sections and tests that run QEMU as the peer there.
+rig_qemu_files() {
+    local qemu f
+    qemu=$(command -v qemu-system-x86_64) || return 0
+    printf '%s\n' --file "$qemu:$qemu"
+    for f in /usr/share/qemu/bios-microvm.bin /usr/share/qemu/qboot.rom /usr/share/qemu/pvh.bin \
+        /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin \
+        /usr/share/seabios/bios-microvm.bin; do
+        [ -e "$f" ] && printf '%s\n' --file "$(readlink -f "$f"):$f"
+    done
+    return 0
+}
+
 # apt_lists: makes sure the package lists are there (apt-get download needs them).
 apt_lists() {
     if [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ] || [ "${APT_UPDATE:-0}" = 1 ]; then

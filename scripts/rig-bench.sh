@@ -27,15 +27,7 @@ say "rig bench: cargo build --release -p partition-cli"
 cargo build --release -p partition-cli --quiet
 bin=target/$TRIPLE/release/partition
 files=(--partition "$bin")
-if command -v qemu-system-x86_64 >/dev/null; then
-    qemu=$(command -v qemu-system-x86_64)
-    files+=(--file "$qemu:$qemu")
-    for f in /usr/share/qemu/bios-microvm.bin /usr/share/qemu/qboot.rom /usr/share/qemu/pvh.bin \
-        /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin \
-        /usr/share/seabios/bios-microvm.bin; do
-        [ -e "$f" ] && files+=(--file "$(readlink -f "$f"):$f")
-    done
-fi
+mapfile -t -O 2 files < <(rig_qemu_files)
 
 mkdir -p target/rig
 inner=target/rig/bench.sh

@@ -89,14 +89,8 @@ fi
 # The vfio tests' QEMU peer (QEMU microvm with vfio-pci, the submit-vfio section): QEMU,
 # its microvm firmware and SeaBIOS's microvm build, where this host has them.
 qemu_files=()
-if printf '%s\n' "${suite[@]}" | grep -q '^vfio' && command -v qemu-system-x86_64 >/dev/null; then
-    qemu=$(command -v qemu-system-x86_64)
-    qemu_files+=(--file "$qemu:$qemu")
-    for f in /usr/share/qemu/bios-microvm.bin /usr/share/qemu/qboot.rom /usr/share/qemu/pvh.bin \
-        /usr/share/qemu/linuxboot_dma.bin /usr/share/qemu/linuxboot.bin \
-        /usr/share/seabios/bios-microvm.bin; do
-        [ -e "$f" ] && qemu_files+=(--file "$(readlink -f "$f"):$f")
-    done
+if printf '%s\n' "${suite[@]}" | grep -q '^vfio'; then
+    mapfile -t qemu_files < <(rig_qemu_files)
 fi
 
 # One machine's run of the test binaries in "$@": the script it runs, then rig.sh.
