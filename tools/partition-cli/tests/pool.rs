@@ -565,7 +565,39 @@ fn a_failed_reserve_rolls_everything_back() {
     std::fs::create_dir_all(&h.dir).unwrap();
     let plan = h.dir.join("host.toml");
     std::fs::write(&plan, "memory = \"256M\"\ncore = \"1\"\n").unwrap();
+    let bad_isolation = h.dir.join("isolation.toml");
+    std::fs::write(
+        &bad_isolation,
+        "memory = \"256M\"\ncores = \"1\"\nisolation = \"shared\"\n",
+    )
+    .unwrap();
     for (args, want) in [
+        (
+            vec!["reserve", "--plan", bad_isolation.to_str().unwrap()],
+            "unknown variant",
+        ),
+        (
+            vec![
+                "reserve",
+                "--memory",
+                "256M",
+                "--cores",
+                "1",
+                "--isolation",
+                "shared",
+            ],
+            "cpusets or none",
+        ),
+        (
+            vec![
+                "reserve",
+                "--plan",
+                plan.to_str().unwrap(),
+                "--isolation",
+                "none",
+            ],
+            "cannot be used with",
+        ),
         (
             vec!["reserve", "--plan", plan.to_str().unwrap()],
             "unknown field",
