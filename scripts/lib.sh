@@ -37,7 +37,7 @@ apt_install() {
 # guest's XSETBV intercept to the KVM inside, so that KVM's CPUID 0xd keeps describing the
 # old XCR0 (tests/assist.rs's xsave test, Debian's "XSAVE consistency problem" WARN); 7.2's
 # multi-threaded TCG also lost IPIs and triple-faulted in 2 of 5 suite runs
-# (docs/testing.md). The benchmarks' QEMU peer is the same binary.
+# (docs/testing.md, "Which QEMU"). The benchmarks' QEMU peer is the same binary.
 QEMU_MIN_MAJOR=10
 qemu_major() {
     qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'

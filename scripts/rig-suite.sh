@@ -15,11 +15,13 @@
 # dies in one of our VMM's threads or more than twice. A binary that ended keeps its result,
 # a failure included; when the outer machine dies (QEMU TCG's: rig.sh exit 125, its console
 # kept as target/rig/died-*.log), only the binaries that had not ended run again, on a new
-# machine, and the summary says so.
+# machine, and the summary says so. linux_kernel runs on an outer machine under QEMU's
+# multi-threaded TCG, the others on one under single-threaded TCG (RIG_TCG_THREAD=single or
+# multi runs them all under that one; docs/testing.md, "Which TCG threading").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 need_root
 need_cargo
 apt_lists
@@ -127,55 +129,87 @@ run_machine() {
 # What became of each binary: "ok", "failed rc=N", "skipped-in-rig", or empty (not run).
 declare -A result
 declare -A skips
+declare -A logs
 reruns=()
 deaths=0
-pending=("${suite[@]}")
+machines=0
 stage_rc=0
-while [ ${#pending[@]} -gt 0 ]; do
-    runlog="$target/rig/suite-run-$((deaths + 1)).out"
-    say "rig suite: ${pending[*]}"
-    rc=0
-    run_machine "${pending[@]}" || rc=$?
-    if [ "$rc" = 3 ]; then
-        echo "FAIL rig suite: the rig was not ready (above): nothing ran" >&2
-        stage_rc=1
-        break
-    fi
-    # Every binary that ended keeps its result, a failure included.
-    left=()
-    for t in "${pending[@]}"; do
-        name=${t%%=*}
-        end=$(sed -n "s/^RIG-TEST-END $name rc=\([0-9]*\)\$/\1/p" "$runlog" | tail -n1)
-        if [ -n "$end" ]; then
-            [ "$end" = 0 ] && result[$name]=ok || result[$name]="failed rc=$end"
-            # SKIPPED lines between its markers.
-            s=$(sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "$runlog" | grep 'SKIPPED' || true)
-            [ -n "$s" ] && skips[$name]=$s
-        else
-            left+=("$t")
+ready=1
+
+# Which of QEMU's TCG modes each binary runs under (docs/testing.md, "Which QEMU"): one
+# host thread taking turns for both outer CPUs (single) removes every race between the
+# emulator's threads and runs the probe, pool and VFIO binaries as fast as two threads do;
+# Debian's boots keep both outer CPUs busy and need a thread each (multi). RIG_TCG_THREAD
+# set runs everything under that mode.
+multi_binaries=(linux_kernel)
+mode_of() {
+    if [ -n "${RIG_TCG_THREAD:-}" ]; then echo "$RIG_TCG_THREAD"; return; fi
+    local m
+    for m in "${multi_binaries[@]}"; do [ "$1" = "$m" ] && { echo multi; return; }; done
+    echo single
+}
+
+# One group of binaries (one TCG mode): a machine, and a new one for what had not ended
+# each time the outer machine dies.
+run_group() {
+    local mode=$1 t name end s rc kept
+    shift
+    local pending=("$@") left
+    while [ ${#pending[@]} -gt 0 ]; do
+        machines=$((machines + 1))
+        runlog="$target/rig/suite-run-$machines.out"
+        say "rig suite (TCG thread=$mode): ${pending[*]}"
+        rc=0
+        RIG_TCG_THREAD=$mode run_machine "${pending[@]}" || rc=$?
+        if [ "$rc" = 3 ]; then
+            echo "FAIL rig suite: the rig was not ready (above): nothing ran" >&2
+            stage_rc=1
+            ready=0
+            return
         fi
+        # Every binary that ended keeps its result, a failure included.
+        left=()
+        for t in "${pending[@]}"; do
+            name=${t%%=*}
+            end=$(sed -n "s/^RIG-TEST-END $name rc=\([0-9]*\)\$/\1/p" "$runlog" | tail -n1)
+            if [ -n "$end" ]; then
+                [ "$end" = 0 ] && result[$name]=ok || result[$name]="failed rc=$end"
+                logs[$name]=$runlog
+                # SKIPPED lines between its markers.
+                s=$(sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "$runlog" | grep 'SKIPPED' || true)
+                [ -n "$s" ] && skips[$name]=$s
+            else
+                left+=("$t")
+            fi
+        done
+        pending=()
+        [ ${#left[@]} -eq 0 ] && break
+        if [ "$rc" != 125 ]; then
+            # Timed out, or gone another way: what had not ended failed.
+            for t in "${left[@]}"; do result[${t%%=*}]="did not end (rig.sh exit $rc)"; done
+            break
+        fi
+        deaths=$((deaths + 1))
+        kept=$(ls -t "$target"/rig/died-*.log 2>/dev/null | head -n1)
+        # A panic in one of our VMM's threads (an exit it was taking, say) is ours to answer
+        # for, not the emulator's: no second machine for it.
+        if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq 'Comm: (partition|vcpu[0-9]|blk-q|api|engine|vfio-return)'; then
+            for t in "${left[@]}"; do result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"; done
+            break
+        fi
+        if [ "$deaths" -gt 2 ]; then
+            for t in "${left[@]}"; do result[${t%%=*}]="not run: the outer machine died $deaths times"; done
+            break
+        fi
+        reruns+=("$(printf '%s ' "${left[@]}")on a new machine: the outer one died under QEMU TCG (its console: $kept)")
+        pending=("${left[@]}")
     done
-    pending=()
-    [ ${#left[@]} -eq 0 ] && break
-    if [ "$rc" != 125 ]; then
-        # Timed out, or gone another way: what had not ended failed.
-        for t in "${left[@]}"; do result[${t%%=*}]="did not end (rig.sh exit $rc)"; done
-        break
-    fi
-    deaths=$((deaths + 1))
-    kept=$(ls -t "$target"/rig/died-*.log 2>/dev/null | head -n1)
-    # A panic in one of our VMM's threads (an exit it was taking, say) is ours to answer
-    # for, not the emulator's: no second machine for it.
-    if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq 'Comm: (partition|vcpu[0-9]|blk-q|api|engine|vfio-return)'; then
-        for t in "${left[@]}"; do result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"; done
-        break
-    fi
-    if [ "$deaths" -gt 2 ]; then
-        for t in "${left[@]}"; do result[${t%%=*}]="not run: the outer machine died $deaths times"; done
-        break
-    fi
-    reruns+=("$(printf '%s ' "${left[@]}")on a new machine: the outer one died under QEMU TCG (its console: $kept)")
-    pending=("${left[@]}")
+}
+
+for mode in single multi; do
+    group=()
+    for t in "${suite[@]}"; do [ "$(mode_of "${t%%=*}")" = "$mode" ] && group+=("$t"); done
+    if [ ${#group[@]} -gt 0 ] && [ "$ready" = 1 ]; then run_group "$mode" "${group[@]}"; fi
 done
 
 # The summary: every binary, every SKIPPED and whether it may, every rerun.
@@ -185,6 +219,13 @@ for t in "${suite[@]}"; do
     r=${result[$name]:-not run}
     echo "  $name: $r" >&2
     [ "$r" = ok ] || stage_rc=1
+    if [ "${r#failed rc=}" != "$r" ]; then
+        # Why it failed, where a CI log that keeps only the end shows it: each failed
+        # test's panic and the lines after it (its assertion's message), at most 80 lines.
+        sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "${logs[$name]}" \
+            | sed -n '/^failures:$/,/^test result:/p' | grep -A 25 -e '^---- ' -e 'panicked at' \
+            | head -n 80 | sed 's/^/    | /' >&2
+    fi
     if [ -n "${skips[$name]:-}" ]; then
         while IFS= read -r line; do
             reason=""

@@ -19,7 +19,8 @@
 #                     4 GiB of hugepages in it)
 #
 # RIG_OMIT_MODULES="kvm_amd ..." leaves those modules out (to see the rig refuse to run
-# without them). Before the command runs, the machine checks it is what it must be:
+# without them). RIG_TCG_THREAD=single|multi picks QEMU's TCG threading (default multi;
+# docs/testing.md, "Which QEMU"). Before the command runs, the machine checks it is what it must be:
 # kvm_amd loaded, /dev/kvm, IOMMU groups, vfio-pci; anything missing stops it with
 # RIG-NOT-READY and exit status 3, the console's module lines printed.
 #
@@ -33,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
 
 bin=""
 files=()
@@ -63,7 +64,9 @@ command -v cpio >/dev/null 2>&1 \
     apt_install cpio xz-utils dpkg gcc libc6-dev
 }
 apt_qemu
-say "rig: $(qemu-system-x86_64 --version | head -1), TCG multi-threaded"
+tcg_thread=${RIG_TCG_THREAD:-multi}
+case "$tcg_thread" in single|multi) ;; *) die "RIG_TCG_THREAD is single or multi, not '$tcg_thread'" ;; esac
+say "rig: $(qemu-system-x86_64 --version | head -1), TCG thread=$tcg_thread"
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd)
 log=${log:-$cache/console.log}
@@ -239,7 +242,7 @@ truncate -s 64M "$run/nvme.img"
 out="$run/out"
 : > "$out"
 say "rig: booting the outer machine (console: $log)"
-qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel tcg,thread=multi
+qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel "tcg,thread=$tcg_thread"
     -cpu EPYC,+svm,+npt -smp 2 -m "$mem" -display none -no-reboot -nodefaults
     -kernel "$vmlinuz" -initrd "$run/initrd.cpio"
     -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet maxcpus=1 tsc=reliable"

@@ -1,6 +1,7 @@
 //! What the docs say CI runs is what the scripts run: the rig's default suite in
 //! scripts/rig-suite.sh is the list docs/testing.md gives, every name in it a test binary,
-//! and scripts/test.sh's header names the stages it has.
+//! the binaries it runs under multi-threaded TCG are the ones docs/testing.md names, and
+//! scripts/test.sh's header names the stages it has.
 
 use std::path::{Path, PathBuf};
 
@@ -16,18 +17,47 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// The names in `suite=(...)` of scripts/rig-suite.sh.
-fn rig_default_suite() -> Vec<String> {
+/// The names in `VAR=(...)` of scripts/rig-suite.sh.
+fn rig_list(var: &str) -> Vec<String> {
     let s = read("scripts/rig-suite.sh");
+    let start = format!("{var}=(");
     let line = s
         .lines()
-        .find(|l| l.starts_with("suite=("))
-        .expect("suite=( in scripts/rig-suite.sh");
-    line.trim_start_matches("suite=(")
+        .find(|l| l.starts_with(&start))
+        .unwrap_or_else(|| panic!("{start} in scripts/rig-suite.sh"));
+    line.trim_start_matches(&start)
         .trim_end_matches(')')
         .split_whitespace()
         .map(String::from)
         .collect()
+}
+
+fn rig_default_suite() -> Vec<String> {
+    rig_list("suite")
+}
+
+/// The binaries rig-suite.sh runs under multi-threaded TCG are the ones docs/testing.md
+/// names for it, and each is in the default suite.
+#[test]
+fn the_tcg_mode_of_each_rig_binary_is_the_one_docs_testing_md_gives() {
+    let multi = rig_list("multi_binaries");
+    let suite = rig_default_suite();
+    let doc = read("docs/testing.md");
+    let start = doc
+        .find("`rig-suite.sh` picks it per test")
+        .expect("docs/testing.md's TCG threading sentence");
+    let end = start + doc[start..].find("every other binary").expect("its end");
+    let named: Vec<&str> = doc[start..end]
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|w| suite.iter().any(|s| s == w))
+        .collect();
+    assert!(!multi.is_empty());
+    assert_eq!(
+        named, multi,
+        "docs/testing.md puts {named:?} under multi-threaded TCG; rig-suite.sh puts {multi:?}"
+    );
 }
 
 #[test]
