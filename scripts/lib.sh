@@ -31,6 +31,22 @@ apt_install() {
     fi
 }
 
+# irqbalance_bin: Debian's irqbalance unpacked under target/irqbalance (not installed: the
+# package starts its daemon, which would move this host's IRQs under every other test and
+# stay behind); prints the binary's path. tests/irqbalance.rs runs it.
+irqbalance_bin() {
+    local dir=target/irqbalance
+    local bin=$dir/usr/sbin/irqbalance
+    apt_install libglib2.0-0 libnuma1 libcap-ng0 libsystemd0 libncursesw6
+    if [ ! -x "$bin" ]; then
+        rm -rf "$dir" && mkdir -p "$dir/deb"
+        (cd "$dir/deb" && apt-get download irqbalance >&2) \
+            || die "apt-get download irqbalance failed"
+        dpkg-deb -x "$dir"/deb/irqbalance_*.deb "$dir"
+    fi
+    echo "$(pwd)/$bin"
+}
+
 # apt_qemu: QEMU 10 from Debian's bookworm-backports suite (added to apt's sources once,
 # as /etc/apt/sources.list.d/bookworm-backports.sources), unless a QEMU 10 or later is
 # installed. The rig needs it: under bookworm's QEMU 7.2, TCG's SVM never delivers a

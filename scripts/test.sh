@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Everything CI runs: install what the tests need, check formatting and lints, build the
 # no_std core, check docs/deploy's manifests against the Kubernetes schemas, run every test
-# on this host's /dev/kvm (a pod through containerd's CRI among them), then the end-to-end
-# suite again on the rig (real KVM under QEMU TCG with an IOMMU: scripts/rig-suite.sh,
-# docs/testing.md). No timing assertions anywhere.
+# on this host's /dev/kvm (a pod through containerd's CRI and a reservation against a
+# running irqbalance among them), then the end-to-end suite again on the rig (real KVM
+# under QEMU TCG with an IOMMU: scripts/rig-suite.sh, docs/testing.md). No timing
+# assertions anywhere.
 #
 #   scripts/test.sh          (as root)
 #   scripts/test.sh --long   also every Linux boot to userspace on a nested kvm_pvm host
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
     --long) export PARTITION_LONG_TESTS=1 ;;
     "") ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (scripts/test.sh [--long])" ;;
 esac
 need_root "$@"
@@ -30,8 +31,11 @@ apt_lists
 # schema check.
 apt_install gcc binutils dpkg python3 python3-venv containerd runc protobuf-compiler
 apt_qemu
+# tests/irqbalance.rs runs Debian's irqbalance against a reservation.
+PARTITION_IRQBALANCE=$(irqbalance_bin)
+export PARTITION_IRQBALANCE
 # What this host is for: these fail, not skip, when something they need is missing.
-export PARTITION_MUST_RUN=cri,pool::a_reservation_takes_its_cores_from_every_other_cpuset
+export PARTITION_MUST_RUN=cri,irqbalance,pool::a_reservation_takes_its_cores_from_every_other_cpuset
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

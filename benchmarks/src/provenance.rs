@@ -1,6 +1,7 @@
 //! Facts about the host a benchmark result must carry (docs/measurement.md): what the CPU
 //! is, how it idles and clocks, the kernel and its command line, mitigations, memory and
-//! hugepages, isolation, KVM and its module's parameters, the tools, the commit.
+//! hugepages, isolation, KVM and its module's parameters, the tools, the commit, and the host
+//! report `partition caps` prints (each setting that costs a partition latency).
 //!
 //! Read here, in Rust, from /proc, /sys and a few commands, so that a result carries them
 //! wherever it is measured: inside the rig there is no Python (it once recorded
@@ -223,7 +224,22 @@ pub fn collect(repo: Option<&Path>) -> Value {
         "qemu": text(qemu),
         "commit": commit,
         "commit_dirty": dirty,
+        "host_report": host_report(),
     })
+}
+
+/// `partition caps`'s host report for every online core: each setting that costs a
+/// partition latency, read when the figures were taken (docs/operations.md).
+fn host_report() -> Value {
+    let cores = partition::config::cores::available();
+    let irqbalance = partition::host::irqbalance::running().map(|d| (d.pid, false));
+    serde_json::to_value(partition::host::tuning::report(
+        Path::new("/"),
+        &cores,
+        "all online",
+        irqbalance,
+    ))
+    .unwrap_or(Value::Null)
 }
 
 /// UTC timestamp.
@@ -254,8 +270,19 @@ mod tests {
             "kvm",
             "commit",
             "commit_dirty",
+            "host_report",
         ] {
             assert!(p.get(key).is_some(), "no {key} in {p}");
+        }
+        // The host report names the settings a figure was taken under.
+        let settings: Vec<&str> = p["host_report"]["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| f["setting"].as_str())
+            .collect();
+        for s in ["idle-states", "nohz_full", "mitigations", "irqbalance"] {
+            assert!(settings.contains(&s), "{s} not in {settings:?}");
         }
         assert!(p["kernel"].is_string(), "{p}");
         assert!(p["kvm"]["dev_kvm"].is_boolean(), "{p}");

@@ -566,10 +566,11 @@ pub fn cpu_mask(cores: &[usize]) -> String {
 }
 
 /// Points every movable IRQ that may fire on a reserved core at the housekeeping cores.
-/// Returns the records to restore and how many IRQs refused.
-pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>, usize) {
+/// Returns the records to restore and the IRQs that refused (the kernel manages their
+/// affinity).
+pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>, Vec<u32>) {
     let mut records = Vec::new();
-    let mut refused = 0;
+    let mut refused = Vec::new();
     let hk = cores::format(housekeeping);
     let entries = std::fs::read_dir("/proc/irq")
         .into_iter()
@@ -589,7 +590,7 @@ pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>,
         }
         match std::fs::write(&file, &hk) {
             Ok(()) => records.push(IrqRecord { file, old }),
-            Err(_) => refused += 1,
+            Err(_) => refused.extend(e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())),
         }
     }
     let dflt = PathBuf::from("/proc/irq/default_smp_affinity");
@@ -602,6 +603,35 @@ pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>,
         }
     }
     (records, refused)
+}
+
+/// An IRQ whose affinity includes a reserved core.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct IrqOnCore {
+    /// Its number.
+    pub irq: u32,
+    /// Its affinity (smp_affinity_list).
+    pub affinity: String,
+}
+
+/// Every IRQ of `proc_irq` (normally /proc/irq) whose affinity includes one of `reserved`,
+/// except the numbers in `left` (those the kernel would not let a reservation move).
+pub fn irqs_on(proc_irq: &Path, reserved: &[usize], left: &[u32]) -> Vec<IrqOnCore> {
+    let mut on: Vec<IrqOnCore> = std::fs::read_dir(proc_irq)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let irq: u32 = e.file_name().to_str()?.parse().ok()?;
+            let affinity = std::fs::read_to_string(e.path().join("smp_affinity_list")).ok()?;
+            let affinity = affinity.trim().to_string();
+            let cur = cores::parse(&affinity).ok()?;
+            (!left.contains(&irq) && cur.iter().any(|c| reserved.contains(c)))
+                .then_some(IrqOnCore { irq, affinity })
+        })
+        .collect();
+    on.sort_by_key(|i| i.irq);
+    on
 }
 
 /// Writes back recorded IRQ affinities (IRQs that went away are skipped).

@@ -4,6 +4,7 @@
 //! outside, and the pod variant where the kubelet owns the host.
 
 pub mod claim;
+pub mod irqbalance;
 pub mod isolation;
 pub mod keeper;
 pub mod ledger;
@@ -11,3 +12,4 @@ pub mod partitions;
 pub mod plan;
 pub mod pod;
 pub mod reserve;
+pub mod tuning;

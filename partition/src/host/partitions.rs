@@ -195,8 +195,25 @@ pub struct Status {
     pub cores: Option<CoreStatus>,
     /// IRQ affinities changed by reserve.
     pub irqs_moved: usize,
+    /// IRQs that may fire on a reserved core again since the reservation (irqbalance, a
+    /// driver, an operator), with their affinity now; the ones the kernel would not let
+    /// the reservation move are not listed.
+    pub irqs_back: Vec<crate::host::isolation::IrqOnCore>,
+    /// The irqbalance the reservation banned from its cores, if one ran then.
+    pub irqbalance: Option<IrqbalanceStatus>,
     /// Partitions.
     pub partitions: Vec<PartitionStatus>,
+}
+
+/// The irqbalance part of [`Status`].
+#[derive(Debug, Serialize)]
+pub struct IrqbalanceStatus {
+    /// Its pid.
+    pub pid: u32,
+    /// Whether that daemon still runs (one restarted since has forgotten the ban).
+    pub alive: bool,
+    /// The CPUs the reservation made it ban.
+    pub banned: Vec<usize>,
 }
 
 /// Pool part of [`Status`].
@@ -287,6 +304,8 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         pool: None,
         cores: None,
         irqs_moved: 0,
+        irqs_back: Vec::new(),
+        irqbalance: None,
         partitions: Vec::new(),
     };
     let Some(lock) = LedgerLock::shared_existing(state_dir)? else {
@@ -388,6 +407,20 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
             isolation: crate::host::reserve::describe_isolation(&l.cores.isolation),
         }),
         irqs_moved: l.irqs.len(),
+        irqs_back: crate::host::isolation::irqs_on(
+            Path::new("/proc/irq"),
+            &l.cores.reserved,
+            &l.irqs_left,
+        ),
+        irqbalance: l.irqbalance.as_ref().map(|r| IrqbalanceStatus {
+            pid: r.pid,
+            alive: crate::host::irqbalance::Daemon {
+                pid: r.pid,
+                start: r.pid_start,
+            }
+            .alive(),
+            banned: r.banned.clone(),
+        }),
         partitions,
     })
 }

@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use crate::config::cores::{self, CoreError};
 use crate::config::size::{self, SizeError};
-pub use crate::host::ledger::IsolationMode;
 use crate::host::ledger::PlanRecord;
+pub use crate::host::ledger::{IrqbalanceMode, IsolationMode};
 
 /// Errors reading or validating a plan.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +85,9 @@ pub struct PlanFile {
     /// `cpusets` (default): the reserved cores taken out of every cgroup, or the reserve
     /// refused; `none`: they stay shared, as the user accepts.
     pub isolation: Option<IsolationMode>,
+    /// `ban` (default): a running irqbalance is told to keep off the reserved cores, or the
+    /// reserve refused; `ignore`: it is left alone.
+    pub irqbalance: Option<IrqbalanceMode>,
 }
 
 /// A validated plan.
@@ -102,9 +105,17 @@ pub struct HostPlan {
     pub housekeeping: Vec<usize>,
     /// Whether the cores must be taken out of every cgroup.
     pub isolation: IsolationMode,
+    /// What to do about a running irqbalance.
+    pub irqbalance: IrqbalanceMode,
 }
 
 impl HostPlan {
+    /// The plan with `mode` for a running irqbalance.
+    pub fn with_irqbalance(mut self, mode: IrqbalanceMode) -> Self {
+        self.irqbalance = mode;
+        self
+    }
+
     /// The plan with `mode` of isolation.
     pub fn with_isolation(mut self, mode: IsolationMode) -> Self {
         self.isolation = mode;
@@ -180,6 +191,7 @@ impl HostPlan {
             cores,
             housekeeping,
             isolation: IsolationMode::default(),
+            irqbalance: IrqbalanceMode::default(),
         })
     }
 
@@ -224,7 +236,8 @@ impl HostPlan {
             f.cores.0,
             available,
         )?
-        .with_isolation(f.isolation.unwrap_or_default());
+        .with_isolation(f.isolation.unwrap_or_default())
+        .with_irqbalance(f.irqbalance.unwrap_or_default());
         Ok((plan, f.state_dir))
     }
 
@@ -238,6 +251,7 @@ impl HostPlan {
             node: self.node,
             cores,
             isolation: self.isolation,
+            irqbalance: self.irqbalance,
         }
     }
 }
@@ -303,6 +317,23 @@ mod tests {
         let (p, sd) = HostPlan::from_file(&good, &[0, 1]).unwrap();
         assert_eq!(p.memory, 512 << 20);
         assert_eq!(sd, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(p.irqbalance, IrqbalanceMode::Ban);
+        let ignore = dir.join("ignore.toml");
+        std::fs::write(
+            &ignore,
+            "memory = \"512M\"\ncores = \"1\"\nirqbalance = \"ignore\"\n",
+        )
+        .unwrap();
+        let (p, _) = HostPlan::from_file(&ignore, &[0, 1]).unwrap();
+        assert_eq!(p.irqbalance, IrqbalanceMode::Ignore);
+        assert_eq!(p.record().irqbalance, IrqbalanceMode::Ignore);
+        std::fs::write(
+            &ignore,
+            "memory = \"512M\"\ncores = \"1\"\nirqbalance = \"off\"\n",
+        )
+        .unwrap();
+        let e = HostPlan::from_file(&ignore, &[0, 1]).unwrap_err();
+        assert!(e.to_string().contains("irqbalance"), "{e}");
         let typo = dir.join("typo.toml");
         std::fs::write(&typo, "memory = \"512M\"\ncore = \"1\"\n").unwrap();
         let e = HostPlan::from_file(&typo, &[0, 1]).unwrap_err();

@@ -13,11 +13,12 @@ use pool::hugepages::{Counter, HugepageError};
 use pool::hugetlbfs::{self, HugetlbfsError};
 use pool::poolfile::{PoolFile, PoolFileError};
 
-use crate::host::isolation;
 use crate::host::ledger::{
-    CoreRecord, Isolation, Ledger, LedgerError, LedgerLock, PoolRecord, VERSION, now,
+    CoreRecord, IrqbalanceMode, IrqbalanceRecord, Isolation, Ledger, LedgerError, LedgerLock,
+    PoolRecord, VERSION, now,
 };
 use crate::host::plan::HostPlan;
+use crate::host::{irqbalance, isolation};
 
 /// Errors reserving or unreserving.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,13 @@ pub enum ReserveError {
     /// The host cannot give the pool without leaving itself too little memory.
     #[error("--memory: {0}")]
     HostMemory(String),
+    /// A running irqbalance could not be told to keep off the reserved cores.
+    #[error(
+        "{0}; it would move IRQs back onto the reserved cores within its interval: stop it, \
+         ban the cores in its configuration (IRQBALANCE_BANNED_CPULIST), or reserve with \
+         --irqbalance ignore to accept that"
+    )]
+    Irqbalance(#[from] irqbalance::IrqbalanceError),
     /// A filesystem operation failed.
     #[error("{path}: {what}: {source}")]
     Io {
@@ -79,7 +87,10 @@ impl ReserveError {
     /// Whether the request itself was refused (the CLI exits with status 2).
     pub fn is_usage(&self) -> bool {
         match self {
-            Self::Busy { .. } | Self::CoreTaken { .. } | Self::HostMemory(_) => true,
+            Self::Busy { .. }
+            | Self::CoreTaken { .. }
+            | Self::HostMemory(_)
+            | Self::Irqbalance(_) => true,
             // The host's cgroups refused (named); an error writing our own record is not
             // the request's fault.
             Self::Isolation(e) => !matches!(e, isolation::IsolationError::Record(_)),
@@ -427,6 +438,11 @@ fn build(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Ledger, Duration, usize), ReserveError> {
     let state_dir = lock.dir().to_path_buf();
+    // 0. A running irqbalance must answer before anything is taken (it is banned in 4).
+    let balancer = match (plan.irqbalance, irqbalance::running()) {
+        (IrqbalanceMode::Ban, Some(d)) => Some((d, d.setup()?.banned)),
+        _ => None,
+    };
     // 1. Hugepages, checked against what the host can spare first and what the kernel
     // delivered after.
     let pages = plan.memory / plan.page_size;
@@ -504,7 +520,31 @@ fn build(
             let _ = isolation::restore(&i);
         });
     }
-    let (irqs, irqs_refused) = isolation::move_irqs(&plan.cores, &plan.housekeeping);
+    // irqbalance first, so its next round cannot put back what the next step moves.
+    let irqbalance = match balancer {
+        Some((d, before)) => {
+            let mut banned = before.clone();
+            banned.extend(plan.cores.iter().filter(|c| !before.contains(c)));
+            banned.sort_unstable();
+            let r = IrqbalanceRecord {
+                pid: d.pid,
+                pid_start: d.start,
+                banned_before: before,
+                banned,
+            };
+            {
+                let r = r.clone();
+                undo.push(move || {
+                    let _ = give_back_irqbalance(&r);
+                });
+            }
+            d.ban_and_wait(&r.banned)?;
+            Some(r)
+        }
+        None => None,
+    };
+    let (irqs, irqs_left) = isolation::move_irqs(&plan.cores, &plan.housekeeping);
+    let irqs_refused = irqs_left.len();
     {
         let r = irqs.clone();
         undo.push(move || {
@@ -534,6 +574,8 @@ fn build(
             isolation,
         },
         irqs,
+        irqs_left,
+        irqbalance,
         partitions: Vec::new(),
     };
     lock.store(&ledger)?;
@@ -622,6 +664,11 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     if n > 0 {
         w.push(format!("{n} IRQ affinities could not be restored"));
     }
+    if let Some(r) = &l.irqbalance {
+        if let Err(e) = give_back_irqbalance(r) {
+            w.push(e);
+        }
+    }
     release_cores(Path::new(CORE_CLAIMS), &l.cores.reserved, &identity(lock));
     if let Err(e) = lock.remove() {
         w.push(e.to_string());
@@ -632,6 +679,19 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
         had_reservation: true,
         warnings: w,
     }
+}
+
+/// Gives irqbalance back the banned CPUs it had before the reservation, if the daemon that
+/// took the ban still runs (one restarted since has forgotten it).
+fn give_back_irqbalance(r: &IrqbalanceRecord) -> Result<(), String> {
+    let d = irqbalance::Daemon {
+        pid: r.pid,
+        start: r.pid_start,
+    };
+    if !d.alive() {
+        return Ok(());
+    }
+    d.ban(&r.banned_before).map_err(|e| e.to_string())
 }
 
 /// A reserve killed between narrowing others' cpusets and recording them in its ledger left

@@ -124,11 +124,20 @@ enum Cmd {
     /// use state directories, pools and hugepages of their own and give them back;
     /// `--quick` prints a minute's look instead of storing anything.
     Bench(bench::BenchArgs),
-    /// What this host's KVM offers for idle policies, and which policies it can give.
+    /// What this host's KVM offers for idle policies, which policies it can give, and the
+    /// host settings that cost the reserved cores latency: cpufreq governor and EPP, the
+    /// pstate mode, idle states, SMT siblings, isolcpus/nohz_full/rcu_nocbs/irqaffinity,
+    /// transparent hugepages, mitigations, irqbalance; each with what it costs and what to
+    /// change (docs/operations.md).
     Caps {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The cores to report on (default: the reservation's, else every online core).
+        #[arg(long, value_name = "LIST")]
+        cores: Option<String>,
+        #[command(flatten)]
+        state: StateDir,
     },
     /// Write the built-in probe guest ELF to a file (to boot it under another VMM).
     ProbeImage {
@@ -176,8 +185,8 @@ struct ReserveArgs {
     #[arg(long, value_name = "LIST")]
     cores: Option<String>,
     /// Read the plan from a TOML file (memory, page_size, node, cores, state_dir,
-    /// isolation).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["memory", "cores", "node", "isolation"])]
+    /// isolation, irqbalance).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["memory", "cores", "node", "isolation", "irqbalance"])]
     plan: Option<PathBuf>,
     /// How the reserved cores are kept from the host's other tasks. "cpusets" (the
     /// default): out of every cpuset cgroup (Docker's, podman's, libvirt's, a kubelet's are
@@ -186,12 +195,23 @@ struct ReserveArgs {
     /// cgroups' tasks share (the reservation then keeps only partitions off each other).
     #[arg(long, value_name = "MODE", value_parser = parse_isolation)]
     isolation: Option<partition::host::plan::IsolationMode>,
+    /// What to do about a running irqbalance, which would move device interrupts back
+    /// onto the reserved cores every 10 s. "ban" (the default): tell it through its control
+    /// socket to keep off them (given back at unreserve); where it cannot be told, the
+    /// reserve is refused (exit 2). "ignore": leave it be (`status` shows IRQs it moved
+    /// back).
+    #[arg(long, value_name = "MODE", value_parser = parse_irqbalance)]
+    irqbalance: Option<partition::host::plan::IrqbalanceMode>,
     #[command(flatten)]
     state: StateDir,
 }
 
 fn parse_isolation(s: &str) -> Result<partition::host::plan::IsolationMode, String> {
     partition::host::plan::IsolationMode::parse(s).ok_or_else(|| "cpusets or none".to_string())
+}
+
+fn parse_irqbalance(s: &str) -> Result<partition::host::plan::IrqbalanceMode, String> {
+    partition::host::plan::IrqbalanceMode::parse(s).ok_or_else(|| "ban or ignore".to_string())
 }
 
 fn parse_idle(s: &str) -> Result<partition::cpu::idle::IdlePolicy, String> {
@@ -556,7 +576,7 @@ fn main() -> ExitCode {
         Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
         Cmd::Launch(a) => launch(a),
         Cmd::Bench(a) => bench::bench(a),
-        Cmd::Caps { json } => verbs::caps(json),
+        Cmd::Caps { json, cores, state } => verbs::caps(json, cores.as_deref(), &state.state_dir),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
         Cmd::ProbeImage { output } => write_out(&output, PROBE_GUEST, 0o644),
         Cmd::HotpathsBinary { output } => write_out(&output, HOTPATHS, 0o755),

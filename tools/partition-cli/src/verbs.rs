@@ -112,7 +112,8 @@ pub fn reserve(a: ReserveArgs) -> ExitCode {
             };
             match HostPlan::new(memory, Some(&a.page_size), a.node, core_list, &available) {
                 Ok(p) => (
-                    p.with_isolation(a.isolation.unwrap_or_default()),
+                    p.with_isolation(a.isolation.unwrap_or_default())
+                        .with_irqbalance(a.irqbalance.unwrap_or_default()),
                     a.state.state_dir,
                 ),
                 Err(e) => return fail(e, true),
@@ -313,6 +314,25 @@ fn print_status(s: &Status) {
         "irqs: {} affinities moved to the host's cores",
         s.irqs_moved
     );
+    for i in &s.irqs_back {
+        println!(
+            "  IRQ {} may fire on a reserved core again (affinity {}): moved back since the \
+             reservation",
+            i.irq, i.affinity
+        );
+    }
+    if let Some(b) = &s.irqbalance {
+        println!(
+            "irqbalance: pid {} {} banned from cores {}",
+            b.pid,
+            if b.alive {
+                "runs,"
+            } else {
+                "is gone (a new one forgot the ban),"
+            },
+            cores::format(&b.banned)
+        );
+    }
     if s.partitions.is_empty() {
         println!("partitions: none");
     }
@@ -443,8 +463,50 @@ fn shown(s: &str) -> String {
     partition::sys::api_client::printable(s, 256)
 }
 
-pub fn caps(json: bool) -> ExitCode {
+/// The cores a host report is about, where they came from, and a running irqbalance's pid
+/// with whether the reservation banned it from them.
+type ReportCores = (Vec<usize>, &'static str, Option<(u32, bool)>);
+
+/// The host report's cores: those named, else the reservation's, else every online one.
+fn report_cores(named: Option<&str>, state_dir: &Path) -> Result<ReportCores, String> {
+    let reservation = partitions::status(state_dir).ok().and_then(|s| {
+        let c = s.cores?;
+        Some((c.reserved, s.irqbalance))
+    });
+    let daemon = partition::host::irqbalance::running();
+    let banned = |cores: &[usize]| {
+        daemon.map(|d| {
+            let by_us = reservation.as_ref().is_some_and(|(r, b)| {
+                b.as_ref().is_some_and(|b| {
+                    b.pid == d.pid && b.alive && cores.iter().all(|c| r.contains(c))
+                })
+            });
+            (d.pid, by_us)
+        })
+    };
+    if let Some(list) = named {
+        let c = cores::parse(list).map_err(|e| format!("--cores {list}: {e}"))?;
+        cores::check_available(&c, &cores::available())
+            .map_err(|e| format!("--cores {list}: {e}"))?;
+        let b = banned(&c);
+        return Ok((c, "named", b));
+    }
+    if let Some((r, _)) = &reservation {
+        let b = banned(r);
+        return Ok((r.clone(), "reserved", b));
+    }
+    let all = cores::available();
+    let b = banned(&all);
+    Ok((all, "all online", b))
+}
+
+pub fn caps(json: bool, named: Option<&str>, state_dir: &Path) -> ExitCode {
     use partition::cpu::idle::{IdlePolicy, resolve};
+    let (report_on, from, irqbalance) = match report_cores(named, state_dir) {
+        Ok(c) => c,
+        Err(e) => return fail(e, true),
+    };
+    let host = partition::host::tuning::report(Path::new("/"), &report_on, from, irqbalance);
     let caps = match partition::kvm::idle_caps() {
         Ok(c) => c,
         Err(e) => return fail(e, false),
@@ -469,6 +531,7 @@ pub fn caps(json: bool) -> ExitCode {
             "host_mwait": caps.host_mwait,
             "host_halt_poll_ns": caps.host_halt_poll_ns,
             "policies": policies,
+            "host": host,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
@@ -490,6 +553,7 @@ pub fn caps(json: bool) -> ExitCode {
             caps.host_halt_poll_ns
                 .map_or("unknown".into(), |n| n.to_string())
         );
+        print_host_report(&host);
         for p in policies {
             if p["offered"] == true {
                 println!(
@@ -507,4 +571,32 @@ pub fn caps(json: bool) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+fn print_host_report(r: &partition::host::tuning::HostReport) {
+    use partition::host::tuning::Verdict;
+    println!(
+        "host settings for cores {} ({}):",
+        cores::format(&r.cores),
+        r.cores_from
+    );
+    for f in &r.findings {
+        let mark = match f.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Costs => "COST",
+            Verdict::NotAvailable => "n/a ",
+        };
+        let on = if f.cores.is_empty() {
+            String::new()
+        } else {
+            format!(" (cores {})", f.cores)
+        };
+        println!("  {mark} {}{on}: {}", f.setting, f.value);
+        if !f.cost.is_empty() {
+            println!("         costs: {}", f.cost);
+        }
+        if !f.change.is_empty() {
+            println!("         change: {}", f.change);
+        }
+    }
 }

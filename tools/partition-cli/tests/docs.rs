@@ -113,6 +113,7 @@ fn scripts_test_sh_says_what_it_runs() {
         ("guest-image.sh", "our own kernel built first"),
         ("validate-manifests.sh", "Kubernetes schemas"),
         ("PARTITION_MUST_RUN=cri", "containerd's CRI"),
+        ("irqbalance_bin", "irqbalance"),
     ] {
         assert!(s.contains(stage), "scripts/test.sh has no {stage:?}");
         assert!(

@@ -84,6 +84,46 @@ pub struct PlanRecord {
     /// Whether they were to be taken out of every cgroup.
     #[serde(default)]
     pub isolation: IsolationMode,
+    /// What to do about a running irqbalance.
+    #[serde(default)]
+    pub irqbalance: IrqbalanceMode,
+}
+
+/// What a reservation does about a running irqbalance (host::irqbalance).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IrqbalanceMode {
+    /// Ban the reserved cores through its control socket (given back at unreserve); where
+    /// that cannot be done the reserve is refused.
+    #[default]
+    Ban,
+    /// Leave it alone: it may move IRQs back onto the reserved cores (`status` shows them).
+    Ignore,
+}
+
+impl IrqbalanceMode {
+    /// Parses `ban` or `ignore`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ban" => Some(Self::Ban),
+            "ignore" => Some(Self::Ignore),
+            _ => None,
+        }
+    }
+}
+
+/// The ban a reservation gave a running irqbalance, and what it banned before.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IrqbalanceRecord {
+    /// The daemon's pid.
+    pub pid: u32,
+    /// Its start time (a restarted daemon forgot the ban, and is not given an old list).
+    pub pid_start: u64,
+    /// The CPUs it banned before the reservation (given back at unreserve).
+    pub banned_before: Vec<usize>,
+    /// The CPUs the reservation made it ban.
+    pub banned: Vec<usize>,
 }
 
 /// Whether a reservation must take its cores out of every cgroup.
@@ -311,6 +351,12 @@ pub struct Ledger {
     pub cores: CoreRecord,
     /// IRQ affinities to restore.
     pub irqs: Vec<IrqRecord>,
+    /// IRQs on the reserved cores that the kernel would not let move (managed affinity).
+    #[serde(default)]
+    pub irqs_left: Vec<u32>,
+    /// The ban given to irqbalance, if one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irqbalance: Option<IrqbalanceRecord>,
     /// Partitions.
     pub partitions: Vec<PartitionRecord>,
 }
@@ -516,6 +562,7 @@ pub(crate) mod tests {
                 node: None,
                 cores: vec![1],
                 isolation: IsolationMode::Cpusets,
+                irqbalance: IrqbalanceMode::Ban,
             },
             pool: PoolRecord {
                 file: mount.join(format!("{}-pool", state_tag(dir))),
@@ -537,6 +584,8 @@ pub(crate) mod tests {
                 file: "/proc/irq/7/smp_affinity_list".into(),
                 old: "0-1".into(),
             }],
+            irqs_left: Vec::new(),
+            irqbalance: None,
             partitions: vec![PartitionRecord {
                 name: "a".into(),
                 pid: 1,
