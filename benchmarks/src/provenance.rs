@@ -238,6 +238,7 @@ fn host_report() -> Value {
         &cores,
         "all online",
         irqbalance,
+        &[],
     ))
     .unwrap_or(Value::Null)
 }

@@ -53,22 +53,25 @@ pub struct HostReport {
 /// Reads the report for `cores` from the host under `root` ("/" in use).
 /// `irqbalance`: a running irqbalance's pid and whether a reservation banned it from the
 /// cores.
+/// `in_force`: the idle policy of the partition running on a core, by core.
 pub fn report(
     root: &Path,
     cores: &[usize],
     cores_from: &str,
     irqbalance: Option<(u32, bool)>,
+    in_force: &[(usize, String)],
 ) -> HostReport {
     let h = Host { root };
     let mut f = Vec::new();
     h.cpufreq(cores, &mut f);
     h.pstate(&mut f);
-    h.idle(cores, &mut f);
+    h.idle(cores, in_force, &mut f);
     h.smt(cores, &mut f);
     h.cmdline(cores, &mut f);
     h.thp(&mut f);
     h.mitigations(&mut f);
     irqbalance_finding(cores, irqbalance, &mut f);
+    other_balancers(root, &mut f);
     HostReport {
         cores: cores.to_vec(),
         cores_from: cores_from.to_string(),
@@ -257,15 +260,26 @@ impl Host<'_> {
         best
     }
 
-    fn idle(&self, cores: &[usize], f: &mut Vec<Finding>) {
+    fn idle(&self, cores: &[usize], in_force: &[(usize, String)], f: &mut Vec<Finding>) {
         let driver = self
             .read("sys/devices/system/cpu/cpuidle/current_driver")
             .unwrap_or_else(|| "none".into());
-        for (list, deepest) in grouped(cores, |c| {
-            self.deepest_idle(c)
-                .map(|(i, n, l)| format!("state{i} {n}, exit latency {l} us"))
+        let policy = |c: usize| {
+            in_force
+                .iter()
+                .find(|(core, _)| *core == c)
+                .map(|(_, p)| p.clone())
+        };
+        for (list, key) in grouped(cores, |c| {
+            let d = self.deepest_idle(c)?;
+            Some(format!(
+                "{}\t{}\t{}",
+                d.1,
+                d.2,
+                policy(c).unwrap_or_default()
+            ))
         }) {
-            let Some(deepest) = deepest else {
+            let Some(key) = key else {
                 f.push(finding(
                     "idle-states",
                     &list,
@@ -276,31 +290,45 @@ impl Host<'_> {
                 ));
                 continue;
             };
-            let lat: u64 = deepest
-                .rsplit("latency ")
-                .next()
-                .and_then(|l| l.trim_end_matches(" us").parse().ok())
-                .unwrap_or(0);
-            let value = format!("deepest enabled: {deepest} (cpuidle driver {driver})");
-            if lat <= 2 {
-                f.push(finding("idle-states", &list, value, Verdict::Ok, "", ""));
-            } else {
-                f.push(finding(
-                    "idle-states",
-                    &list,
-                    value,
-                    Verdict::Costs,
-                    format!(
-                        "with --idle hlt, haltpoll or shared the vCPU thread sleeps and the \
-                         core may enter that state: each wake-up pays up to {lat} us more; \
-                         with --idle mwait or poll the vCPU thread keeps the core out of the \
-                         host's idle states"
-                    ),
-                    "launch with --idle mwait (or poll); or disable the deep states on \
-                     these cores (write 1 to cpu{N}/cpuidle/state{K}/disable), or boot with \
-                     processor.max_cstate=1",
-                ));
+            let mut parts = key.split('\t');
+            let name = parts.next().unwrap_or("");
+            let lat: u64 = parts.next().and_then(|l| l.parse().ok()).unwrap_or(0);
+            let running = parts.next().filter(|p| !p.is_empty());
+            let mut value =
+                format!("deepest enabled: {name}, exit latency {lat} us (cpuidle driver {driver})");
+            if let Some(p) = running {
+                value.push_str(&format!("; a partition runs there with --idle {p}"));
             }
+            let kept_out = matches!(running, Some("mwait" | "poll"));
+            if lat <= 2 || kept_out {
+                if kept_out {
+                    value.push_str(", which keeps the core out of the host's idle states");
+                }
+                f.push(finding("idle-states", &list, value, Verdict::Ok, "", ""));
+                continue;
+            }
+            let cost = match running {
+                Some(p) => format!(
+                    "under --idle {p} the vCPU thread sleeps when the guest idles and the core \
+                     may enter {name}: each wake-up pays up to {lat} us more"
+                ),
+                None => format!(
+                    "with --idle hlt, haltpoll or shared the vCPU thread sleeps and the core \
+                     may enter {name}: each wake-up pays up to {lat} us more; with --idle \
+                     mwait or poll the vCPU thread keeps the core out of the host's idle \
+                     states"
+                ),
+            };
+            f.push(finding(
+                "idle-states",
+                &list,
+                value,
+                Verdict::Costs,
+                cost,
+                "launch with --idle mwait (or poll); or disable the deep states on these \
+                 cores (write 1 to cpu{N}/cpuidle/state{K}/disable), or boot with \
+                 processor.max_cstate=1",
+            ));
         }
     }
 
@@ -575,6 +603,53 @@ impl Host<'_> {
     }
 }
 
+/// Daemons besides irqbalance that set IRQ affinities, governors or idle states themselves.
+fn other_balancers(root: &Path, f: &mut Vec<Finding>) {
+    const OTHERS: [(&str, &str); 1] = [(
+        "tuned",
+        "its profile may set IRQ affinities, the governor and idle states itself (its \
+         irqbalance and cpu plugins), over what reserve set",
+    )];
+    let proc = root.join("proc");
+    let comms: Vec<(u32, String)> = std::fs::read_dir(&proc)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            Some((pid, comm.trim_end().to_string()))
+        })
+        .collect();
+    let found: Vec<String> = OTHERS
+        .iter()
+        .filter_map(|(name, _)| {
+            let (pid, _) = comms.iter().find(|(_, c)| c == name)?;
+            Some(format!("{name} (pid {pid})"))
+        })
+        .collect();
+    if found.is_empty() {
+        f.push(finding(
+            "other-balancers",
+            "",
+            "none running (tuned)",
+            Verdict::Ok,
+            "",
+            "",
+        ));
+        return;
+    }
+    f.push(finding(
+        "other-balancers",
+        "",
+        found.join(", "),
+        Verdict::Costs,
+        OTHERS[0].1,
+        "use tuned's cpu-partitioning profile with isolated_cores= the reserved cores, or \
+         stop it",
+    ));
+}
+
 fn irqbalance_finding(cores: &[usize], daemon: Option<(u32, bool)>, f: &mut Vec<Finding>) {
     let list = cores::format(cores);
     match daemon {
@@ -668,7 +743,7 @@ mod tests {
         }
         let refs: Vec<(&str, &str)> = files.iter().map(|(f, v)| (f.as_str(), *v)).collect();
         let root = tree("tuned", &refs);
-        let r = report(&root, &[2, 18], "named", None);
+        let r = report(&root, &[2, 18], "named", None, &[]);
         let costs: Vec<&Finding> = r
             .findings
             .iter()
@@ -677,7 +752,7 @@ mod tests {
         assert!(costs.is_empty(), "{costs:#?}");
         assert_eq!(
             by(&r, "idle-states")[0].value,
-            "deepest enabled: state1 C1, exit latency 1 us (cpuidle driver none)"
+            "deepest enabled: C1, exit latency 1 us (cpuidle driver none)"
         );
         assert_eq!(by(&r, "smt-sibling")[0].value, "18 (reserved too)");
         assert_eq!(by(&r, "mitigations")[0].value, "1 in force: spectre_v1");
@@ -720,9 +795,16 @@ mod tests {
                     &format!("{cpu}/vulnerabilities/mds"),
                     "Mitigation: Clear CPU buffers; SMT vulnerable\n",
                 ),
+                ("proc/4242/comm", "tuned\n"),
             ],
         );
-        let r = report(&root, &[1], "reserved", Some((77, false)));
+        let r = report(
+            &root,
+            &[1],
+            "reserved",
+            Some((77, false)),
+            &[(1, "hlt".into())],
+        );
         for s in [
             "governor",
             "epp",
@@ -736,6 +818,7 @@ mod tests {
             "transparent-hugepages",
             "mitigations",
             "irqbalance",
+            "other-balancers",
         ] {
             let f = by(&r, s);
             assert_eq!(f.len(), 1, "{s}: {:#?}", r.findings);
@@ -746,7 +829,20 @@ mod tests {
                 f[0]
             );
         }
-        assert!(by(&r, "idle-states")[0].cost.contains("133 us"));
+        let idle = by(&r, "idle-states")[0];
+        assert!(
+            idle.cost.contains("under --idle hlt") && idle.cost.contains("133 us"),
+            "{idle:#?}"
+        );
+        assert_eq!(by(&r, "other-balancers")[0].value, "tuned (pid 4242)");
+        // The same core under a partition that polls or waits in MWAIT: kept out.
+        let r = report(&root, &[1], "reserved", None, &[(1, "mwait".into())]);
+        let idle = by(&r, "idle-states")[0];
+        assert_eq!(idle.verdict, Verdict::Ok, "{idle:#?}");
+        assert!(
+            idle.value
+                .ends_with("keeps the core out of the host's idle states")
+        );
         assert!(by(&r, "smt-sibling")[0].change.contains("reserve 5 too"));
         assert_eq!(by(&r, "nohz_full")[0].value, "nohz_full=2");
         assert!(
@@ -765,7 +861,7 @@ mod tests {
     #[test]
     fn what_this_host_does_not_show_is_said_not_guessed() {
         let root = tree("bare", &[("proc/cmdline", "ro\n")]);
-        let r = report(&root, &[1], "named", None);
+        let r = report(&root, &[1], "named", None, &[]);
         for s in [
             "cpufreq",
             "pstate-mode",

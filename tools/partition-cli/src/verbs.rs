@@ -463,13 +463,26 @@ fn shown(s: &str) -> String {
     partition::sys::api_client::printable(s, 256)
 }
 
-/// The cores a host report is about, where they came from, and a running irqbalance's pid
-/// with whether the reservation banned it from them.
-type ReportCores = (Vec<usize>, &'static str, Option<(u32, bool)>);
+/// The cores a host report is about, where they came from, a running irqbalance's pid with
+/// whether the reservation banned it from them, and the idle policy of each core's running
+/// partition.
+type ReportCores = (
+    Vec<usize>,
+    &'static str,
+    Option<(u32, bool)>,
+    Vec<(usize, String)>,
+);
 
 /// The host report's cores: those named, else the reservation's, else every online one.
 fn report_cores(named: Option<&str>, state_dir: &Path) -> Result<ReportCores, String> {
-    let reservation = partitions::status(state_dir).ok().and_then(|s| {
+    let status = partitions::status(state_dir).ok();
+    let in_force: Vec<(usize, String)> = status
+        .iter()
+        .flat_map(|s| &s.partitions)
+        .filter(|p| p.alive)
+        .flat_map(|p| p.cores.iter().map(|c| (*c, p.idle.clone())))
+        .collect();
+    let reservation = status.and_then(|s| {
         let c = s.cores?;
         Some((c.reserved, s.irqbalance))
     });
@@ -489,24 +502,25 @@ fn report_cores(named: Option<&str>, state_dir: &Path) -> Result<ReportCores, St
         cores::check_available(&c, &cores::available())
             .map_err(|e| format!("--cores {list}: {e}"))?;
         let b = banned(&c);
-        return Ok((c, "named", b));
+        return Ok((c, "named", b, in_force));
     }
     if let Some((r, _)) = &reservation {
         let b = banned(r);
-        return Ok((r.clone(), "reserved", b));
+        return Ok((r.clone(), "reserved", b, in_force));
     }
     let all = cores::available();
     let b = banned(&all);
-    Ok((all, "all online", b))
+    Ok((all, "all online", b, in_force))
 }
 
 pub fn caps(json: bool, named: Option<&str>, state_dir: &Path) -> ExitCode {
     use partition::cpu::idle::{IdlePolicy, resolve};
-    let (report_on, from, irqbalance) = match report_cores(named, state_dir) {
+    let (report_on, from, irqbalance, in_force) = match report_cores(named, state_dir) {
         Ok(c) => c,
         Err(e) => return fail(e, true),
     };
-    let host = partition::host::tuning::report(Path::new("/"), &report_on, from, irqbalance);
+    let host =
+        partition::host::tuning::report(Path::new("/"), &report_on, from, irqbalance, &in_force);
     let caps = match partition::kvm::idle_caps() {
         Ok(c) => c,
         Err(e) => return fail(e, false),

@@ -225,6 +225,28 @@ fn overlapping_cores_or_extents_are_refused_and_the_ledger_is_unchanged() {
     assert!(out.stdout.is_empty(), "the guest ran: {}", out.stdout);
     let _ = std::fs::remove_dir_all(&other);
     let mut a = h.hold("a", "64M@0", "probe.memtest=0");
+    // `caps` reports on the reserved core with the idle policy the partition runs there.
+    let caps = h.run(&["caps", "--json"]);
+    assert_eq!(caps.code(), 0, "{}", caps.stderr);
+    let caps: serde_json::Value = serde_json::from_str(&caps.stdout).unwrap();
+    let idle = h.status()["partitions"][0]["idle"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let found = caps["host"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["setting"] == "idle-states")
+        .cloned()
+        .unwrap();
+    assert_eq!(caps["host"]["cores"], serde_json::json!([1]), "{caps:#}");
+    let v = found["value"].as_str().unwrap();
+    assert!(
+        v.starts_with("not available here")
+            || v.contains(&format!("a partition runs there with --idle {idle}")),
+        "{found:#}"
+    );
     let ledger = h.ledger();
     let cases: &[(&[&str], &str)] = &[
         (
