@@ -676,8 +676,9 @@ fn irqbalance_finding(cores: &[usize], daemon: Option<(u32, bool)>, f: &mut Vec<
             Verdict::Costs,
             "it rewrites /proc/irq/*/smp_affinity every 10 s and puts device interrupts \
              back on the cores a reservation moved them off",
-            "reserve bans them through its socket (the default, --irqbalance ban); or stop \
-             it, or set IRQBALANCE_BANNED_CPULIST in its configuration",
+            "reserve bans them through its socket (the default, --irqbalance ban) when it \
+             runs at reserve time; one started later reads IRQBALANCE_BANNED_CPULIST from \
+             its environment file, and keeps off isolcpus/nohz_full cores by itself",
         )),
     }
 }
