@@ -15,6 +15,7 @@ pub mod host;
 pub mod hotpaths;
 pub mod lookup;
 pub mod memsetup;
+pub mod noise;
 pub mod nvmecore;
 pub mod probe;
 pub mod provenance;

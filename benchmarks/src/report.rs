@@ -137,6 +137,9 @@ pub fn markdown(doc: &Results, host: &str, svg_name: &str) -> String {
     if let Some(w) = &doc.wake {
         wake(&mut o, w);
     }
+    if let Some(n) = &doc.noise {
+        noise(&mut o, n);
+    }
     if let Some(b) = &doc.blk {
         blk(&mut o, b);
     }
@@ -347,6 +350,54 @@ fn wake(o: &mut String, w: &WakeSection) {
             "| {name} | {} | {} |",
             ipi.map_or("refused".into(), |v| format!("{v:.0}")),
             num(timer, 0),
+        );
+    }
+}
+
+/// What the host takes from the partition's core: ours, the bare twin and QEMU, quiet and
+/// beside the neighbour, each with the ratio to the bare twin under the same neighbour.
+fn noise(o: &mut String, n: &crate::doc::noise::NoiseSection) {
+    let Some(rows) = &n.rows else {
+        return;
+    };
+    let _ = writeln!(
+        o,
+        "\n## Noise on the partition's core (`noise`)\n\nCore {}, windows of {} ms, {} \
+         rounds; neighbour {}.\n\n| case | neighbour | noise us/s | x bare | largest gap us | \
+         gaps >1 us /s | >10 us /s | >100 us /s | p99.99 gap ns |\n|---|---|---|---|---|---|---|---|---|",
+        n.params.core, n.params.window_ms, n.params.runs, n.params.neighbour
+    );
+    let cell = |r: &crate::doc::noise::NoiseRow, k: &str, prec: usize| {
+        r.metrics.get(k).map_or("-".into(), |s| {
+            format!("{:.prec$} ({:.prec$}-{:.prec$})", s.median, s.min, s.max)
+        })
+    };
+    for r in rows {
+        let bare = rows
+            .iter()
+            .find(|b| b.case == "bare" && b.neighbour == r.neighbour)
+            .and_then(|b| b.metrics.get("noise_us_per_s"))
+            .map(|s| s.median);
+        let ratio = match (r.metrics.get("noise_us_per_s"), bare) {
+            (Some(s), Some(b)) if b > 0.0 => format!("{:.2}", s.median / b),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {ratio} | {} | {} | {} | {} | {} |{}",
+            r.case,
+            if r.neighbour { "busy" } else { "quiet" },
+            cell(r, "noise_us_per_s", 0),
+            cell(r, "max_gap_us", 0),
+            cell(r, "over_1us_per_s", 0),
+            cell(r, "over_10us_per_s", 1),
+            cell(r, "over_100us_per_s", 1),
+            cell(r, "p9999_gap_ns", 0),
+            if r.failures.is_empty() {
+                String::new()
+            } else {
+                format!(" failed: {}", r.failures.join("; ").replace('|', "/"))
+            }
         );
     }
 }

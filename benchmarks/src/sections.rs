@@ -10,6 +10,8 @@ use crate::doc::SectionDoc;
 pub struct Options {
     /// memsetup sizes, largest last.
     pub sizes: Vec<u64>,
+    /// One window of the noise section, ms (0: [`NOISE_WINDOW_MS`]).
+    pub noise_ms: u64,
 }
 
 /// One benchmark section.
@@ -35,6 +37,35 @@ struct MemSetup;
 struct Builds;
 struct Sandboxing;
 struct Submit;
+struct Noise;
+
+/// One window of the noise section, ms.
+pub const NOISE_WINDOW_MS: u64 = 2000;
+
+impl Section for Noise {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "noise",
+            "what the host takes from the partition's core: a TSC gap detector in the probe guest's ring 3, as a bare-host thread on the same core and in QEMU microvm pinned there, quiet and beside a noisy neighbour (stress-ng and a disk-reading guest) on the housekeeping core: us lost per second, largest gap, gaps over 1/10/100 us, p99.99",
+        )]
+    }
+    fn run(
+        &self,
+        env: &Env,
+        opts: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        let ms = if opts.noise_ms == 0 {
+            NOISE_WINDOW_MS
+        } else {
+            opts.noise_ms
+        };
+        vec![(
+            "noise",
+            SectionDoc::Noise(Box::new(crate::noise::run(env, ms))),
+        )]
+    }
+}
 
 impl Section for HotPaths {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
@@ -244,6 +275,7 @@ pub static ALL: &[&dyn Section] = &[
     &Probe,
     &Crosscheck,
     &Wake,
+    &Noise,
     &Blk,
     &Submit,
     &MemSetup,
@@ -270,7 +302,7 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 11);
+        assert_eq!(seen.len(), 12);
         assert!(known("guest") && known("memsetup") && known("submit") && !known("gpu"));
         assert!(known("submit-vfio"));
     }

@@ -13,6 +13,7 @@ pub mod compare;
 pub mod crosscheck;
 pub mod hotpaths;
 pub mod memsetup;
+pub mod noise;
 pub mod probe;
 pub mod submit;
 pub mod submit_vfio;
@@ -37,6 +38,8 @@ pub enum SectionDoc {
     Crosscheck(Box<crosscheck::CrosscheckSection>),
     /// `wake`.
     Wake(Box<wake::WakeSection>),
+    /// `noise`.
+    Noise(Box<noise::NoiseSection>),
     /// `blk`.
     Blk(Box<blk::BlkSection>),
     /// `memsetup`.
@@ -58,6 +61,7 @@ impl SectionDoc {
             Self::Probe(s) => &s.head,
             Self::Crosscheck(s) => &s.head,
             Self::Wake(s) => &s.head,
+            Self::Noise(s) => &s.head,
             Self::Blk(s) => &s.head,
             Self::MemSetup(s) => &s.head,
             Self::Submit(s) => &s.head,
@@ -90,6 +94,7 @@ impl SectionDoc {
             "probe" => Self::Probe(serde_json::from_value(v)?),
             "crosscheck" => Self::Crosscheck(serde_json::from_value(v)?),
             "wake" => Self::Wake(serde_json::from_value(v)?),
+            "noise" => Self::Noise(serde_json::from_value(v)?),
             "blk" => Self::Blk(serde_json::from_value(v)?),
             "memsetup" => Self::MemSetup(serde_json::from_value(v)?),
             "submit" => Self::Submit(serde_json::from_value(v)?),
@@ -100,11 +105,12 @@ impl SectionDoc {
 }
 
 /// The sections a results file may hold, in the order the report lists them.
-pub const SECTIONS: [&str; 11] = [
+pub const SECTIONS: [&str; 12] = [
     "host",
     "guest",
     "probe",
     "wake",
+    "noise",
     "blk",
     "submit",
     "submit-vfio",
@@ -129,6 +135,8 @@ pub struct Results {
     pub crosscheck: Option<crosscheck::CrosscheckSection>,
     /// `wake`.
     pub wake: Option<wake::WakeSection>,
+    /// `noise`.
+    pub noise: Option<noise::NoiseSection>,
     /// `blk`.
     pub blk: Option<blk::BlkSection>,
     /// `memsetup`.
@@ -168,6 +176,7 @@ impl Results {
                 Ok(SectionDoc::Probe(s)) => out.probe = Some(*s),
                 Ok(SectionDoc::Crosscheck(s)) => out.crosscheck = Some(*s),
                 Ok(SectionDoc::Wake(s)) => out.wake = Some(*s),
+                Ok(SectionDoc::Noise(s)) => out.noise = Some(*s),
                 Ok(SectionDoc::Blk(s)) => out.blk = Some(*s),
                 Ok(SectionDoc::MemSetup(s)) => out.memsetup = Some(*s),
                 Ok(SectionDoc::Submit(s)) => out.submit = Some(*s),
@@ -200,6 +209,7 @@ impl Results {
             "probe" => &self.probe.as_ref()?.head,
             "crosscheck" => &self.crosscheck.as_ref()?.head,
             "wake" => &self.wake.as_ref()?.head,
+            "noise" => &self.noise.as_ref()?.head,
             "blk" => &self.blk.as_ref()?.head,
             "memsetup" => &self.memsetup.as_ref()?.head,
             "submit" => &self.submit.as_ref()?.head,

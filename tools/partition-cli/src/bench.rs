@@ -37,6 +37,9 @@ pub struct BenchArgs {
     /// Results file (default: benchmarks/results/<hostname>.json under the current directory).
     #[arg(long, value_name = "FILE")]
     results: Option<PathBuf>,
+    /// Length of one gap-detector window of the `noise` section, ms.
+    #[arg(long, value_name = "MS", default_value_t = 2000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    noise_ms: u64,
     /// memsetup sizes, largest last (default 256M,1G,4G,8G).
     #[arg(long, value_delimiter = ',', value_name = "SIZES")]
     sizes: Vec<String>,
@@ -246,7 +249,10 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         };
     }
     let wanted = |n: &str| a.only.is_empty() || a.only.iter().any(|s| s == n);
-    let opts = Options { sizes };
+    let opts = Options {
+        sizes,
+        noise_ms: a.noise_ms,
+    };
     let mut code = ExitCode::SUCCESS;
     for section in sections::ALL {
         let names: Vec<&str> = section

@@ -282,3 +282,79 @@ fn a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory() {
         .collect();
     assert!(left.is_empty(), "scratch directories left: {left:?}");
 }
+
+/// The `noise` section's code paths at a small size (100 ms windows, one round): every case
+/// quiet and beside the neighbour gives a row with all six figures, none failed, and the
+/// report renders the table. No figure is judged: this checks the harness, not the host.
+#[test]
+fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
+    if !kvm_available("the_noise_section_runs_every_case_quiet_and_beside_the_neighbour") {
+        return;
+    }
+    if host_cores() < 2 {
+        println!(
+            "SKIPPED the_noise_section_runs_every_case_quiet_and_beside_the_neighbour: needs a \
+             second core for the neighbour"
+        );
+        return;
+    }
+    let dir = Scratch::new("bench-noise");
+    let results = dir.path("noise.json");
+    let out = run(
+        &[
+            "bench",
+            "--only",
+            "noise",
+            "--runs",
+            "1",
+            "--noise-ms",
+            "100",
+            "--results",
+            results.to_str().unwrap(),
+        ],
+        Duration::from_secs(300),
+    );
+    assert_eq!(out.code(), 0, "{}\n{}", out.stderr, out.stdout);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    let s = &doc["sections"]["noise"];
+    assert_eq!(s["completed"], true, "{s:#}");
+    assert_eq!(s["params"]["window_ms"], 100, "{s:#}");
+    let rows = s["rows"].as_array().unwrap();
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let cases: &[&str] = if qemu {
+        &["bare", "partition", "qemu"]
+    } else {
+        &["bare", "partition"]
+    };
+    assert_eq!(rows.len(), 2 * cases.len(), "{s:#}");
+    for neighbour in [false, true] {
+        for case in cases {
+            let r = rows
+                .iter()
+                .find(|r| r["case"] == *case && r["neighbour"] == neighbour)
+                .unwrap_or_else(|| panic!("no {case} row, neighbour {neighbour}: {s:#}"));
+            assert_eq!(r["failures"], serde_json::json!([]), "{r:#}");
+            for m in [
+                "noise_us_per_s",
+                "max_gap_us",
+                "over_1us_per_s",
+                "over_10us_per_s",
+                "over_100us_per_s",
+                "p9999_gap_ns",
+            ] {
+                assert_eq!(r["metrics"][m]["n"], 1, "{m} in {r:#}");
+            }
+        }
+    }
+    let md = std::fs::read_to_string(dir.path("noise.md")).unwrap();
+    assert!(md.contains("## Noise on the partition's core"), "{md}");
+    // The provenance names the host settings the figures were taken under.
+    assert!(
+        s["provenance"]["host_report"]["findings"].is_array(),
+        "{s:#}"
+    );
+}

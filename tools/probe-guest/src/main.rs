@@ -13,7 +13,8 @@
 //! probe) was all zero at start; `probe.hold=1` stays up (halted) instead of powering off;
 //! `probe.bench=wake` runs the wake-up benchmarks and `probe.bench=idle` idles for
 //! `probe.idle_seconds` (see wake.rs for their options); `probe.bench=paths` times the
-//! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.blk=...` drives
+//! VMM's exit paths and the memory-latency staircase (paths.rs); `probe.bench=noise` reads
+//! the TSC back to back in ring 3 and reports the gaps (noise.rs); `probe.blk=...` drives
 //! the first virtio-blk device (blk.rs); `probe.assist=1` checks the instructions a VMM
 //! must assist where ring 0 is emulated (assist.rs); `probe.canary=N` makes N system calls
 //! through SYSCALL, each checked for everything it must leave alone, with
@@ -34,8 +35,10 @@ mod blk;
 mod canary;
 mod engine;
 mod firmware;
+mod gaps;
 mod libc;
 mod memtest;
+mod noise;
 mod nvme;
 mod paths;
 mod pcie;
@@ -215,6 +218,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     match bi.arg("probe.bench") {
         Some("wake") => wake::run(&bi, tsc_khz, bsp, first_ap),
         Some("idle") => wake::idle_window(&bi, tsc_khz),
+        Some("noise") => noise::run(&bi, tsc_khz),
         Some("paths") => {
             // The largest free RAM range above 1 MiB for the memory chase.
             let mut best: Option<(u64, u64)> = None;

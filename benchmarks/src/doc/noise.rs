@@ -1,0 +1,51 @@
+//! `noise`'s document: what the host takes from a core a partition runs on, against the
+//! same gap detector on the bare host and in QEMU, quiet and beside a noisy neighbour.
+
+use serde::{Deserialize, Serialize};
+
+use crate::head::Head;
+use crate::stats::Summary;
+
+/// The `noise` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: NoiseParams,
+    /// How.
+    pub method: String,
+    /// One per case and neighbour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<Vec<NoiseRow>>,
+}
+
+/// What `noise` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseParams {
+    /// Rounds.
+    pub runs: usize,
+    /// The core measured.
+    pub core: usize,
+    /// The core the neighbour runs on.
+    pub neighbour_core: usize,
+    /// Length of one detector run, ms.
+    pub window_ms: u64,
+    /// What the neighbour is.
+    pub neighbour: String,
+}
+
+/// One case (bare, ours, QEMU) with or without the neighbour.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NoiseRow {
+    /// `bare`, `partition` or `qemu`.
+    pub case: String,
+    /// Whether the neighbour ran.
+    pub neighbour: bool,
+    /// Per metric (`noise_us_per_s`, `max_gap_us`, `over_1us_per_s`, `over_10us_per_s`,
+    /// `over_100us_per_s`, `p9999_gap_ns`): the per-run values summarised.
+    pub metrics: std::collections::BTreeMap<String, Summary>,
+    /// Runs that produced nothing, and why.
+    pub failures: Vec<String>,
+}

@@ -1,0 +1,444 @@
+//! `noise`: what the host takes from the core a partition runs on. One gap detector
+//! (tools/probe-guest/src/gaps.rs, included below, so both sides run the same code) reads
+//! the TSC back to back for a window: in the probe guest's ring 3 in our partition
+//! (`probe.bench=noise`; on the nested kvm_pvm host guest ring 3 runs natively, so the gaps
+//! are real time), as a bare-host thread pinned to the same core (the twin), and in the
+//! probe under QEMU microvm with its vCPU thread pinned there. Each case runs quiet and then
+//! beside a noisy neighbour on the housekeeping core: stress-ng's cpu, vm, cache and timer
+//! stressors (where stress-ng is installed) and a second probe guest launched ad hoc there
+//! reading its disk over and over. Per run: the noise (us lost per second: the sum of gaps
+//! over 1 us), the largest gap, gaps over 1/10/100 us per second, and the 99.99th
+//! percentile gap; rows are medians over rounds with min-max spread.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[path = "../../tools/probe-guest/src/gaps.rs"]
+mod gaps;
+
+use crate::doc::noise::{NoiseParams, NoiseRow, NoiseSection};
+use crate::head::Head;
+use crate::host::{pin, pin_and_start_qemu};
+use crate::stats::summary;
+use crate::{Env, Launch, Microvm, timed_run, timed_run_with};
+
+/// One detector window, as either side reports it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    /// Its length, ms.
+    pub ms: u64,
+    /// TSC reads.
+    pub samples: u64,
+    /// Sum of the gaps over 1 us, ns.
+    pub lost_ns: u64,
+    /// The largest gap, ns.
+    pub max_ns: u64,
+    /// Gaps over 1, 10 and 100 us.
+    pub over: [u64; 3],
+    /// The 99.99th percentile gap (its bucket's upper bound), ns.
+    pub p9999_ns: u64,
+}
+
+impl Window {
+    /// The per-run figures a row summarises.
+    pub fn metrics(&self) -> [(&'static str, f64); 6] {
+        let s = self.ms.max(1) as f64 / 1000.0;
+        [
+            ("noise_us_per_s", self.lost_ns as f64 / 1000.0 / s),
+            ("max_gap_us", self.max_ns as f64 / 1000.0),
+            ("over_1us_per_s", self.over[0] as f64 / s),
+            ("over_10us_per_s", self.over[1] as f64 / s),
+            ("over_100us_per_s", self.over[2] as f64 / s),
+            ("p9999_gap_ns", self.p9999_ns as f64),
+        ]
+    }
+
+    /// The probe's `noise ...` line.
+    pub fn parse(stdout: &str) -> Option<Self> {
+        let line = stdout.lines().find_map(|l| {
+            l.trim_end()
+                .strip_prefix("probe: noise ")
+                .filter(|r| r.starts_with("ms="))
+        })?;
+        let field = |k: &str| -> Option<u64> {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k)?.strip_prefix('='))?
+                .parse()
+                .ok()
+        };
+        Some(Self {
+            ms: field("ms")?,
+            samples: field("samples")?,
+            lost_ns: field("lost_ns")?,
+            max_ns: field("max_ns")?,
+            over: [field("over1us")?, field("over10us")?, field("over100us")?],
+            p9999_ns: field("p9999_ns")?,
+        })
+    }
+}
+
+fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// The host's TSC rate, kHz, against CLOCK_MONOTONIC over `over`.
+pub fn host_tsc_khz(over: Duration) -> u64 {
+    let (t0, c0) = (Instant::now(), rdtsc());
+    std::thread::sleep(over);
+    let (t1, c1) = (Instant::now(), rdtsc());
+    let ns = (t1 - t0).as_nanos().max(1) as u64;
+    (c1.wrapping_sub(c0)).saturating_mul(1_000_000) / ns
+}
+
+/// The twin: the detector in a host thread pinned to `core`.
+pub fn bare(core: usize, ms: u64, tsc_khz: u64) -> Result<Window, String> {
+    std::thread::spawn(move || {
+        pin(core);
+        let mut g = Box::new(gaps::Gaps::new(tsc_khz));
+        gaps::run(rdtsc, ms * tsc_khz, &mut g);
+        let ns = |t: u64| t * 1_000_000 / tsc_khz.max(1);
+        Window {
+            ms,
+            samples: g.samples,
+            lost_ns: ns(g.lost),
+            max_ns: ns(g.max),
+            over: g.over,
+            p9999_ns: ns(g.quantile(9999, 10000)),
+        }
+    })
+    .join()
+    .map_err(|_| "the bare-host detector thread panicked".to_string())
+}
+
+fn cmdline(ms: u64) -> String {
+    format!("probe.memtest=0 probe.bench=noise probe.noise_ms={ms}")
+}
+
+/// Ours: the probe in a partition on `env.core`.
+fn partition(env: &Env, ms: u64) -> Result<Window, String> {
+    let cmd = Launch::new(
+        env,
+        &env.work.join("noise-state"),
+        &env.core.to_string(),
+        "32M",
+    )
+    .probe()
+    .cmdline(&cmdline(ms))
+    .command();
+    let run = timed_run(cmd, Duration::from_millis(ms) + Duration::from_secs(60))
+        .map_err(|e| e.to_string())?;
+    Window::parse(&run.stdout).ok_or_else(|| {
+        format!(
+            "no noise line (exit {}): {}",
+            run.status,
+            run.stderr.lines().last().unwrap_or("")
+        )
+    })
+}
+
+/// QEMU microvm, its vCPU thread pinned to `env.core` and the rest to the housekeeping core.
+fn qemu(env: &Env, probe: &Path, ms: u64, round: usize) -> Result<Window, String> {
+    let qmp = env.work.join(format!("noise-qmp-{round}.sock"));
+    let line = cmdline(ms);
+    let mut c = Microvm {
+        pin: None,
+        smp: 1,
+        mb: 32,
+        acpi: false,
+        prealloc: true,
+        probe,
+        cmdline: &line,
+    }
+    .command(env);
+    c.args(["-name", "noise,debug-threads=on", "-S", "-qmp"])
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+    let (core, other) = (env.core, env.host_core);
+    let run = timed_run_with(
+        c,
+        Duration::from_millis(ms) + Duration::from_secs(60),
+        |pid| pin_and_start_qemu(pid, &qmp, core, other),
+    )
+    .map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&qmp);
+    Window::parse(&run.stdout).ok_or_else(|| {
+        format!(
+            "no noise line (exit {}): {}",
+            run.status,
+            run.stderr.lines().last().unwrap_or("")
+        )
+    })
+}
+
+/// The noisy neighbour on the housekeeping core: stress-ng (where installed) and a probe
+/// guest reading its disk, launched again each time it finishes; stopped on drop.
+struct Neighbour {
+    stop: Arc<AtomicBool>,
+    guest: Option<std::thread::JoinHandle<usize>>,
+    stress: Option<Child>,
+}
+
+/// What the neighbour is, as the results say it.
+fn describe(stress_ng: bool) -> String {
+    format!(
+        "on the housekeeping core: {}a probe guest launched ad hoc there (probe.blk=qd32,lat \
+         over a 16 MiB disk, launched again as each run ends)",
+        if stress_ng {
+            "stress-ng --cpu 1 --vm 1 --vm-bytes 64M --cache 1 --timer 1 --timer-freq 4000, and "
+        } else {
+            "(stress-ng is not installed) "
+        }
+    )
+}
+
+fn stress_ng() -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("stress-ng"))
+            .find(|f| f.is_file())
+    })
+}
+
+impl Neighbour {
+    fn start(env: &Env) -> Result<Self, String> {
+        let disk = env.work.join("noise-neighbour.img");
+        std::fs::File::create(&disk)
+            .and_then(|f| f.set_len(16 << 20))
+            .map_err(|e| format!("{}: {e}", disk.display()))?;
+        let stress = match stress_ng() {
+            Some(bin) => Some(
+                Command::new("taskset")
+                    .args(["-c", &env.host_core.to_string()])
+                    .arg(bin)
+                    .args([
+                        "--cpu",
+                        "1",
+                        "--vm",
+                        "1",
+                        "--vm-bytes",
+                        "64M",
+                        "--cache",
+                        "1",
+                    ])
+                    .args(["--timer", "1", "--timer-freq", "4000", "--timeout", "0"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .map_err(|e| format!("stress-ng: {e}"))?,
+            ),
+            None => None,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, partition, state, core) = (
+            stop.clone(),
+            env.partition.clone(),
+            env.work.join("noise-neighbour-state"),
+            env.host_core,
+        );
+        let guest = std::thread::spawn(move || {
+            let mut runs = 0;
+            while !s.load(Ordering::Acquire) {
+                let mut c = Command::new(&partition);
+                c.env("PARTITION_STATE_DIR", &state)
+                    .args(["launch", "--cores", &core.to_string(), "--memory", "32M"])
+                    .arg("--probe")
+                    .arg("--disk")
+                    .arg(&disk)
+                    .args([
+                        "--cmdline",
+                        "probe.memtest=0 probe.blk=qd32,lat probe.blk_n=5000",
+                    ]);
+                if timed_run(c, Duration::from_secs(120)).is_ok() {
+                    runs += 1;
+                }
+            }
+            runs
+        });
+        Ok(Self {
+            stop,
+            guest: Some(guest),
+            stress,
+        })
+    }
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(mut c) = self.stress.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(g) = self.guest.take() {
+            let _ = g.join();
+        }
+    }
+}
+
+/// Runs the section with windows of `ms` milliseconds.
+pub fn run(env: &Env, ms: u64) -> NoiseSection {
+    let mut section = NoiseSection {
+        head: Head::start(env),
+        params: NoiseParams {
+            runs: env.runs,
+            core: env.core,
+            neighbour_core: env.host_core,
+            window_ms: ms,
+            neighbour: describe(stress_ng().is_some()),
+        },
+        method: "per round, in an order rotated each round: the gap detector (TSC read back to \
+                 back; noise = sum of gaps over 1 us) for one window as a bare-host thread \
+                 pinned to the core, in the probe guest's ring 3 in our partition on that core \
+                 (an ad hoc launch pinned there), and in the probe under QEMU microvm with its \
+                 vCPU thread pinned there (-S, pinned over QMP, then started); all rounds \
+                 quiet, then all rounds beside the neighbour. Rows: the median of the per-run \
+                 values with min-max spread."
+            .into(),
+        rows: None,
+    };
+    let probe = match crate::probe_image(env) {
+        Ok(p) => p,
+        Err(e) => {
+            section.head.fail(format!("writing the probe image: {e}"));
+            return section;
+        }
+    };
+    let tsc_khz = host_tsc_khz(Duration::from_millis(200));
+    let mut cases = vec!["bare", "partition"];
+    if env.qemu.is_some() {
+        cases.push("qemu");
+    }
+    let mut rows = Vec::new();
+    for neighbour in [false, true] {
+        let _n = if neighbour {
+            match Neighbour::start(env) {
+                Ok(n) => {
+                    // Let it get going before the first window.
+                    std::thread::sleep(Duration::from_secs(1));
+                    Some(n)
+                }
+                Err(e) => {
+                    section.head.fail(format!("starting the neighbour: {e}"));
+                    break;
+                }
+            }
+        } else {
+            None
+        };
+        let mut got: BTreeMap<&str, (Vec<Window>, Vec<String>)> = BTreeMap::new();
+        for round in 0..env.runs {
+            let mut order = cases.clone();
+            order.rotate_left(round % cases.len());
+            for case in order {
+                let w = match case {
+                    "bare" => bare(env.core, ms, tsc_khz),
+                    "partition" => partition(env, ms),
+                    _ => qemu(env, &probe, ms, round),
+                };
+                let e = got.entry(case).or_default();
+                match w {
+                    Ok(w) => e.0.push(w),
+                    Err(why) => e.1.push(why),
+                }
+            }
+        }
+        for case in &cases {
+            let (windows, failures) = got.remove(case).unwrap_or_default();
+            let mut metrics = BTreeMap::new();
+            for i in 0..6 {
+                let v: Vec<f64> = windows.iter().map(|w| w.metrics()[i].1).collect();
+                if let Some(s) = summary(&v) {
+                    metrics.insert(Window::metrics(&windows[0])[i].0.to_string(), s);
+                }
+            }
+            rows.push(NoiseRow {
+                case: case.to_string(),
+                neighbour,
+                metrics,
+                failures,
+            });
+        }
+    }
+    let complete = rows.len() == 2 * cases.len() && rows.iter().all(|r| r.failures.is_empty());
+    section.rows = Some(rows);
+    section.head.finish(complete, || {
+        "a case failed in some run (its row says why)".into()
+    });
+    section
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_line_parses_and_its_metrics_are_per_second() {
+        let out = "probe: hello\nprobe: noise ms=2000 tsc_khz=2445422 samples=90000000 \
+                   lost_ns=4000000 max_ns=250000 over1us=300 over10us=40 over100us=2 \
+                   p9999_ns=235\nprobe: result ok status=0\n";
+        let w = Window::parse(out).unwrap();
+        assert_eq!(w.over, [300, 40, 2]);
+        let m: BTreeMap<&str, f64> = w.metrics().into_iter().collect();
+        assert_eq!(m["noise_us_per_s"], 2000.0);
+        assert_eq!(m["max_gap_us"], 250.0);
+        assert_eq!(m["over_1us_per_s"], 150.0);
+        assert_eq!(m["over_100us_per_s"], 1.0);
+        assert_eq!(m["p9999_gap_ns"], 235.0);
+        assert_eq!(Window::parse("probe: noise ms=1 samples=x"), None);
+        assert_eq!(Window::parse("probe: hello"), None);
+    }
+
+    #[test]
+    fn the_histogram_buckets_hold_their_gaps() {
+        for g in [
+            0u64,
+            1,
+            7,
+            8,
+            9,
+            15,
+            16,
+            17,
+            100,
+            1000,
+            123_456,
+            u64::MAX / 3,
+        ] {
+            let b = gaps::bucket(g);
+            assert!(
+                gaps::bucket_top(b) >= g,
+                "{g}: bucket {b} tops at {}",
+                gaps::bucket_top(b)
+            );
+            if b > 0 {
+                assert!(gaps::bucket_top(b - 1) < g, "{g}: bucket {b}");
+            }
+        }
+        // 12.5 % wide above 8 ticks.
+        let b = gaps::bucket(1000);
+        assert!(gaps::bucket_top(b) - gaps::bucket_top(b - 1) <= 1000 / 8 + 1);
+        let mut g = gaps::Gaps::new(1_000_000); // 1 GHz: 1000 ticks a microsecond
+        for _ in 0..9_999 {
+            g.add(20);
+        }
+        g.add(50_000);
+        assert_eq!(g.samples, 10_000);
+        assert_eq!((g.lost, g.max, g.over), (50_000, 50_000, [1, 1, 0]));
+        assert!(g.quantile(9999, 10000) <= 23, "{}", g.quantile(9999, 10000));
+        assert!(g.quantile(1, 1) >= 50_000);
+    }
+
+    #[test]
+    fn the_twin_measures_a_window_of_the_length_asked() {
+        let khz = host_tsc_khz(Duration::from_millis(50));
+        assert!(khz > 100_000, "a TSC of {khz} kHz");
+        let w = bare(0, 20, khz).unwrap();
+        assert_eq!(w.ms, 20);
+        assert!(w.samples > 1000 && w.max_ns > 0, "{w:?}");
+    }
+}
