@@ -119,17 +119,15 @@ fn cmdline(ms: u64) -> String {
     format!("probe.memtest=0 probe.bench=noise probe.noise_ms={ms}")
 }
 
-/// Ours: the probe in a partition on `env.core`.
-fn partition(env: &Env, ms: u64) -> Result<Window, String> {
-    let cmd = Launch::new(
-        env,
-        &env.work.join("noise-state"),
-        &env.core.to_string(),
-        "32M",
-    )
-    .probe()
-    .cmdline(&cmdline(ms))
-    .command();
+/// Ours: the probe in a partition on `env.core`: ad hoc, or from the pool of the
+/// reservation in `pool` (named, so it takes the reserved core and pool memory).
+fn partition(env: &Env, pool: Option<&Path>, ms: u64) -> Result<Window, String> {
+    let state = pool.map_or_else(|| env.work.join("noise-state"), Path::to_path_buf);
+    let mut l = Launch::new(env, &state, &env.core.to_string(), "32M").probe();
+    if pool.is_some() {
+        l = l.name("noise");
+    }
+    let cmd = l.cmdline(&cmdline(ms)).command();
     let run = timed_run(cmd, Duration::from_millis(ms) + Duration::from_secs(60))
         .map_err(|e| e.to_string())?;
     Window::parse(&run.stdout).ok_or_else(|| {
@@ -291,6 +289,7 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
             window_ms: ms,
             neighbour: describe(stress_ng().is_some()),
         },
+        reserved_note: None,
         method: "per round, in an order rotated each round: the gap detector (TSC read back to \
                  back; noise = sum of gaps over 1 us) for one window as a bare-host thread \
                  pinned to the core, in the probe guest's ring 3 in our partition on that core \
@@ -314,40 +313,78 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
         cases.push("qemu");
     }
     let mut rows = Vec::new();
+    // Phase 1: ad hoc, every case pinned to the core.
+    if let Err(e) = phase(env, &cases, &mut rows, &|case, round| match case {
+        "bare" => bare(env.core, ms, tsc_khz),
+        "partition" => partition(env, None, ms),
+        _ => qemu(env, &probe, ms, round),
+    }) {
+        section.head.fail(e);
+        section.rows = Some(rows);
+        return section;
+    }
+    // Phase 2: the core reserved (`partition reserve`: taken out of every other cpuset), a
+    // pool partition there and the twin joined to the reservation's guests cpuset.
+    let mut expected = 2 * cases.len();
+    match Reservation::take(env) {
+        Ok(r) => {
+            let reserved: &[&'static str] = if r.guests.is_some() {
+                &["bare-reserved", "partition-reserved"]
+            } else {
+                &["partition-reserved"]
+            };
+            expected += 2 * reserved.len();
+            let guests = r.guests.clone();
+            if let Err(e) = phase(env, reserved, &mut rows, &|case, _| match (case, &guests) {
+                ("bare-reserved", Some(g)) => bare_in(g, env.core, ms, tsc_khz),
+                _ => partition(env, Some(&r.state), ms),
+            }) {
+                section.head.fail(e);
+            }
+            section.reserved_note = r.why_no_twin_note();
+        }
+        Err(e) => {
+            section.reserved_note = Some(format!("no reserved-core rows: {e}"));
+            expected += 1;
+        }
+    }
+    let complete = rows.len() == expected && rows.iter().all(|r| r.failures.is_empty());
+    section.rows = Some(rows);
+    section.head.finish(complete, || {
+        "a case failed in some run (its row says why), or the reserved core could not be had".into()
+    });
+    section
+}
+
+/// All rounds of `cases` quiet, then all again beside the neighbour; a row per case each.
+fn phase(
+    env: &Env,
+    cases: &[&'static str],
+    rows: &mut Vec<NoiseRow>,
+    measure: &dyn Fn(&str, usize) -> Result<Window, String>,
+) -> Result<(), String> {
     for neighbour in [false, true] {
         let _n = if neighbour {
-            match Neighbour::start(env) {
-                Ok(n) => {
-                    // Let it get going before the first window.
-                    std::thread::sleep(Duration::from_secs(1));
-                    Some(n)
-                }
-                Err(e) => {
-                    section.head.fail(format!("starting the neighbour: {e}"));
-                    break;
-                }
-            }
+            let n = Neighbour::start(env).map_err(|e| format!("starting the neighbour: {e}"))?;
+            // Let it get going before the first window.
+            std::thread::sleep(Duration::from_secs(1));
+            Some(n)
         } else {
             None
         };
         let mut got: BTreeMap<&str, (Vec<Window>, Vec<String>)> = BTreeMap::new();
         for round in 0..env.runs {
-            let mut order = cases.clone();
+            let mut order = cases.to_vec();
             order.rotate_left(round % cases.len());
             for case in order {
-                let w = match case {
-                    "bare" => bare(env.core, ms, tsc_khz),
-                    "partition" => partition(env, ms),
-                    _ => qemu(env, &probe, ms, round),
-                };
                 let e = got.entry(case).or_default();
-                match w {
+                match measure(case, round) {
                     Ok(w) => e.0.push(w),
                     Err(why) => e.1.push(why),
                 }
             }
         }
-        for case in &cases {
+        for case in cases {
             let (windows, failures) = got.remove(case).unwrap_or_default();
             let mut metrics = BTreeMap::new();
             for i in 0..6 {
@@ -364,12 +401,101 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
             });
         }
     }
-    let complete = rows.len() == 2 * cases.len() && rows.iter().all(|r| r.failures.is_empty());
-    section.rows = Some(rows);
-    section.head.finish(complete, || {
-        "a case failed in some run (its row says why)".into()
-    });
-    section
+    Ok(())
+}
+
+/// A reservation of the measured core for phase 2, given back on drop.
+struct Reservation {
+    partition: std::path::PathBuf,
+    state: std::path::PathBuf,
+    /// The cgroup v1 cpuset the reservation keeps for guests, which a host thread joins to
+    /// run on the reserved core (None: no such cpuset, and why in `why_no_twin`).
+    guests: Option<std::path::PathBuf>,
+    why_no_twin: String,
+}
+
+impl Reservation {
+    fn take(env: &Env) -> Result<Self, String> {
+        let state = env.work.join("noise-pool");
+        let out = Command::new(&env.partition)
+            .env("PARTITION_STATE_DIR", &state)
+            .args([
+                "reserve",
+                "--memory",
+                "64M",
+                "--cores",
+                &env.core.to_string(),
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "partition reserve: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let ledger: serde_json::Value = std::fs::read_to_string(state.join("ledger.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let iso = &ledger["cores"]["isolation"];
+        let (guests, why) = match iso["kind"].as_str() {
+            Some("cgroup-v1") => (iso["guests"].as_str().map(Into::into), String::new()),
+            Some(k) => (
+                None,
+                format!(
+                    "the reservation's isolation is {k}: a host thread cannot join it without \
+                     moving its whole process (cgroup v2 moves processes), so no reserved twin"
+                ),
+            ),
+            None => (None, "the ledger names no isolation".into()),
+        };
+        Ok(Self {
+            partition: env.partition.clone(),
+            state,
+            guests,
+            why_no_twin: why,
+        })
+    }
+
+    fn why_no_twin_note(&self) -> Option<String> {
+        (!self.why_no_twin.is_empty()).then(|| self.why_no_twin.clone())
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let _ = Command::new(&self.partition)
+            .env("PARTITION_STATE_DIR", &self.state)
+            .arg("unreserve")
+            .output();
+    }
+}
+
+/// The twin inside the reservation: a thread that joins the guests cpuset (cgroup v1
+/// `tasks` takes a thread id), pins itself to the reserved core and runs the detector.
+fn bare_in(guests: &Path, core: usize, ms: u64, tsc_khz: u64) -> Result<Window, String> {
+    let tasks = guests.join("tasks");
+    std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        std::fs::write(&tasks, tid.to_string()).map_err(|e| format!("{}: {e}", tasks.display()))?;
+        pin(core);
+        let mut g = Box::new(gaps::Gaps::new(tsc_khz));
+        gaps::run(rdtsc, ms * tsc_khz, &mut g);
+        let ns = |t: u64| t * 1_000_000 / tsc_khz.max(1);
+        Ok(Window {
+            ms,
+            samples: g.samples,
+            lost_ns: ns(g.lost),
+            max_ns: ns(g.max),
+            over: g.over,
+            p9999_ns: ns(g.quantile(9999, 10000)),
+        })
+        // The thread ends here, and leaves the cpuset with it.
+    })
+    .join()
+    .map_err(|_| "the reserved twin's thread panicked".to_string())?
 }
 
 #[cfg(test)]

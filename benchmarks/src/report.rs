@@ -363,9 +363,19 @@ fn noise(o: &mut String, n: &crate::doc::noise::NoiseSection) {
     let _ = writeln!(
         o,
         "\n## Noise on the partition's core (`noise`)\n\nCore {}, windows of {} ms, {} \
-         rounds; neighbour {}.\n\n| case | neighbour | noise us/s | x bare | largest gap us | \
-         gaps >1 us /s | >10 us /s | >100 us /s | p99.99 gap ns |\n|---|---|---|---|---|---|---|---|---|",
+         rounds; neighbour {}. Cases: `bare` (a host thread), `partition` (our probe guest, \
+         ad hoc) and `qemu` pinned to the core; `bare-reserved` and `partition-reserved` on \
+         the core `partition reserve` took out of every other cpuset. x bare: against the \
+         twin under the same neighbour (the reserved twin for reserved rows).\n",
         n.params.core, n.params.window_ms, n.params.runs, n.params.neighbour
+    );
+    if let Some(note) = &n.reserved_note {
+        let _ = writeln!(o, "Reserved-core rows: {}\n", note.replace('|', "/"));
+    }
+    let _ = writeln!(
+        o,
+        "| case | neighbour | noise us/s | x bare | largest gap us | gaps >1 us /s | >10 us /s \
+         | >100 us /s | p99.99 gap ns |\n|---|---|---|---|---|---|---|---|---|"
     );
     let cell = |r: &crate::doc::noise::NoiseRow, k: &str, prec: usize| {
         r.metrics.get(k).map_or("-".into(), |s| {
@@ -373,9 +383,15 @@ fn noise(o: &mut String, n: &crate::doc::noise::NoiseSection) {
         })
     };
     for r in rows {
+        // The twin under the same neighbour: the reserved one for the reserved rows.
+        let twin = if r.case.ends_with("-reserved") {
+            "bare-reserved"
+        } else {
+            "bare"
+        };
         let bare = rows
             .iter()
-            .find(|b| b.case == "bare" && b.neighbour == r.neighbour)
+            .find(|b| b.case == twin && b.neighbour == r.neighbour)
             .and_then(|b| b.metrics.get("noise_us_per_s"))
             .map(|s| s.median);
         let ratio = match (r.metrics.get("noise_us_per_s"), bare) {

@@ -19,6 +19,9 @@ pub struct NoiseSection {
     /// One per case and neighbour.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<Vec<NoiseRow>>,
+    /// Why the reserved-core rows are missing or partial, if they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_note: Option<String>,
 }
 
 /// What `noise` ran.
@@ -39,7 +42,8 @@ pub struct NoiseParams {
 /// One case (bare, ours, QEMU) with or without the neighbour.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NoiseRow {
-    /// `bare`, `partition` or `qemu`.
+    /// `bare`, `partition` or `qemu` (ad hoc, pinned to the core), `bare-reserved` or
+    /// `partition-reserved` (the core reserved).
     pub case: String,
     /// Whether the neighbour ran.
     pub neighbour: bool,
