@@ -95,21 +95,26 @@ pub fn host_tsc_khz(over: Duration) -> u64 {
     (c1.wrapping_sub(c0)).saturating_mul(1_000_000) / ns
 }
 
+/// The detector for `ms` on the calling thread, wherever it runs.
+fn detect(ms: u64, tsc_khz: u64) -> Window {
+    let mut g = Box::new(gaps::Gaps::new(tsc_khz));
+    gaps::run(rdtsc, ms * tsc_khz, &mut g);
+    let ns = |t: u64| t * 1_000_000 / tsc_khz.max(1);
+    Window {
+        ms,
+        samples: g.samples,
+        lost_ns: ns(g.lost),
+        max_ns: ns(g.max),
+        over: g.over,
+        p9999_ns: ns(g.quantile(9999, 10000)),
+    }
+}
+
 /// The twin: the detector in a host thread pinned to `core`.
 pub fn bare(core: usize, ms: u64, tsc_khz: u64) -> Result<Window, String> {
     std::thread::spawn(move || {
         pin(core);
-        let mut g = Box::new(gaps::Gaps::new(tsc_khz));
-        gaps::run(rdtsc, ms * tsc_khz, &mut g);
-        let ns = |t: u64| t * 1_000_000 / tsc_khz.max(1);
-        Window {
-            ms,
-            samples: g.samples,
-            lost_ns: ns(g.lost),
-            max_ns: ns(g.max),
-            over: g.over,
-            p9999_ns: ns(g.quantile(9999, 10000)),
-        }
+        detect(ms, tsc_khz)
     })
     .join()
     .map_err(|_| "the bare-host detector thread panicked".to_string())
@@ -481,17 +486,7 @@ fn bare_in(guests: &Path, core: usize, ms: u64, tsc_khz: u64) -> Result<Window, 
         let tid = unsafe { libc::gettid() };
         std::fs::write(&tasks, tid.to_string()).map_err(|e| format!("{}: {e}", tasks.display()))?;
         pin(core);
-        let mut g = Box::new(gaps::Gaps::new(tsc_khz));
-        gaps::run(rdtsc, ms * tsc_khz, &mut g);
-        let ns = |t: u64| t * 1_000_000 / tsc_khz.max(1);
-        Ok(Window {
-            ms,
-            samples: g.samples,
-            lost_ns: ns(g.lost),
-            max_ns: ns(g.max),
-            over: g.over,
-            p9999_ns: ns(g.quantile(9999, 10000)),
-        })
+        Ok(detect(ms, tsc_khz))
         // The thread ends here, and leaves the cpuset with it.
     })
     .join()

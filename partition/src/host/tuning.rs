@@ -157,43 +157,41 @@ impl Host<'_> {
                 "",
             ));
         }
-        for (list, gov) in grouped(cores, |c| self.cpu(c, "cpufreq/scaling_governor")) {
-            let Some(gov) = gov else { continue };
-            if gov == "performance" {
-                f.push(finding("governor", &list, gov, Verdict::Ok, "", ""));
-            } else {
-                f.push(finding(
-                    "governor",
-                    &list,
-                    gov,
-                    Verdict::Costs,
-                    "after each idle period the core runs slower until the governor raises \
-                     its frequency (microseconds to milliseconds); wake-up and doorbell \
-                     latency vary with it",
-                    format!(
-                        "cpupower -c {list} frequency-set -g performance (or write \
-                         performance to cpu{{N}}/cpufreq/scaling_governor)"
-                    ),
-                ));
+        let performance = |setting: &'static str,
+                           file: &str,
+                           cost: &str,
+                           change: &dyn Fn(&str) -> String,
+                           f: &mut Vec<Finding>| {
+            for (list, v) in grouped(cores, |c| self.cpu(c, &format!("cpufreq/{file}"))) {
+                let Some(v) = v else { continue };
+                if v == "performance" {
+                    f.push(finding(setting, &list, v, Verdict::Ok, "", ""));
+                } else {
+                    let to = change(&list);
+                    f.push(finding(setting, &list, v, Verdict::Costs, cost, to));
+                }
             }
-        }
-        for (list, epp) in grouped(cores, |c| {
-            self.cpu(c, "cpufreq/energy_performance_preference")
-        }) {
-            let Some(epp) = epp else { continue };
-            if epp == "performance" {
-                f.push(finding("epp", &list, epp, Verdict::Ok, "", ""));
-            } else {
-                f.push(finding(
-                    "epp",
-                    &list,
-                    epp,
-                    Verdict::Costs,
-                    "the CPU's own frequency choice favours power over latency",
-                    "write performance to cpu{N}/cpufreq/energy_performance_preference",
-                ));
-            }
-        }
+        };
+        performance(
+            "governor",
+            "scaling_governor",
+            "after each idle period the core runs slower until the governor raises its \
+             frequency (microseconds to milliseconds); wake-up and doorbell latency vary with it",
+            &|list| {
+                format!(
+                    "cpupower -c {list} frequency-set -g performance (or write performance to \
+                     cpu{{N}}/cpufreq/scaling_governor)"
+                )
+            },
+            f,
+        );
+        performance(
+            "epp",
+            "energy_performance_preference",
+            "the CPU's own frequency choice favours power over latency",
+            &|_| "write performance to cpu{N}/cpufreq/energy_performance_preference".into(),
+            f,
+        );
     }
 
     fn pstate(&self, f: &mut Vec<Finding>) {
