@@ -130,8 +130,10 @@ pub fn run(
         }
         crate::sys::timeline::mark("mounts");
     }
-    // The vCPU threads first: they take their cores while the VM is built.
+    // The vCPU threads first: they take their cores while the VM is built. Every other
+    // thread, this one first, keeps off those cores.
     let seats = Seats::start(&checked.cores, cpuset)?;
+    super::vcpus::keep_off(&checked.cores);
     let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
     let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
     // Mapped, the pool file is let go: the VMM keeps its own extent's mapping and no

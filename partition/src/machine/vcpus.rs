@@ -157,6 +157,38 @@ impl Drop for Seats {
     }
 }
 
+/// Moves the calling thread (the launcher's main thread, and with it every thread it starts
+/// afterwards: devices' workers, the API, KVM's own worker for the VM) off `cores`, onto
+/// the other cores it may use, so the vCPU threads have their cores to themselves. Nothing
+/// changes when the partition has every core. Returns the cores it moved to.
+pub(super) fn keep_off(cores: &[usize]) -> Option<Vec<usize>> {
+    let others: Vec<usize> = crate::config::cores::available()
+        .into_iter()
+        .filter(|c| !cores.contains(c) && *c < libc::CPU_SETSIZE as usize)
+        .collect();
+    if others.is_empty() {
+        return None;
+    }
+    // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in &others {
+        // SAFETY: sets one bit of a valid set, c < CPU_SETSIZE (above).
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: applies a valid set to the calling thread (pid 0).
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        // Outside this process's cpuset, say: the threads stay where they may run.
+        log::debug!(
+            "keeping the VMM's threads off cores {}: {}",
+            crate::config::cores::format(cores),
+            std::io::Error::last_os_error()
+        );
+        return None;
+    }
+    Some(others)
+}
+
 /// A seat's first steps: the stop signals blocked, the cpuset joined, the core pinned (in
 /// that order: the cpuset must allow the core).
 fn take_place(core: usize, cpuset: Option<Arc<GuestsCpuset>>) -> Result<(), ThreadError> {

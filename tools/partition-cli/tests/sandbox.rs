@@ -87,6 +87,36 @@ fn every_thread_of_a_running_vmm_is_confined() {
                 )
             })
             .collect();
+    // The vCPU thread has its core to itself: every other thread of the VMM (its main
+    // thread, the queue worker, ...) keeps off it where the host has another core.
+    let core = host_cores() - 1;
+    let affinity: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .flatten()
+        .map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let allowed = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            (comm.trim().to_string(), allowed)
+        })
+        .collect();
+    for (comm, allowed) in &affinity {
+        let cores = partition::config::cores::parse(allowed).unwrap_or_default();
+        if comm.starts_with("vcpu") {
+            assert_eq!(cores, vec![core], "{comm}: {affinity:?}");
+        } else if host_cores() > 1 && !comm.starts_with("kvm") {
+            // (KVM's own kernel workers for the VM are the kernel's to place.)
+            assert!(
+                !cores.contains(&core),
+                "{comm} may run on the vCPU's core: {affinity:?}"
+            );
+        }
+    }
     let host_root = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata("/").unwrap());
     let mount_ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
     let (vmm_ns, our_ns) = (mount_ns(child.id()), mount_ns(std::process::id()));
