@@ -53,7 +53,11 @@ pub fn pin_and_start_qemu(
             {
                 return Ok(l.to_string());
             }
-            let n = s.read(&mut b).map_err(|e| format!("QMP {what}: {e}"))?;
+            // A signal meanwhile (a child of another harness thread ending) is not an end.
+            let n = match s.read(&mut b) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => r.map_err(|e| format!("QMP {what}: {e}"))?,
+            };
             if n == 0 {
                 return Err(format!("QMP {what}: closed"));
             }
