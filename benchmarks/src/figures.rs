@@ -1,8 +1,8 @@
 //! Which pictures the report draws, from the results file: the guest/host ratios
 //! (`<host>-ratios.svg`: the hot paths beside seed 000, the memory staircase, the
 //! cross-checks), and one picture per section that has figures of its own: submit (grouped
-//! by doorbell mode, ours beside the bare-host twin and the QEMU peer), wake, blk and
-//! memsetup. Every axis is logarithmic and every bar carries its value ([`crate::chart`]).
+//! by doorbell mode, ours beside the bare-host twin and the QEMU peer), wake, noise, blk
+//! and memsetup. Every axis is logarithmic and every bar carries its value ([`crate::chart`]).
 
 use std::path::{Path, PathBuf};
 
@@ -306,6 +306,48 @@ pub fn blk(doc: &Results) -> Vec<Panel> {
     )]
 }
 
+/// Noise: the time the host takes from the core per second, ours beside the bare twin and
+/// QEMU, on the pinned core and on the reserved one, quiet and beside the neighbour.
+pub fn noise(doc: &Results) -> Vec<Panel> {
+    let Some(rows) = doc.noise.as_ref().and_then(|n| n.rows.as_ref()) else {
+        return Vec::new();
+    };
+    let lost = |case: &str, neighbour: bool| {
+        rows.iter()
+            .find(|r| r.case == case && r.neighbour == neighbour)
+            .and_then(|r| r.metrics.get("noise_us_per_s"))
+            // us per second, drawn in ns: "28 ms" lost in each second.
+            .map(|s| s.median * 1000.0)
+    };
+    let group = |neighbour: bool, title: &str| Group {
+        title: title.into(),
+        rows: vec![
+            Row {
+                label: "core pinned".into(),
+                values: vec![
+                    lost("partition", neighbour),
+                    lost("bare", neighbour),
+                    lost("qemu", neighbour),
+                ],
+            },
+            Row {
+                label: "core reserved".into(),
+                values: vec![
+                    lost("partition-reserved", neighbour),
+                    lost("bare-reserved", neighbour),
+                    None,
+                ],
+            },
+        ],
+    };
+    vec![panel(
+        "noise: time the host took from the core in each second, median",
+        Unit::Nanos,
+        &[("ours", BLUE), ("bare twin", GREY), ("QEMU peer", ORANGE)],
+        vec![group(false, "quiet"), group(true, "beside the neighbour")],
+    )]
+}
+
 /// Memory set-up: launch to the first serial byte and the VMM's CPU time, by guest size and
 /// source (ours and QEMU's).
 pub fn memsetup(doc: &Results) -> Vec<Panel> {
@@ -400,6 +442,7 @@ pub fn all(doc: &Results, host: &str) -> Vec<(String, String)> {
     for (name, draw) in [
         ("submit", submit as fn(&Results) -> Vec<Panel>),
         ("wake", wake),
+        ("noise", noise),
         ("blk", blk),
         ("memsetup", memsetup),
         ("submit-vfio", submit_vfio),
@@ -468,6 +511,7 @@ mod tests {
                 "vm-ratios.svg",
                 "vm-submit.svg",
                 "vm-wake.svg",
+                "vm-noise.svg",
                 "vm-blk.svg",
                 "vm-memsetup.svg"
             ]
@@ -506,6 +550,17 @@ mod tests {
         }
         assert!(pixels(sub, GREY) > 200 && pixels(sub, ORANGE) > 100);
         assert!(find("vm-memsetup.svg").contains(">256 MiB guest</text>"));
+        // Noise: the pinned and the reserved core, quiet and beside the neighbour.
+        let noise = find("vm-noise.svg");
+        for t in [
+            "quiet",
+            "beside the neighbour",
+            "core pinned",
+            "core reserved",
+        ] {
+            assert!(noise.contains(&format!(">{t}</text>")), "{t}");
+        }
+        assert!(pixels(noise, GREY) > 200 && pixels(noise, ORANGE) > 100);
     }
 
     #[test]
