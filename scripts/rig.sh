@@ -20,9 +20,11 @@
 #
 # RIG_OMIT_MODULES="kvm_amd ..." leaves those modules out (to see the rig refuse to run
 # without them). RIG_TCG_THREAD=single|multi picks QEMU's TCG threading (default multi;
-# docs/testing.md, "Which QEMU"). Before the command runs, the machine checks it is what it must be:
-# kvm_amd loaded, /dev/kvm, IOMMU groups, vfio-pci; anything missing stops it with
-# RIG-NOT-READY and exit status 3, the console's module lines printed.
+# docs/testing.md, "Which QEMU"). RIG_SILENCE=SECS: a machine silent that long on the
+# command's line is hung, stopped and reported as a death (exit 125; default 420). Before
+# the command runs, the machine checks it is what it must be: kvm_amd loaded, /dev/kvm,
+# IOMMU groups, vfio-pci; anything missing stops it with RIG-NOT-READY and exit status 3,
+# the console's module lines printed.
 #
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
@@ -261,7 +263,26 @@ qpid=$!
 tail -f --pid=$qpid "$out" | sed -u 's/\r$//' &
 tpid=$!
 deadline=$((SECONDS + timeout))
+# A machine that says nothing on the command's line for RIG_SILENCE seconds (default 420:
+# longer than any test's own deadline inside, 300 s) is hung: its own timers no longer
+# fire (docs/testing.md, "Which QEMU": QEMU TCG lost the outer machine's timer wake-up).
+# It is treated as a death (exit 125), its console kept.
+silence=${RIG_SILENCE:-420}
+said=0
+quiet_since=$SECONDS
+hung=0
 while kill -0 $qpid 2>/dev/null; do
+    now_said=$(stat -c %s "$out" 2>/dev/null || echo 0)
+    if [ "$now_said" != "$said" ]; then
+        said=$now_said
+        quiet_since=$SECONDS
+    elif [ $((SECONDS - quiet_since)) -ge "$silence" ]; then
+        echo "error: the outer machine said nothing for ${silence} s (RIG_SILENCE): hung, stopped" >&2
+        hung=1
+        kill $qpid 2>/dev/null || true
+        wait $qpid 2>/dev/null || true
+        break
+    fi
     if [ $SECONDS -ge $deadline ]; then
         echo "error: the rig did not finish within ${timeout} s; the outer console's end:" >&2
         kill $qpid 2>/dev/null || true
@@ -280,7 +301,7 @@ if grep -q '^RIG-NOT-READY' "$out"; then
     grep -E 'rig: |insmod|kvm|vfio|iommu|DMAR' "$log" | tail -n 40 >&2 || true
     exit 3
 fi
-if [ -z "$rc" ]; then
+if [ -z "$rc" ] || [ "$hung" = 1 ]; then
     # Kept for the record: what the outer kernel said as it died.
     # The outer kernel is quiet (only emergencies reach the console), and an outer triple
     # fault says nothing there at all: QEMU's own log of CPU resets (-d cpu_reset; a reset
@@ -292,6 +313,7 @@ if [ -z "$rc" ]; then
         grep -v "TCG doesn't support" "$log.qemu"
         echo "---- QEMU's last CPU resets (-d cpu_reset)"
         tail -n 80 "$log.resets"
+        [ "$hung" = 1 ] && echo "---- hung: nothing on the command's line for ${silence} s"
     } > "$kept" 2>/dev/null || true
     echo "error: the outer machine stopped before the command ended (its whole console: $kept); its end:" >&2
     tail -n 40 "$log" >&2 || true
