@@ -385,10 +385,7 @@ pub fn run(env: &Env) -> CrosscheckSection {
     let core = env.core;
     let cpu = core.to_string();
     let fstr = file.to_string_lossy().to_string();
-    let have = |p: &str| {
-        std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()))
-    };
+    let have = |p: &str| crate::host::on_path(p).is_some();
     let lm: Option<PathBuf> = env
         .lmbench
         .clone()

@@ -93,6 +93,13 @@ pub fn pin_and_start_qemu(
     Ok(())
 }
 
+/// The first `name` on PATH that is a file, if any.
+pub fn on_path(name: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|f| f.is_file())
+}
+
 /// Pins the calling thread to `core`.
 pub fn pin(core: usize) {
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.

@@ -43,17 +43,27 @@ pub struct Window {
     pub p9999_ns: u64,
 }
 
+/// The per-run figures a row summarises, in the order [`Window::metrics`] gives them.
+pub const METRICS: [&str; 6] = [
+    "noise_us_per_s",
+    "max_gap_us",
+    "over_1us_per_s",
+    "over_10us_per_s",
+    "over_100us_per_s",
+    "p9999_gap_ns",
+];
+
 impl Window {
-    /// The per-run figures a row summarises.
-    pub fn metrics(&self) -> [(&'static str, f64); 6] {
+    /// The per-run figures a row summarises, named by [`METRICS`].
+    pub fn metrics(&self) -> [f64; 6] {
         let s = self.ms.max(1) as f64 / 1000.0;
         [
-            ("noise_us_per_s", self.lost_ns as f64 / 1000.0 / s),
-            ("max_gap_us", self.max_ns as f64 / 1000.0),
-            ("over_1us_per_s", self.over[0] as f64 / s),
-            ("over_10us_per_s", self.over[1] as f64 / s),
-            ("over_100us_per_s", self.over[2] as f64 / s),
-            ("p9999_gap_ns", self.p9999_ns as f64),
+            self.lost_ns as f64 / 1000.0 / s,
+            self.max_ns as f64 / 1000.0,
+            self.over[0] as f64 / s,
+            self.over[1] as f64 / s,
+            self.over[2] as f64 / s,
+            self.p9999_ns as f64,
         ]
     }
 
@@ -199,19 +209,13 @@ fn describe(stress_ng: bool) -> String {
 }
 
 fn stress_ng() -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("stress-ng"))
-            .find(|f| f.is_file())
-    })
+    crate::host::on_path("stress-ng")
 }
 
 impl Neighbour {
     fn start(env: &Env) -> Result<Self, String> {
         let disk = env.work.join("noise-neighbour.img");
-        std::fs::File::create(&disk)
-            .and_then(|f| f.set_len(16 << 20))
-            .map_err(|e| format!("{}: {e}", disk.display()))?;
+        crate::host::make_image(&disk, 16 << 20).map_err(|e| format!("{}: {e}", disk.display()))?;
         let stress = match stress_ng() {
             Some(bin) => Some(
                 Command::new("taskset")
@@ -392,10 +396,10 @@ fn phase(
         for case in cases {
             let (windows, failures) = got.remove(case).unwrap_or_default();
             let mut metrics = BTreeMap::new();
-            for i in 0..6 {
-                let v: Vec<f64> = windows.iter().map(|w| w.metrics()[i].1).collect();
+            for (i, name) in METRICS.iter().enumerate() {
+                let v: Vec<f64> = windows.iter().map(|w| w.metrics()[i]).collect();
                 if let Some(s) = summary(&v) {
-                    metrics.insert(Window::metrics(&windows[0])[i].0.to_string(), s);
+                    metrics.insert(name.to_string(), s);
                 }
             }
             rows.push(NoiseRow {
@@ -504,7 +508,7 @@ mod tests {
                    p9999_ns=235\nprobe: result ok status=0\n";
         let w = Window::parse(out).unwrap();
         assert_eq!(w.over, [300, 40, 2]);
-        let m: BTreeMap<&str, f64> = w.metrics().into_iter().collect();
+        let m: BTreeMap<&str, f64> = METRICS.into_iter().zip(w.metrics()).collect();
         assert_eq!(m["noise_us_per_s"], 2000.0);
         assert_eq!(m["max_gap_us"], 250.0);
         assert_eq!(m["over_1us_per_s"], 150.0);

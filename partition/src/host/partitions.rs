@@ -296,6 +296,50 @@ fn api_counters(socket: &Path, deadline: std::time::Instant) -> Option<StatsFile
     }
 }
 
+/// Where a reservation's cores stand, from the ledger alone (no partition's API asked):
+/// what `caps` reports the host's settings against.
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// The reserved cores (empty: nothing reserved).
+    pub reserved: Vec<usize>,
+    /// The idle policy of each live partition's cores, by core.
+    pub in_force: Vec<(usize, String)>,
+    /// The irqbalance the reservation banned, if one ran then.
+    pub irqbalance: Option<IrqbalanceStatus>,
+}
+
+/// Reads [`Placement`] from the state directory (default when nothing is reserved).
+pub fn placement(state_dir: &Path) -> Result<Placement, LedgerError> {
+    let Some(lock) = LedgerLock::shared_existing(state_dir)? else {
+        return Ok(Placement::default());
+    };
+    let Some(l) = lock.load()? else {
+        return Ok(Placement::default());
+    };
+    Ok(Placement {
+        reserved: l.cores.reserved.clone(),
+        in_force: l
+            .partitions
+            .iter()
+            .filter(|p| lock.partition_alive(&p.name))
+            .flat_map(|p| p.cores.iter().map(|c| (*c, p.idle.clone())))
+            .collect(),
+        irqbalance: irqbalance_status(&l),
+    })
+}
+
+fn irqbalance_status(l: &crate::host::ledger::Ledger) -> Option<IrqbalanceStatus> {
+    l.irqbalance.as_ref().map(|r| IrqbalanceStatus {
+        pid: r.pid,
+        alive: crate::host::irqbalance::Daemon {
+            pid: r.pid,
+            start: r.pid_start,
+        }
+        .alive(),
+        banned: r.banned.clone(),
+    })
+}
+
 /// Reads the state directory.
 pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
     let none = || Status {
@@ -412,15 +456,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
             &l.cores.reserved,
             &l.irqs_left,
         ),
-        irqbalance: l.irqbalance.as_ref().map(|r| IrqbalanceStatus {
-            pid: r.pid,
-            alive: crate::host::irqbalance::Daemon {
-                pid: r.pid,
-                start: r.pid_start,
-            }
-            .alive(),
-            banned: r.banned.clone(),
-        }),
+        irqbalance: irqbalance_status(&l),
         partitions,
     })
 }

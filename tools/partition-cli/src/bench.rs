@@ -219,7 +219,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         partition: std::env::current_exe().unwrap_or_else(|_| "partition".into()),
         work: work.clone(),
         repo: cwd.join(".git").exists().then_some(cwd.clone()),
-        qemu: which("qemu-system-x86_64"),
+        qemu: benchmarks::host::on_path("qemu-system-x86_64"),
         runs: a.runs,
         core: *cores.last().unwrap_or(&1),
         host_core: cores[0],
@@ -313,12 +313,4 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         code = ExitCode::from(EXIT_VMM_ERROR);
     }
     code
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_string_lossy()
-        .split(':')
-        .map(|d| PathBuf::from(d).join(name))
-        .find(|p| p.is_file())
 }

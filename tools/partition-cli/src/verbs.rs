@@ -475,17 +475,11 @@ type ReportCores = (
 
 /// The host report's cores: those named, else the reservation's, else every online one.
 fn report_cores(named: Option<&str>, state_dir: &Path) -> Result<ReportCores, String> {
-    let status = partitions::status(state_dir).ok();
-    let in_force: Vec<(usize, String)> = status
-        .iter()
-        .flat_map(|s| &s.partitions)
-        .filter(|p| p.alive)
-        .flat_map(|p| p.cores.iter().map(|c| (*c, p.idle.clone())))
-        .collect();
-    let reservation = status.and_then(|s| {
-        let c = s.cores?;
-        Some((c.reserved, s.irqbalance))
-    });
+    // The ledger alone: no partition's API is asked for a report on the host.
+    let placement = partitions::placement(state_dir).unwrap_or_default();
+    let in_force = placement.in_force;
+    let reservation =
+        (!placement.reserved.is_empty()).then_some((placement.reserved, placement.irqbalance));
     let daemon = partition::host::irqbalance::running();
     let banned = |cores: &[usize]| {
         daemon.map(|d| {

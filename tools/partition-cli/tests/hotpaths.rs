@@ -321,10 +321,7 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
     assert_eq!(s["completed"], true, "{s:#}");
     assert_eq!(s["params"]["window_ms"], 100, "{s:#}");
     let rows = s["rows"].as_array().unwrap();
-    let qemu = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let qemu = find_in_path("qemu-system-x86_64").is_some();
     let mut cases = vec!["bare", "partition"];
     if qemu {
         cases.push("qemu");

@@ -24,11 +24,7 @@ fn binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PARTITION_IRQBALANCE") {
         return Some(PathBuf::from(p));
     }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("irqbalance"))
-            .find(|p| p.is_file())
-    })
+    find_in_path("irqbalance")
 }
 
 /// An irqbalance this test runs, its socket directory made as systemd makes it; on drop it
