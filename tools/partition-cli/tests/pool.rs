@@ -625,6 +625,30 @@ fn a_failed_reserve_rolls_everything_back() {
             "unknown field",
         ),
         (
+            vec![
+                "reserve",
+                "--memory",
+                "256M",
+                "--cores",
+                "1",
+                "--irqbalance",
+                "off",
+            ],
+            "ban or ignore",
+        ),
+        (
+            vec![
+                "reserve",
+                "--plan",
+                plan.to_str().unwrap(),
+                "--irqbalance",
+                "ignore",
+            ],
+            "cannot be used with",
+        ),
+        (vec!["caps", "--cores", "9"], "does not exist"),
+        (vec!["caps", "--cores", "1-"], "--cores 1-"),
+        (
             vec!["reserve", "--memory", "256M", "--cores", "0-1"],
             "no core of its own",
         ),
