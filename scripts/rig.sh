@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second proving ground: real KVM (kvm_amd on QEMU TCG's emulated AMD SVM with nested
 # paging), an emulated Intel IOMMU with interrupt remapping, and real PCI functions
-# (QEMU's NVMe, edu, ivshmem-plain with a 1 GiB 64-bit prefetchable BAR, and e1000e for
+# (QEMU's NVMe, edu, ivshmem-plain with a 256 GiB 64-bit prefetchable BAR, and e1000e for
 # its PCIe extended capabilities). Boots an
 # outer Linux (Debian's generic 6.12 kernel) from an initramfs holding our binary, runs one
 # command inside as root and returns its exit status; the command's output comes back on
@@ -20,7 +20,8 @@
 #
 # RIG_OMIT_MODULES="kvm_amd ..." leaves those modules out (to see the rig refuse to run
 # without them). RIG_TCG_THREAD=single|multi picks QEMU's TCG threading (default multi;
-# docs/testing.md, "Which QEMU"). RIG_SILENCE=SECS: a machine silent that long on the
+# docs/testing.md, "Which QEMU"). RIG_VRAM=SIZE: ivshmem's BAR (default 256G, a sparse file;
+# 512G does not fit the outer machine's 40-bit physical address width). RIG_SILENCE=SECS: a machine silent that long on the
 # command's line is hung, stopped and reported as a death (exit 125; default 420). Before
 # the command runs, the machine checks it is what it must be: kvm_amd loaded, /dev/kvm,
 # IOMMU groups, vfio-pci; anything missing stops it with RIG-NOT-READY and exit status 3,
@@ -241,6 +242,9 @@ cat "$base" "$run/extra.cpio" > "$run/initrd.cpio"
 
 # The NVMe's namespace: 64 MiB of zeros, new each run.
 truncate -s 64M "$run/nvme.img"
+# ivshmem's BAR 2 (a GPU's VRAM aperture): a sparse file, so only the pages touched take disk.
+vram=${RIG_VRAM:-256G}
+truncate -s "$vram" "$run/vram.img"
 out="$run/out"
 : > "$out"
 say "rig: booting the outer machine (console: $log)"
@@ -253,7 +257,7 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel "tcg,thread=$t
     -device edu,addr=03.0
     -drive "file=$run/nvme.img,if=none,id=nv,format=raw"
     -device nvme,serial=rig-nvme,drive=nv,addr=04.0
-    -object memory-backend-ram,id=vram,size=1G,share=on
+    -object "memory-backend-file,id=vram,size=$vram,mem-path=$run/vram.img,share=on"
     -device ivshmem-plain,memdev=vram,addr=05.0
     -device e1000e,addr=06.0
     -d cpu_reset -D "$log.resets")

@@ -20,6 +20,15 @@ const STATUS: usize = 0x06;
 const REVISION: usize = 0x08;
 const HEADER_TYPE: usize = 0x0e;
 const BAR0: usize = 0x10;
+/// The expansion ROM BAR's register.
+const ROM_REG: usize = 0x30;
+/// The expansion ROM BAR's enable bit.
+pub const ROM_ENABLE: u32 = 1;
+/// The index a function's expansion ROM takes beside BARs 0-5 (VFIO's ROM region index
+/// too): [`BarChange::index`], [`ConfigSpace::bar`], [`ConfigSpace::bar_addr`].
+pub const ROM_BAR: usize = 6;
+/// The smallest expansion ROM (its address bits start at bit 11).
+pub const ROM_MIN: u64 = 2048;
 const SUBSYSTEM_VENDOR: usize = 0x2c;
 const CAPABILITIES_POINTER: usize = 0x34;
 const INTERRUPT_LINE: usize = 0x3c;
@@ -61,6 +70,9 @@ pub enum ConfigError {
     /// A BAR of a size that is not a power of two of at least 16 bytes.
     #[error("BAR {0}: size {1:#x} is not a power of two of at least 16 bytes")]
     BarSize(usize, u64),
+    /// An expansion ROM of a size that is not a power of two of 2 KiB to 2 GiB.
+    #[error("expansion ROM: size {0:#x} is not a power of two from 2 KiB to 2 GiB")]
+    RomSize(u64),
     /// A BAR index past 5, or a 64-bit BAR in slot 5.
     #[error("BAR {0} does not exist (or a 64-bit BAR has no slot after it)")]
     BarIndex(usize),
@@ -90,7 +102,8 @@ pub struct ConfigSpace {
     writable: Box<[u8; CONFIG_SIZE]>,
     /// Extended capabilities put so far: [start, end).
     extended: Vec<(usize, usize)>,
-    bars: [Option<Bar>; 6],
+    /// BARs 0-5 and the expansion ROM ([`ROM_BAR`]).
+    bars: [Option<Bar>; 7],
     /// Where [`ConfigSpace::add_capability`] puts the next one: past every capability.
     next_cap: usize,
     last_cap: Option<usize>,
@@ -118,7 +131,7 @@ impl ConfigSpace {
             bytes: Box::new([0; CONFIG_SIZE]),
             writable: Box::new([0; CONFIG_SIZE]),
             extended: Vec::new(),
-            bars: [None; 6],
+            bars: [None; 7],
             next_cap: FIRST_CAPABILITY,
             last_cap: None,
             caps: Vec::new(),
@@ -193,6 +206,26 @@ impl ConfigSpace {
         Ok(())
     }
 
+    /// Defines the expansion ROM, `size` bytes at guest address `addr` (aligned to its
+    /// size), off until the guest sets its enable bit. Read-only to the guest.
+    pub fn set_rom(&mut self, size: u64, addr: u64) -> Result<(), ConfigError> {
+        if size < ROM_MIN || !size.is_power_of_two() || size > 1 << 31 {
+            return Err(ConfigError::RomSize(size));
+        }
+        if self.bars[ROM_BAR].is_some() {
+            return Err(ConfigError::BarTaken(ROM_BAR));
+        }
+        self.bars[ROM_BAR] = Some(Bar {
+            size,
+            kind: BarKind::Mem32,
+            prefetchable: false,
+        });
+        self.put32(ROM_REG, addr as u32 & !(ROM_MIN as u32 - 1));
+        let mask = (!(size - 1) as u32 & !(ROM_MIN as u32 - 1)) | ROM_ENABLE;
+        self.writable[ROM_REG..ROM_REG + 4].copy_from_slice(&mask.to_le_bytes());
+        Ok(())
+    }
+
     fn is_upper_half(&self, i: usize) -> bool {
         i > 0
             && matches!(
@@ -209,9 +242,14 @@ impl ConfigSpace {
         self.bars.get(index).copied().flatten()
     }
 
-    /// Where BAR `index` is now, as the guest programmed it.
+    /// Where BAR `index` is now, as the guest programmed it; for the expansion ROM
+    /// ([`ROM_BAR`]), only while its enable bit is set (it decodes nothing otherwise).
     pub fn bar_addr(&self, index: usize) -> Option<u64> {
         let bar = self.bar(index)?;
+        if index == ROM_BAR {
+            let reg = self.read32(ROM_REG);
+            return (reg & ROM_ENABLE != 0).then_some(u64::from(reg & !(ROM_MIN as u32 - 1)));
+        }
         let lo = u64::from(self.read32(BAR0 + 4 * index) & !0xf);
         let hi = match bar.kind {
             BarKind::Mem64 => u64::from(self.read32(BAR0 + 4 * index + 4)) << 32,
@@ -342,13 +380,13 @@ impl ConfigSpace {
         if !ok {
             return Vec::new();
         }
-        let before: Vec<Option<u64>> = (0..6).map(|i| self.decoded(i)).collect();
+        let before: Vec<Option<u64>> = (0..=ROM_BAR).map(|i| self.decoded(i)).collect();
         let at = offset as usize;
         for (i, b) in data.iter().enumerate() {
             let m = self.writable[at + i];
             self.bytes[at + i] = (self.bytes[at + i] & !m) | (b & m);
         }
-        (0..6)
+        (0..=ROM_BAR)
             .filter_map(|i| {
                 let now = self.decoded(i);
                 (now != before[i]).then_some(BarChange {
@@ -559,5 +597,42 @@ mod tests {
         }
         // The next appended one goes past every capability.
         assert_eq!(c.add_capability(CAP_VENDOR, &[0; 2], &[]), Ok(0xbc));
+    }
+
+    #[test]
+    fn the_expansion_rom_is_sized_enabled_and_read_only_in_its_bits() {
+        let mut c = ConfigSpace::new(0x8086, 0x10d3, 0x02_0000, 0, 0);
+        // No ROM: the register stays 0 whatever the guest writes.
+        w32(&mut c, 0x30, 0xffff_ffff);
+        assert_eq!(r32(&c, 0x30), 0);
+        assert_eq!(c.bar(ROM_BAR), None);
+        for bad in [0, 1024, 3 << 12, 4 << 30] {
+            assert_eq!(c.set_rom(bad, 0), Err(ConfigError::RomSize(bad)));
+        }
+        c.set_rom(256 << 10, 0xcfe0_0000).unwrap();
+        assert_eq!(c.set_rom(4096, 0), Err(ConfigError::BarTaken(ROM_BAR)));
+        assert_eq!(r32(&c, 0x30), 0xcfe0_0000);
+        // Size probing: all ones read back as the size mask, the enable bit kept.
+        assert!(w32(&mut c, 0x30, 0xffff_f800).is_empty());
+        assert_eq!(r32(&c, 0x30), 0xfffc_0000);
+        w32(&mut c, 0x30, 0xcfe0_0000);
+        // Enabled without memory decoding: nothing decodes; with it, the ROM does.
+        c.write(4, &0u16.to_le_bytes());
+        assert!(w32(&mut c, 0x30, 0xcfe0_0001).is_empty());
+        assert_eq!(c.bar_addr(ROM_BAR), Some(0xcfe0_0000));
+        let on = c.write(4, &COMMAND_MEMORY.to_le_bytes());
+        assert_eq!(
+            on,
+            vec![BarChange {
+                index: ROM_BAR,
+                old: None,
+                new: Some(0xcfe0_0000)
+            }]
+        );
+        // Disabled again: it stops decoding, and the address bits below its size stay 0.
+        let off = w32(&mut c, 0x30, 0xcfe1_2340);
+        assert_eq!(off[0].new, None);
+        assert_eq!(r32(&c, 0x30), 0xcfe0_0000);
+        assert_eq!(c.bar_addr(ROM_BAR), None);
     }
 }

@@ -19,6 +19,7 @@ pub mod msi;
 pub mod msix;
 pub mod passthrough;
 pub mod submit;
+pub mod windows;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -230,7 +231,7 @@ impl PciRoot {
     }
 
     fn bars_of(c: &ConfigSpace) -> Vec<(usize, u64, u64)> {
-        (0..6)
+        (0..=config::ROM_BAR)
             .filter_map(|i| Some((i, c.bar_addr(i)?, c.bar(i)?.size)))
             .collect()
     }
@@ -283,7 +284,7 @@ impl PciRoot {
             if !c.memory_enabled() {
                 return None;
             }
-            (0..6).find_map(|bar| {
+            (0..=config::ROM_BAR).find_map(|bar| {
                 let base = c.bar_addr(bar)?;
                 let size = c.bar(bar)?.size;
                 let off = addr.checked_sub(base)?;

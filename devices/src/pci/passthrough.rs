@@ -8,8 +8,10 @@
 //! - BARs are the device's sizes and types, placed by the VMM in the partition's BAR
 //!   windows ([`Windows`]: 64-bit prefetchable BARs above 4 GiB, the others below; largest
 //!   first, each aligned to its size and at least to a page, so a BAR smaller than a page
-//!   has its page to itself and is trapped); I/O BARs and the expansion ROM are not
-//!   offered;
+//!   has its page to itself and is trapped); I/O BARs are not offered; the expansion
+//!   ROM (index [`ROM_BAR`], VFIO's ROM region) is placed below 4 GiB like a 32-bit BAR,
+//!   off until the guest enables it, and served from a copy read once
+//!   ([`PassthroughFunction::with_rom`]), read-only;
 //! - capabilities in the standard list keep their offsets and bytes (read-only snapshots),
 //!   except MSI-X (emulated: the same vector count and table/PBA location as the device's,
 //!   its table trapped, each vector routed through KVM to an irqfd the device's VFIO
@@ -24,7 +26,7 @@
 //! - no INTx (interrupt pin 0).
 
 use super::config::{
-    Bar, BarKind, CAP_MSIX, CONFIG_SIZE, ConfigError, ConfigSpace, EXTENDED_START,
+    Bar, BarKind, CAP_MSIX, CONFIG_SIZE, ConfigError, ConfigSpace, EXTENDED_START, ROM_BAR,
 };
 pub use super::msi::CAP_MSI;
 use super::msi::Msi;
@@ -345,6 +347,11 @@ pub fn virtual_function(
         let Some(b) = bars.iter().find(|b| b.index == index) else {
             continue;
         };
+        if index == ROM_BAR {
+            space.set_rom(b.size, addr)?;
+            offered.push((*b, addr));
+            continue;
+        }
         let bar = Bar {
             size: b.size,
             kind: if b.is64 {
@@ -537,12 +544,27 @@ pub type BarRange = (usize, u64, u64);
 pub struct PassthroughFunction {
     view: VirtualFunction,
     device: Box<dyn DeviceAccess>,
+    /// The expansion ROM's contents, read once from the device (read-only; a ROM read
+    /// through VFIO maps it anew each time).
+    rom: Vec<u8>,
 }
 
 impl PassthroughFunction {
     /// The function over `device`.
     pub fn new(view: VirtualFunction, device: Box<dyn DeviceAccess>) -> Self {
-        Self { view, device }
+        Self {
+            view,
+            device,
+            rom: Vec::new(),
+        }
+    }
+
+    /// The function's expansion ROM contents, served to the guest's reads of its ROM BAR
+    /// (when the view offers one; bytes past them read as all ones, as VFIO's do past the
+    /// ROM image).
+    pub fn with_rom(mut self, rom: Vec<u8>) -> Self {
+        self.rom = rom;
+        self
     }
 
     /// Where the MSI-X table and PBA are: (table, PBA).
@@ -619,6 +641,14 @@ impl super::PciFunction for PassthroughFunction {
     }
 
     fn read_bar(&mut self, bar: usize, offset: u64, data: &mut [u8]) {
+        if bar == ROM_BAR {
+            data.fill(0xff);
+            if let Some(rest) = usize::try_from(offset).ok().and_then(|o| self.rom.get(o..)) {
+                let n = rest.len().min(data.len());
+                data[..n].copy_from_slice(&rest[..n]);
+            }
+            return;
+        }
         if let Some(((t, p), (m, _))) = self.msix_ranges().zip(self.view.msix.as_ref()) {
             if let Some(o) = Self::in_range(t, bar, offset) {
                 return m.read_table(o, data);
@@ -636,6 +666,10 @@ impl super::PciFunction for PassthroughFunction {
         offset: u64,
         data: &[u8],
     ) -> (Vec<super::msix::RouteChange>, Option<crate::VmEvent>) {
+        if bar == ROM_BAR {
+            // Read-only.
+            return (Vec::new(), None);
+        }
         if let Some((t, p)) = self.msix_ranges() {
             if let Some(o) = Self::in_range(t, bar, offset) {
                 let change = self
@@ -1190,6 +1224,66 @@ mod tests {
                 "config 0x4 [6, 4]"
             ]
         );
+    }
+
+    #[test]
+    fn the_expansion_rom_is_offered_below_4_gib_and_served_from_its_copy() {
+        use super::super::PciFunction;
+        let (c, sizes) = gpu();
+        let mut bars = physical_bars(&c, sizes, [true; 6]).unwrap();
+        bars.push(PhysicalBar {
+            index: ROM_BAR,
+            size: 128 << 10,
+            io: false,
+            is64: false,
+            prefetchable: false,
+            mmap: false,
+        });
+        let v = virtual_function(&c, &bars, &low(0xc000_0000, 0x1_0000_0000)).unwrap();
+        let (rom, at) = *v.bars.iter().find(|b| b.0.index == ROM_BAR).unwrap();
+        assert_eq!((rom.size, at % rom.size), (128 << 10, 0));
+        assert!(at < 1 << 32);
+        // Off until enabled: the register holds the address, the enable bit clear.
+        assert_eq!(read(&v.config, 0x30, 4), at as u32);
+        let fake = Fake::default();
+        let image: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let mut f = PassthroughFunction::new(v, Box::new(fake.clone())).with_rom(image.clone());
+        let effects = f.write_config(0x30, &(at as u32 | 1).to_le_bytes());
+        assert_eq!(effects.bars[0].new, Some(at));
+        let mut d = [0u8; 8];
+        f.read_bar(ROM_BAR, 0, &mut d);
+        assert_eq!(d[..], image[..8]);
+        // Across the image's end: its last bytes, then all ones; far past it, all ones.
+        f.read_bar(ROM_BAR, 2996, &mut d);
+        assert_eq!(
+            d,
+            [
+                image[2996],
+                image[2997],
+                image[2998],
+                image[2999],
+                0xff,
+                0xff,
+                0xff,
+                0xff
+            ]
+        );
+        f.read_bar(ROM_BAR, u64::MAX - 3, &mut d);
+        assert_eq!(d, [0xff; 8]);
+        // Writes go nowhere, and the device was never asked.
+        f.write_bar(ROM_BAR, 0, &[0; 4]);
+        f.read_bar(ROM_BAR, 0, &mut d);
+        assert_eq!(d[..], image[..8]);
+        assert!(fake.0.lock().unwrap().is_empty());
+        // A function without a ROM: the register reads 0 even after sizing.
+        let v = virtual_function(
+            &c,
+            &bars[..bars.len() - 1],
+            &low(0xc000_0000, 0x1_0000_0000),
+        );
+        let mut f = PassthroughFunction::new(v.unwrap(), Box::new(Fake::default()));
+        f.write_config(0x30, &0xffff_f800u32.to_le_bytes());
+        assert_eq!(read(f.config(), 0x30, 4), 0);
     }
 
     #[test]

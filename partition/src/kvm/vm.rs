@@ -134,6 +134,21 @@ pub fn idle_caps() -> Result<IdleCaps, VmError> {
     })
 }
 
+/// The guest's physical address bits: CPUID 0x80000008 EAX[7:0] as KVM offers it (the
+/// guest's CPUID passes it on unchanged), 36 where KVM offers no such leaf (the
+/// architecture's default without it).
+pub fn guest_phys_bits() -> Result<u8, VmError> {
+    let kvm = open_kvm()?;
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("KVM_GET_SUPPORTED_CPUID"))?;
+    Ok(cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0x8000_0008)
+        .map_or(36, |e| (e.eax & 0xff) as u8))
+}
+
 /// KVM's TSS needs three pages below 4 GiB that are not RAM (VMX only, harmless elsewhere).
 const KVM_TSS_ADDR: usize = 0xfffb_d000;
 /// KVM's identity-map page, right below the TSS (VMX without unrestricted guest).

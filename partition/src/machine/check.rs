@@ -16,7 +16,7 @@ use pool::Backing;
 use super::config::{
     Console, CoreSelection, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
 };
-use super::resources::{MachinePlan, ResourceError};
+use super::resources::{MachinePlan, PassthroughAsk, ResourceError};
 use crate::config::cores::{self, CoreError};
 use crate::cpu::cpumodel::CpuModel;
 use crate::cpu::idle::IdlePlan;
@@ -381,11 +381,33 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
             .iter()
             .any(|d| matches!(d, crate::machine::pci::DeviceSpec::Engine { .. }) == engine)
     };
+    // Passed-through functions' BARs from sysfs, so the windows are planned before any
+    // device is opened; the guest's address width bounds the 64-bit window.
+    let passthrough = cfg
+        .devices
+        .iter()
+        .filter_map(|d| match d {
+            crate::machine::pci::DeviceSpec::Vfio { bdf } => Some(bdf),
+            crate::machine::pci::DeviceSpec::Engine { .. } => None,
+        })
+        .map(|bdf| {
+            Ok(PassthroughAsk {
+                bdf: bdf.clone(),
+                bars: crate::machine::vfio::sysfs_bars(std::path::Path::new("/"), bdf)
+                    .map_err(crate::machine::pci::PciError::from)?,
+            })
+        })
+        .collect::<Result<Vec<_>, LaunchError>>()?;
+    let phys_bits = match has(true) || has(false) {
+        true => crate::kvm::vm::guest_phys_bits()?,
+        false => 0,
+    };
     let plan = MachinePlan::new(
         layout.ram_ranges().len(),
         disks.len(),
         has(true),
-        has(false),
+        &passthrough,
+        phys_bits,
     )?;
     let cpu_model =
         crate::cpu::cpumodel::resolve(cfg.cpu_model, crate::cpu::cpumodel::host_is_kvm_pvm());

@@ -273,7 +273,7 @@ mod tests {
         }
         assert_eq!(
             cmdline(
-                &crate::machine::resources::MachinePlan::new(1, 2, false, false)
+                &crate::machine::resources::MachinePlan::new(1, 2, false, &[], 48)
                     .unwrap()
                     .disks
             ),

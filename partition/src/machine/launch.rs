@@ -311,6 +311,10 @@ pub fn run(
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
         passthrough,
+        pci_window64: match checked.cfg.devices.is_empty() {
+            true => None,
+            false => checked.plan.window64,
+        },
         guest_fault_lines: devices
             .guest_faults
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -378,7 +382,7 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             virtio_mmio: &checked.plan.disks,
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
-            pci: crate::machine::pci::host_bridge(&checked.cfg.devices),
+            pci: crate::machine::pci::host_bridge(&checked.cfg.devices, &checked.plan),
             // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed
             // from the kernel, a pool extent was scrubbed when it was given back
             // (docs/pool.md), and a partition stops on reset instead of booting again.

@@ -378,6 +378,10 @@ pub struct ReportDoc {
     /// The passed-through function: its BARs (placed where, how much mapped), vectors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
+    /// The 64-bit PCI BAR window the guest was told of, `[start, end)` (sized from the
+    /// passed-through BARs, within the guest's physical address width).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci_window64: Option<(u64, u64)>,
     /// Lines of the guest's console that reported a process killed by a fatal signal or a
     /// kernel Oops (a Linux guest's `segfault at`, `print-fatal-signals=1`'s line).
     pub guest_fault_lines: u64,
@@ -423,6 +427,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
         disks: r.disks.clone(),
         engine: r.engine.clone(),
         passthrough: r.passthrough.clone(),
+        pci_window64: r.pci_window64,
         guest_fault_lines: r.guest_fault_lines,
         pool: r.pool.as_ref().map(|p| PoolDoc {
             name: p.name.clone(),
@@ -502,6 +507,8 @@ pub struct LaunchReport {
     pub engine: Option<crate::machine::pci::EngineReport>,
     /// The passed-through function (`--device vfio=`): where its BARs are, what is mapped.
     pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
+    /// The 64-bit PCI BAR window announced to the guest (with `--device`).
+    pub pci_window64: Option<(u64, u64)>,
     /// Lines of the guest's console reporting a process killed by a fatal signal or a
     /// kernel Oops (`console::FAULT_LINES`).
     pub guest_fault_lines: u64,

@@ -9,10 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use boot::layout::{
-    PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START, PCI_WINDOW64_END,
-    PCI_WINDOW64_START,
-};
+use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START};
 use devices::Bus;
 use devices::pci::config::BarChange;
 use devices::pci::msix::RouteChange;
@@ -391,11 +388,8 @@ pub fn attach(
         DeviceSpec::Vfio { bdf } => Some(bdf),
         DeviceSpec::Engine { .. } => None,
     });
-    if let (Some(bdf), Some(place)) = (vfio_spec, plan.vfio) {
-        let windows = devices::pci::passthrough::Windows {
-            low: place.low,
-            high: Some(place.high),
-        };
+    if let (Some(bdf), Some(place)) = (vfio_spec, plan.vfio.first().cloned()) {
+        let windows = place.windows;
         let slot = place.slot;
         let (f, attached) = crate::machine::vfio::attach(
             vm,
@@ -477,7 +471,9 @@ pub fn attach(
     }
     let has_functions = !functions.is_empty();
     let mut root = PciRoot::new(PCI_WINDOW_START, PCI_WINDOW_END, Box::new(host));
-    root.add_window(PCI_WINDOW64_START, PCI_WINDOW64_END);
+    if let Some((start, end)) = plan.window64 {
+        root.add_window(start, end);
+    }
     for (slot, f) in functions {
         root.add(slot, f)?;
     }
@@ -501,23 +497,26 @@ pub fn attach(
             PCI_WINDOW_END - PCI_WINDOW_START,
             PciRoot::window_device(&root),
         )?;
-        mmio.insert(
-            "pci-window64",
-            PCI_WINDOW64_START,
-            PCI_WINDOW64_END - PCI_WINDOW64_START,
-            PciRoot::window_device_at(&root, PCI_WINDOW64_START),
-        )?;
+        if let Some((start, end)) = plan.window64 {
+            mmio.insert(
+                "pci-window64",
+                start,
+                end - start,
+                PciRoot::window_device_at(&root, start),
+            )?;
+        }
     }
     Ok((engine, vfio))
 }
 
-/// The host bridge the boot tables describe when there are PCI functions.
-pub fn host_bridge(specs: &[DeviceSpec]) -> Option<boot::acpi::PciHostBridge> {
+/// The host bridge the boot tables describe when there are PCI functions, with the
+/// 64-bit window `plan` sized.
+pub fn host_bridge(specs: &[DeviceSpec], plan: &MachinePlan) -> Option<boot::acpi::PciHostBridge> {
     (!specs.is_empty()).then_some(boot::acpi::PciHostBridge {
         ecam_base: PCI_ECAM_BASE,
         window_start: PCI_WINDOW_START,
         window_end: PCI_WINDOW_END,
-        window64: Some((PCI_WINDOW64_START, PCI_WINDOW64_END)),
+        window64: plan.window64,
     })
 }
 
@@ -593,7 +592,10 @@ mod tests {
             (DoorbellMode::Mapped, "memory"),
         ] {
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-            let place = MachinePlan::new(1, 0, true, false).unwrap().engine.unwrap();
+            let place = MachinePlan::new(1, 0, true, &[], 48)
+                .unwrap()
+                .engine
+                .unwrap();
             let (_, shared) = SubmitFunction::new(
                 place.bars,
                 mode,

@@ -18,7 +18,9 @@ use boot::layout::{
 
 use boot::acpi::MmioDevice;
 use devices::i8042::{I8042_BASE, I8042_LEN};
+use devices::pci::passthrough::{PhysicalBar, Windows};
 use devices::pci::submit::{BAR_SIZE, VECTORS};
+use devices::pci::windows::{WindowError, WindowLimits};
 use devices::pci::{PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use devices::power::{ACPI_PM_BASE, ACPI_PM_LEN, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
 use devices::rtc::{RTC_LEN, RTC_PORT};
@@ -51,7 +53,7 @@ pub const ISA_PINS: u64 = 5;
 pub const HOST_BRIDGE_SLOT: u8 = 0;
 /// The submission engine's slot.
 pub const ENGINE_SLOT: u8 = 1;
-/// A passed-through function's slot.
+/// The first passed-through function's slot (the others follow it, in `--device` order).
 pub const VFIO_SLOT: u8 = 2;
 
 /// A request the pools refused.
@@ -88,6 +90,14 @@ pub enum ResourceError {
         len: u64,
         /// Who holds it.
         with: String,
+    },
+    /// A passed-through function's BARs do not fit the windows.
+    #[error("--device vfio={bdf}: {source}")]
+    Bars {
+        /// The function.
+        bdf: String,
+        /// What did not fit.
+        source: WindowError,
     },
     /// A fixed block lies outside the pool (or is empty).
     #[error("{owner}: {what} {at:#x}+{len:#x} is outside {start:#x}..{end:#x}")]
@@ -340,14 +350,24 @@ pub struct EnginePlace {
 
 /// Where a passed-through function goes; its GSIs and memory slots are taken when its
 /// vector count and BARs are known (`crate::machine::vfio::attach`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VfioPlace {
+    /// The host function, `DDDD:BB:DD.F`.
+    pub bdf: String,
     /// Its slot on bus 0.
     pub slot: u8,
-    /// The part of the 32-bit PCI window its BARs are placed in.
-    pub low: (u64, u64),
-    /// The 64-bit window for its 64-bit prefetchable BARs.
-    pub high: (u64, u64),
+    /// Its parts of the 32- and 64-bit BAR windows (`devices::pci::windows`).
+    pub windows: Windows,
+}
+
+/// A function to pass through, as the plan needs it: its address and its BARs (from
+/// sysfs, `devices::pci::windows::bars_from_resource`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassthroughAsk {
+    /// The host function.
+    pub bdf: String,
+    /// Its BARs.
+    pub bars: Vec<PhysicalBar>,
 }
 
 /// Where everything of one launch goes, decided before anything is built.
@@ -361,19 +381,25 @@ pub struct MachinePlan {
     pub disks: Vec<MmioDevice>,
     /// The engine's place, with `--device engine`.
     pub engine: Option<EnginePlace>,
-    /// A passed-through function's place, with `--device vfio=`.
-    pub vfio: Option<VfioPlace>,
+    /// Each passed-through function's place, in `--device vfio=` order.
+    pub vfio: Vec<VfioPlace>,
+    /// The 64-bit BAR window the host bridge announces, `[start, end)`: sized from the
+    /// functions' BARs, within the guest's physical address width (None: no PCI, or the
+    /// width does not reach [`PCI_WINDOW64_START`]).
+    pub window64: Option<(u64, u64)>,
 }
 
 impl MachinePlan {
     /// Places a machine of `ram_ranges` RAM ranges, `disks` disks and the PCI functions
-    /// asked for. The PCI slots are our guest ABI (docs/pci.md), reserved at fixed numbers;
-    /// everything else is taken in order.
+    /// asked for, for a guest of `phys_bits` physical address bits. The PCI slots are our
+    /// guest ABI (docs/pci.md), reserved at fixed numbers; everything else is taken in
+    /// order.
     pub fn new(
         ram_ranges: usize,
         disks: usize,
         engine: bool,
-        vfio: bool,
+        vfio: &[PassthroughAsk],
+        phys_bits: u8,
     ) -> Result<Self, ResourceError> {
         let mut r = Resources::board(&LEGACY_PORTS)?;
         let first_ram_slot = r.memory_slots.take(ram_ranges as u64, 1, "guest RAM")? as u32;
@@ -387,7 +413,8 @@ impl MachinePlan {
                 })
             })
             .collect::<Result<Vec<_>, ResourceError>>()?;
-        if engine || vfio {
+        let pci = engine || !vfio.is_empty();
+        if pci {
             r.pci_slots
                 .reserve(u64::from(HOST_BRIDGE_SLOT), 1, "the host bridge")?;
         }
@@ -407,24 +434,62 @@ impl MachinePlan {
                 })
             }
         };
-        let vfio = match vfio {
-            false => None,
-            true => {
-                let owner = "the passed-through function";
-                r.pci_slots.reserve(u64::from(VFIO_SLOT), 1, owner)?;
-                Some(VfioPlace {
-                    slot: VFIO_SLOT,
-                    low: r.pci32.take_rest(0x10_0000, owner)?,
-                    high: r.pci64.take_rest(1 << 30, owner)?,
-                })
+        let mut places = Vec::new();
+        let mut window64 = None;
+        if pci {
+            let low = match vfio.is_empty() {
+                true => (PCI_WINDOW_END, PCI_WINDOW_END),
+                false => r
+                    .pci32
+                    .take_rest(0x10_0000, "the passed-through functions")?,
+            };
+            let bars: Vec<Vec<PhysicalBar>> = vfio.iter().map(|a| a.bars.clone()).collect();
+            let plan = devices::pci::windows::plan(
+                &bars,
+                &WindowLimits {
+                    low,
+                    high_start: PCI_WINDOW64_START,
+                    high_default_end: PCI_WINDOW64_END,
+                    phys_bits,
+                },
+            )
+            .map_err(|source| {
+                let f = match &source {
+                    WindowError::BarSize { function, .. }
+                    | WindowError::Low { function, .. }
+                    | WindowError::High { function, .. } => *function,
+                    WindowError::Resource { .. } => 0,
+                };
+                ResourceError::Bars {
+                    bdf: vfio.get(f).map(|a| a.bdf.clone()).unwrap_or_default(),
+                    source,
+                }
+            })?;
+            window64 = plan.high;
+            if let Some((start, end)) = plan.high {
+                r.pci64 = Pool::new("64-bit PCI window", start, end);
             }
-        };
+            for (i, (ask, w)) in vfio.iter().zip(plan.functions).enumerate() {
+                let owner = format!("the passed-through function {}", ask.bdf);
+                let slot = u64::from(VFIO_SLOT) + i as u64;
+                r.pci_slots.reserve(slot, 1, &owner)?;
+                if let Some((s, e)) = w.high.filter(|(s, e)| e > s) {
+                    r.pci64.reserve(s, e - s, &owner)?;
+                }
+                places.push(VfioPlace {
+                    bdf: ask.bdf.clone(),
+                    slot: slot as u8,
+                    windows: w,
+                });
+            }
+        }
         Ok(Self {
             resources: r,
             first_ram_slot,
             disks,
             engine,
-            vfio,
+            vfio: places,
+            window64,
         })
     }
 }
@@ -552,7 +617,19 @@ mod tests {
 
     #[test]
     fn a_machine_plan_places_everything_once() {
-        let p = MachinePlan::new(2, 8, true, true).unwrap();
+        let bar = |index, size, is64| PhysicalBar {
+            index,
+            size,
+            io: false,
+            is64,
+            prefetchable: is64,
+            mmap: true,
+        };
+        let nvme = PassthroughAsk {
+            bdf: "0000:00:04.0".into(),
+            bars: vec![bar(0, 0x4000, false)],
+        };
+        let p = MachinePlan::new(2, 8, true, std::slice::from_ref(&nvme), 48).unwrap();
         assert_eq!(p.first_ram_slot, 0);
         // Disks: 4 KiB windows from the virtio base, pins from 5 (what the ACPI DSDT and
         // the command line announce).
@@ -568,12 +645,12 @@ mod tests {
             (1, PCI_WINDOW_START, PCI_WINDOW_START + 2 * BAR_SIZE)
         );
         assert_eq!((e.first_gsi, e.doorbell_slot), (IOAPIC_PINS, 2));
-        let v = p.vfio.unwrap();
+        let v = &p.vfio[0];
         assert_eq!(
-            (v.slot, v.low),
-            (2, (PCI_WINDOW_START + 0x10_0000, PCI_WINDOW_END))
+            (v.slot, v.windows.low),
+            (2, (PCI_WINDOW_END - 0x4000, PCI_WINDOW_END))
         );
-        assert_eq!(v.high, (PCI_WINDOW64_START, PCI_WINDOW64_END));
+        assert_eq!(p.window64, Some((PCI_WINDOW64_START, PCI_WINDOW64_END)));
         // Nothing is held twice, in any pool.
         let mut r = p.resources.clone();
         assert!(r.pins.take(1, 1, "x").is_ok_and(|g| g == 13));
@@ -582,12 +659,32 @@ mod tests {
                 .take(1, 1, "x")
                 .is_ok_and(|g| g == u64::from(IOAPIC_PINS) + VECTORS as u64)
         );
-        // A passed-through function alone starts at the window's bottom, still in slot 2.
-        let alone = MachinePlan::new(1, 0, false, true).unwrap();
-        assert_eq!(alone.vfio.unwrap().low.0, PCI_WINDOW_START);
-        assert_eq!(alone.vfio.unwrap().slot, VFIO_SLOT);
+        // Two functions, one with a 256 GiB BAR: slots 2 and 3, the window sized to reach
+        // it; too few address bits refuse it naming the function.
+        let gpu = PassthroughAsk {
+            bdf: "0000:00:05.0".into(),
+            bars: vec![bar(0, 0x100, false), bar(2, 256 << 30, true)],
+        };
+        let two = MachinePlan::new(1, 0, false, &[nvme.clone(), gpu.clone()], 40).unwrap();
+        assert_eq!(
+            (two.vfio[0].slot, two.vfio[1].slot),
+            (VFIO_SLOT, VFIO_SLOT + 1)
+        );
+        assert_eq!(two.vfio[1].windows.high, Some((256 << 30, 512 << 30)));
+        assert_eq!(two.window64, Some((PCI_WINDOW64_START, 512 << 30)));
+        let e = MachinePlan::new(1, 0, false, &[nvme, gpu], 38).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("vfio=0000:00:05.0") && msg.contains("BAR 2"),
+            "{msg}"
+        );
+        // No function: no window the width cannot reach.
+        assert_eq!(
+            MachinePlan::new(1, 0, true, &[], 36).unwrap().window64,
+            None
+        );
         // More disks than pins: refused, naming the disk.
-        let e = MachinePlan::new(1, 20, false, false).unwrap_err();
+        let e = MachinePlan::new(1, 20, false, &[], 48).unwrap_err();
         assert!(e.to_string().contains("virtio-blk19"), "{e}");
     }
 }

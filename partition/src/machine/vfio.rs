@@ -29,11 +29,14 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use devices::pci::config::ROM_BAR;
 use devices::pci::passthrough::{
-    DeviceAccess, DmaMap, PassthroughError, PassthroughFunction, Windows, dma_plan, mappable,
-    physical_bars, virtual_function,
+    DeviceAccess, DmaMap, PassthroughError, PassthroughFunction, PhysicalBar, Windows, dma_plan,
+    mappable, physical_bars, virtual_function,
 };
-use vfio_bindings::bindings::vfio::{VFIO_PCI_CONFIG_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP};
+use vfio_bindings::bindings::vfio::{
+    VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_ROM_REGION_INDEX, VFIO_REGION_INFO_FLAG_MMAP,
+};
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -109,6 +112,20 @@ pub fn missing(root: &Path, bdf: &str) -> Option<String> {
         return Some(format!("{bdf} is in no IOMMU group"));
     }
     None
+}
+
+/// The BARs of `bdf` as its sysfs `resource` file (under `root`, normally `/`) lists them,
+/// for planning the BAR windows before the device is opened.
+pub fn sysfs_bars(root: &Path, bdf: &str) -> Result<Vec<PhysicalBar>, VfioError> {
+    let path = root.join("sys/bus/pci/devices").join(bdf).join("resource");
+    let refused = |why: String| VfioError::Refused {
+        bdf: bdf.into(),
+        why,
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| refused(format!("reading {}: {e}", path.display())))?;
+    devices::pci::windows::bars_from_resource(&text)
+        .map_err(|e| refused(format!("{}: {e}", path.display())))
 }
 
 /// [`missing`] on this host, as the error a launch stops with.
@@ -354,6 +371,10 @@ pub fn iommu_reason(iommufd: bool, sysfs: &Path) -> String {
     }
 }
 
+/// The most of an expansion ROM the VMM copies (a GPU's VBIOS is under 1 MiB; past this
+/// the guest reads all ones, as past a ROM image).
+const ROM_COPY_MAX: u64 = 16 << 20;
+
 /// What [`attach`] passes through and where.
 pub struct Target<'a> {
     /// The host function, `DDDD:BB:DD.F`.
@@ -404,7 +425,23 @@ pub fn attach(
         sizes[i] = device.get_region_size(i as u32);
         mmap[i] = device.get_region_flags(i as u32) & VFIO_REGION_INFO_FLAG_MMAP != 0;
     }
-    let bars = physical_bars(&config, sizes, mmap)?;
+    let mut bars = physical_bars(&config, sizes, mmap)?;
+    // The expansion ROM (VFIO reports none when the function has none or it cannot be
+    // read): offered below 4 GiB, served from a copy read here once.
+    let rom_size = device.get_region_size(VFIO_PCI_ROM_REGION_INDEX);
+    let mut rom = Vec::new();
+    if rom_size > 0 {
+        bars.push(PhysicalBar {
+            index: ROM_BAR,
+            size: rom_size,
+            io: false,
+            is64: false,
+            prefetchable: false,
+            mmap: false,
+        });
+        rom = vec![0xff; rom_size.min(ROM_COPY_MAX) as usize];
+        device.region_read(VFIO_PCI_ROM_REGION_INDEX, &mut rom, 0);
+    }
     let view = virtual_function(&config, &bars, windows)?;
     // DMA: guest memory as the device will address it (guest physical = I/O virtual).
     let dma = dma_plan(&memory.regions(), 4096)?;
@@ -415,7 +452,7 @@ pub fn attach(
         unsafe { container.vfio_dma_map(m.iova, m.len as usize, m.hva as *mut u8) }
             .map_err(vfio("mapping guest memory for DMA"))?;
     }
-    let function = PassthroughFunction::new(view, Box::new(Regions(device.clone())));
+    let function = PassthroughFunction::new(view, Box::new(Regions(device.clone()))).with_rom(rom);
     // BARs into the guest, less the MSI-X pages.
     let traps: Vec<(usize, u64, u64)> = function
         .msix_ranges()

@@ -347,6 +347,26 @@ fn edu_with_msi_only_interrupts_the_guest_through_emulated_msi() {
 
 /// Page `offset` of BAR `bar` of `bdf`, mapped through sysfs (the host's view of the same
 /// bytes the guest maps); unmapped when dropped.
+/// The function's expansion ROM as the host's sysfs `rom` file gives it (enabled for the
+/// read, disabled after). vfio-pci suspends an unused function (D3hot, where its ROM reads
+/// all ones and the kernel refuses it): kept awake for the read through runtime PM's
+/// `power/control`, and with memory decoding on; both put back.
+fn host_rom(bdf: &str) -> Vec<u8> {
+    let control = sysfs().join(bdf).join("power/control");
+    let old = std::fs::read_to_string(&control).unwrap();
+    std::fs::write(&control, "on").unwrap();
+    let image = {
+        let _on = Decoding::on(bdf);
+        let path = sysfs().join(bdf).join("rom");
+        std::fs::write(&path, "1").unwrap();
+        let image = std::fs::read(&path);
+        std::fs::write(&path, "0").unwrap();
+        image.map_err(|e| format!("reading {}: {e}", path.display()))
+    };
+    std::fs::write(&control, old.trim()).unwrap();
+    image.unwrap_or_else(|e| panic!("{e}"))
+}
+
 struct HostPage(*mut u64);
 
 impl HostPage {
@@ -439,9 +459,11 @@ fn fnv_page(p: &HostPage) -> u64 {
     })
 }
 
-/// The guest reads and writes the 1 GiB BAR above 4 GiB and the host sees the same bytes:
-/// markers the host wrote at three places (first page, middle, last page) are what the
-/// guest finds, and the pages the guest wrote hash on the host to what the guest printed.
+/// The guest reads and writes a GPU-sized BAR (the rig's ivshmem: 256 GiB on a sparse file,
+/// at least 128 GiB asked) and the host sees the same bytes: the 64-bit window is sized to
+/// reach it, within the guest's physical address width; markers the host wrote at three
+/// places (first page, middle, last page) are what the guest finds, and the pages the
+/// guest wrote hash on the host to what the guest printed.
 #[test]
 fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
     let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
@@ -452,7 +474,10 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
     let size = std::fs::metadata(sysfs().join(&dev.bdf).join("resource2"))
         .unwrap()
         .len();
-    assert!(size >= 1 << 30, "BAR 2 is {size:#x} bytes");
+    assert!(
+        size >= 128 << 30,
+        "BAR 2 is {size:#x} bytes: the rig gives ivshmem a 256 GiB backend (RIG_VRAM)"
+    );
     let offsets = [0, size / 2, size - 4096];
     let seed = std::process::id() as u64;
     {
@@ -463,9 +488,19 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
     }
     let (r, out) = launch_with(
         &dev.bdf,
-        &format!("probe.bigbar=1af4:1110 probe.bigbar_seed={seed:x}"),
+        &format!("probe.bigbar=1af4:1110 probe.bigbar_seed={seed:x} probe.rom=1af4:1110"),
     );
     let p = &r["passthrough"];
+    // ivshmem has no expansion ROM: none offered, the ROM BAR sizes as nothing.
+    assert!(
+        p["bars"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["index"] != 6),
+        "{p}"
+    );
+    assert!(out.contains("probe: rom none slot=2"), "{out}");
     // BAR 0: 256 bytes of registers, smaller than a page: placed on a page of its own and
     // trapped.
     let regs = bar(p, 0);
@@ -489,6 +524,23 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
         out.contains(&format!("probe: bigbar bar2 base={addr:#x} size={size:#x}")),
         "{out}"
     );
+    // Inside the window the report announces, which the guest's address width reaches.
+    let window = r["pci_window64"]
+        .as_array()
+        .expect("pci_window64 in the report");
+    let (ws, we) = (window[0].as_u64().unwrap(), window[1].as_u64().unwrap());
+    assert!(
+        ws <= addr && addr + size <= we,
+        "BAR at {addr:#x}+{size:#x}, window {window:?}"
+    );
+    let width = u64::from_str_radix(
+        field(&out, "probe: bigbar phys_bits_end=", "phys_bits_end").trim_start_matches("0x"),
+        16,
+    );
+    assert!(
+        width.is_ok_and(|w| we <= w),
+        "window end {we:#x} past the width: {out}"
+    );
     let _on = Decoding::on(&dev.bdf);
     for (k, &o) in offsets.iter().enumerate() {
         let line = format!("probe: bigbar place={k} offset={o:#x} ");
@@ -504,7 +556,9 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
         );
     }
     println!(
-        "NOTE vfio bigbar: the guest wrote three pages of the 1 GiB BAR at {addr:#x}; the host read the same bytes"
+        "NOTE vfio bigbar: the guest wrote three pages of the {} GiB BAR at {addr:#x} (window \
+         {ws:#x}..{we:#x}); the host read the same bytes",
+        size >> 30
     );
 }
 
@@ -519,8 +573,36 @@ fn a_pcie_functions_extended_capabilities_are_shown_or_hidden() {
     let Some(dev) = passthrough_target(name, 0x8086, 0x10d3, "QEMU e1000e") else {
         return;
     };
-    let (r, out) = launch_with(&dev.bdf, "probe.engine=list");
+    let (r, out) = launch_with(&dev.bdf, "probe.engine=list probe.rom=8086:10d3");
     let p = &r["passthrough"];
+    // Its expansion ROM (QEMU's efi-e1000e.rom): offered below 4 GiB, trapped, and what the
+    // guest reads through the ROM BAR is what the host's sysfs `rom` gives (padded with
+    // all ones to the BAR's size, as VFIO reads past the image).
+    let rom = bar(p, 6);
+    let size = rom["size"].as_u64().unwrap();
+    let addr = rom["addr"].as_u64().unwrap();
+    assert!(size >= 2048 && addr % size == 0 && addr < 1 << 32, "{rom}");
+    assert_eq!(rom["mapped_bytes"].as_u64(), Some(0), "{rom}");
+    let line = "probe: rom slot=2 ";
+    assert_eq!(field(&out, line, "base"), format!("{addr:#x}"), "{out}");
+    assert_eq!(field(&out, line, "size"), format!("{size:#x}"), "{out}");
+    assert_eq!(field(&out, line, "off_read"), "0xffffffff", "{out}");
+    assert_eq!(field(&out, line, "signature"), "0xaa55", "{out}");
+    let mut image = host_rom(&dev.bdf);
+    assert!(
+        !image.is_empty() && image.len() as u64 <= size,
+        "{} bytes of ROM",
+        image.len()
+    );
+    image.resize(size as usize, 0xff);
+    let host = image.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    assert_eq!(field(&out, line, "fnv"), format!("{host:#018x}"), "{out}");
+    println!(
+        "NOTE vfio rom: the guest read the {size:#x}-byte ROM BAR at {addr:#x}; its bytes are \
+         the host's sysfs rom"
+    );
     assert_eq!(
         p["extended_capabilities"],
         serde_json::json!([[0x140, 3]]),

@@ -8,15 +8,16 @@
 //! prints its FNV-1a checksum. The host reads the same pages after the launch and checks
 //! the checksums (tools/partition-cli/tests/vfio.rs).
 //!
-//! The page tables map 64..128 GiB (the VMM's 64-bit BAR window) with 1 GiB pages, uncached:
-//! the probe checks CPUID for 1 GiB pages first.
+//! The page tables map 64 GiB..1 TiB (the VMM's 64-bit BAR window, sized to the BARs) with
+//! 1 GiB pages, uncached: the probe checks CPUID for 1 GiB pages first, and that the BAR
+//! ends within the guest's physical address width (CPUID 0x80000008).
 
 use crate::bootinfo::BootInfo;
 use crate::pcie::{Ecam, setup_bars};
 use crate::sys::{self, peek, poke};
 
 /// Highest address the page tables map.
-const MAPPED_END: u64 = 128 << 30;
+const MAPPED_END: u64 = 1 << 40;
 
 fn hex(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()
@@ -62,8 +63,16 @@ fn drive(bi: &BootInfo, e: Ecam, slot: u64) -> bool {
         return true;
     };
     say!("bigbar bar{} base={:#x} size={:#x}", i, base, size);
-    if size < 3 * 4096 || base.checked_add(size).is_none_or(|end| end > MAPPED_END) {
-        say!("bigbar FAILED: the BAR is too small or past what the probe maps");
+    let width = 1u64 << (sys::cpuid(0x8000_0008, 0)[0] & 0xff);
+    say!("bigbar phys_bits_end={:#x}", width);
+    if size < 3 * 4096
+        || base
+            .checked_add(size)
+            .is_none_or(|end| end > MAPPED_END || end > width)
+    {
+        say!(
+            "bigbar FAILED: the BAR is too small, past what the probe maps or past the address width"
+        );
         return true;
     }
     let seed = bi

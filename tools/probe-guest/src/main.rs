@@ -21,7 +21,8 @@
 //! `probe.canary_on=ap` on the first AP while the BSP drives the disk (canary.rs);
 //! `probe.engine=...` enumerates PCI and drives the VMM's submission engine (engine.rs);
 //! `probe.nvme=N` drives a passed-through NVMe controller (nvme.rs); `probe.bigbar=V:D`
-//! reads and writes a large BAR above 4 GiB (bigbar.rs).
+//! reads and writes a large BAR above 4 GiB (bigbar.rs); `probe.rom=V:D` reads a function's
+//! expansion ROM through its ROM BAR (rom.rs).
 #![no_std]
 #![no_main]
 
@@ -31,6 +32,7 @@ mod clock;
 mod console;
 mod assist;
 mod bigbar;
+mod rom;
 mod blk;
 mod canary;
 mod engine;
@@ -252,6 +254,7 @@ extern "C" fn probe_main(kind: u64, info: u64) -> ! {
     failed |= engine::run(&bi, tsc_khz, bsp);
     failed |= nvme::run(&bi, tsc_khz, bsp);
     failed |= bigbar::run(&bi);
+    failed |= rom::run(&bi);
     if bi.arg("probe.zerocheck") == Some("1") {
         zerocheck(&bi);
     }

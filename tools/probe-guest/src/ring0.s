@@ -29,7 +29,7 @@
     .set VEC_PONG, 0x41
     .set VEC_TIMER, 0x42
     .set VEC_ASSIST, 0x43          # `int $VEC_ASSIST` in the assist check (assist.rs)
-    .set SUPER_ALIAS, 0x8000000000 # supervisor-only alias of the first GiB (PML4 entry 1)
+    .set SUPER_ALIAS, 0x10000000000 # supervisor-only alias of the first GiB (PML4 entry 2)
 
 # Our 64-bit GDT and its segments: CS through a far return, the data selectors, FS and GS
 # null. Needs a stack; clobbers RAX.
@@ -773,15 +773,23 @@ idtr:
     .quad idt
 
 # Identity map of 0..64 GiB with 2 MiB user-accessible pages, the 3..4 GiB MMIO hole uncached;
-# 64..128 GiB with 1 GiB pages, uncached.
-# PML4 entry 1 maps the first GiB again at SUPER_ALIAS, supervisor only (the syscall check).
+# 64 GiB..1 TiB with 1 GiB pages, uncached (the VMM's 64-bit BAR window, sized to the BARs:
+# a GPU's VRAM aperture of up to 512 GiB, at 512 GiB).
+# PML4 entry 2 maps the first GiB again at SUPER_ALIAS, supervisor only (the syscall check).
     .section .data.pagetables, "aw"
     .balign 4096
     .global pml4
 pml4:
     .quad pdpt + 0x7
+    .quad pdpt_high + 0x7          # 512 GiB..1 TiB
     .quad pdpt_super + 0x3         # SUPER_ALIAS: the first GiB again, supervisor only
-    .fill 510, 8, 0
+    .fill 509, 8, 0
+pdpt_high:
+    .set i, 512
+    .rept 512
+    .quad (i << 30) | 0x9f
+    .set i, i + 1
+    .endr
 pdpt_super:
     .quad pd_super + 0x3
     .fill 511, 8, 0
@@ -797,13 +805,12 @@ pdpt:
     .quad pd + i * 4096 + 0x7
     .set i, i + 1
     .endr
-    # 64..128 GiB, the VMM's 64-bit BAR window: 1 GiB pages, uncached (bigbar.rs checks
+    # 64..512 GiB, the VMM's 64-bit BAR window: 1 GiB pages, uncached (bigbar.rs checks
     # CPUID for 1 GiB pages before touching them).
-    .rept 64
+    .rept 448
     .quad (i << 30) | 0x9f
     .set i, i + 1
     .endr
-    .fill 384, 8, 0
 pd:
     .set i, 0
     .rept 64 * 512

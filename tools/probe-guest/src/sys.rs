@@ -11,7 +11,7 @@ pub const MSR_LSTAR: u32 = 0xc000_0082;
 pub const MSR_SFMASK: u32 = 0xc000_0084;
 /// Supervisor-only alias of the first GiB (ring0.s `SUPER_ALIAS`): where SYSCALL entries
 /// are reached, on a page ring 3 may not fetch from, as Linux's entry is.
-pub const SUPER_ALIAS: u64 = 0x80_0000_0000;
+pub const SUPER_ALIAS: u64 = 0x100_0000_0000;
 /// STAR: SYSCALL loads CS 0x08 (SS 0x10); SYSRET loads CS 0x2b (SS 0x23).
 pub const STAR: u64 = (0x1b << 48) | (0x08 << 32);
 
