@@ -30,8 +30,9 @@
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
 # the files asked for; the command runs in /rig with PATH=/usr/bin:/bin. The rig's PCI
-# functions: 00:03.0 edu, 00:04.0 NVMe (a 64 MiB namespace), 00:05.0 ivshmem-plain,
-# 00:06.0 e1000e (no network behind it; AER, serial number and ARI extended capabilities).
+# functions: 00:03.0 edu and 00:03.1 pci-testdev (one multifunction slot: one IOMMU group),
+# 00:04.0 NVMe (a 64 MiB namespace), 00:05.0 ivshmem-plain, 00:06.0 e1000e (no network
+# behind it; AER, serial number and ARI extended capabilities; an expansion ROM).
 # Everything is downloaded with apt-get download and cached under target/rig/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -254,7 +255,8 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel "tcg,thread=$t
     -append "console=ttyS0 intel_iommu=on iommu=pt panic=-1 quiet maxcpus=1 tsc=reliable"
     -serial "file:$log" -serial "file:$out"
     -device intel-iommu,intremap=on
-    -device edu,addr=03.0
+    -device edu,addr=03.0,multifunction=on
+    -device pci-testdev,addr=03.1
     -drive "file=$run/nvme.img,if=none,id=nv,format=raw"
     -device nvme,serial=rig-nvme,drive=nv,addr=04.0
     -object "memory-backend-file,id=vram,size=$vram,mem-path=$run/vram.img,share=on"

@@ -138,7 +138,7 @@ fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<PartitionRun, String
         figures,
         quiet_exits: quiet,
         submitted: subs.unwrap_or(0),
-        interrupts: report["passthrough"]["interrupts"].as_u64(),
+        interrupts: report["passthrough"][0]["interrupts"].as_u64(),
         shown,
     })
 }

@@ -32,7 +32,7 @@ pub(super) struct Descriptors {
     /// memory slots, routes and ioeventfds.
     pub(super) pci: bool,
     /// A passed-through function: its device's and its container's descriptors.
-    pub(super) vfio: Option<(RawFd, RawFd)>,
+    pub(super) vfio: Option<(Vec<RawFd>, RawFd)>,
 }
 
 /// What `role`'s calls may name, given the machine's descriptors (`vcpu`: which vCPU, for
@@ -62,18 +62,18 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
                 .flatten()
                 .into_iter()
                 .collect();
-            match d.vfio {
-                Some((device, _)) => {
+            match &d.vfio {
+                Some((devices, _)) => {
                     let mut read = own_stats;
-                    read.push(device);
+                    read.extend(devices);
                     g.pread = Some(fds(
-                        "its own KVM statistics (at the guest's marks) and, with a passed-through \
-                         function, the VFIO device's descriptor",
+                        "its own KVM statistics (at the guest's marks) and, with passed-through \
+                         functions, the VFIO devices' descriptors",
                         read,
                     ));
                     g.pwrite = Some(fds(
-                        "the VFIO device's descriptor, with a passed-through function",
-                        vec![device],
+                        "the VFIO devices' descriptors, with passed-through functions",
+                        devices.clone(),
                     ));
                 }
                 None => {
@@ -100,14 +100,14 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
             g.pread = Some(fds("KVM's statistics", d.stats.clone()));
         }
         Role::VfioReturn => {
-            if let Some((device, container)) = d.vfio {
+            if let Some((devices, container)) = &d.vfio {
                 let (on_device, on_container) = crate::machine::vfio::return_ioctls();
                 g.ioctls.push(IoctlGrant {
-                    on: fds("the VFIO device's descriptor", vec![device]),
+                    on: fds("the VFIO devices' descriptors", devices.clone()),
                     requests: on_device,
                 });
                 g.ioctls.push(IoctlGrant {
-                    on: fds("the VFIO container's descriptor", vec![container]),
+                    on: fds("the VFIO container's descriptor", vec![*container]),
                     requests: on_container,
                 });
             }
@@ -223,7 +223,7 @@ pub fn table() -> String {
         irq_counts: vec![6],
         disks: vec![7],
         pci: true,
-        vfio: Some((8, 9)),
+        vfio: Some((vec![8], 9)),
     };
     let thread = |role: Role| match role {
         Role::Vcpu => "`vcpu<i>`",
@@ -301,7 +301,7 @@ mod tests {
             Role::Vcpu,
             &Descriptors {
                 pci: true,
-                vfio: Some((20, 21)),
+                vfio: Some((vec![20], 21)),
                 ..d.clone()
             },
             0,
@@ -321,7 +321,7 @@ mod tests {
         let g = grants(
             Role::VfioReturn,
             &Descriptors {
-                vfio: Some((20, 21)),
+                vfio: Some((vec![20], 21)),
                 ..d
             },
             0,

@@ -102,7 +102,7 @@ pub(super) struct Devices {
     /// The core device threads (queue workers, the engine) run on, when one is free.
     pub(super) worker_core: Option<usize>,
     /// A passed-through function's VFIO state (given back when the devices go).
-    pub(super) vfio: Option<crate::machine::vfio::AttachedVfio>,
+    pub(super) vfio: Option<crate::machine::vfio::Passthrough>,
 }
 
 impl Devices {

@@ -254,7 +254,11 @@ pub fn run(
     // Every vCPU has stopped: the passed-through function's interrupt count is read (its
     // host IRQs go with its MSI-X), then it is quieted before anything else (its DMA must
     // end before the partition's memory is scrubbed).
-    let passthrough = devices.vfio.as_ref().map(|v| v.final_report());
+    let passthrough = devices
+        .vfio
+        .as_ref()
+        .map(|v| v.final_reports())
+        .unwrap_or_default();
     if let Some(r) = vfio_return {
         r.finish();
     }

@@ -375,9 +375,10 @@ pub struct ReportDoc {
     /// commands executed, its error.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<crate::machine::pci::EngineReport>,
-    /// The passed-through function: its BARs (placed where, how much mapped), vectors.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
+    /// The passed-through functions, in `--device` order: each one's BARs (placed where,
+    /// how much mapped), vectors.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub passthrough: Vec<crate::machine::vfio::PassthroughReport>,
     /// The 64-bit PCI BAR window the guest was told of, `[start, end)` (sized from the
     /// passed-through BARs, within the guest's physical address width).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -505,8 +506,8 @@ pub struct LaunchReport {
     pub disks: Vec<DiskReport>,
     /// The submission engine (`--device engine`): how each BAR was served, what it did.
     pub engine: Option<crate::machine::pci::EngineReport>,
-    /// The passed-through function (`--device vfio=`): where its BARs are, what is mapped.
-    pub passthrough: Option<crate::machine::vfio::PassthroughReport>,
+    /// The passed-through functions (`--device vfio=`): where their BARs are, what is mapped.
+    pub passthrough: Vec<crate::machine::vfio::PassthroughReport>,
     /// The 64-bit PCI BAR window announced to the guest (with `--device`).
     pub pci_window64: Option<(u64, u64)>,
     /// Lines of the guest's console reporting a process killed by a fatal signal or a

@@ -105,9 +105,18 @@ pub enum DeviceSpec {
     },
 }
 
-/// Whether two specs ask for the same kind of device (one of each per partition).
-pub fn same_kind(a: &DeviceSpec, b: &DeviceSpec) -> bool {
-    std::mem::discriminant(a) == std::mem::discriminant(b)
+/// Why `new` cannot join the devices already asked for: a second engine, or a function
+/// asked for twice. Several passed-through functions are fine (each its own slot).
+pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {
+    asked.iter().find_map(|a| match (a, new) {
+        (DeviceSpec::Engine { .. }, DeviceSpec::Engine { .. }) => {
+            Some("one submission engine per partition".into())
+        }
+        (DeviceSpec::Vfio { bdf: x }, DeviceSpec::Vfio { bdf: y }) if x == y => {
+            Some(format!("{y} is asked for twice"))
+        }
+        _ => None,
+    })
 }
 
 /// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`) or
@@ -365,7 +374,7 @@ pub fn attach(
 ) -> Result<
     (
         Option<AttachedEngine>,
-        Option<crate::machine::vfio::AttachedVfio>,
+        Option<crate::machine::vfio::Passthrough>,
     ),
     PciError,
 > {
@@ -383,40 +392,43 @@ pub fn attach(
     if !specs.is_empty() {
         functions.push((0, Box::new(HostBridge::new())));
     }
+    // Passed-through functions, each where the plan put it, all in one container.
     let mut vfio = None;
-    let vfio_spec = specs.iter().find_map(|s| match s {
-        DeviceSpec::Vfio { bdf } => Some(bdf),
-        DeviceSpec::Engine { .. } => None,
-    });
-    if let (Some(bdf), Some(place)) = (vfio_spec, plan.vfio.first().cloned()) {
-        let windows = place.windows;
-        let slot = place.slot;
-        let (f, attached) = crate::machine::vfio::attach(
-            vm,
-            memory,
-            crate::machine::vfio::Target {
-                bdf,
-                guest_slot: slot,
-                resources: &mut plan.resources,
-                irq_cores: cores,
-            },
-            &windows,
-        )?;
-        for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
-            host.vectors.insert((slot, v as u16), (*gsi, evt.clone()));
+    if !plan.vfio.is_empty() {
+        let mut pass =
+            crate::machine::vfio::Passthrough::new(crate::machine::vfio::Shared::open(vm)?);
+        for place in plan.vfio.clone() {
+            let slot = place.slot;
+            let (f, attached) = crate::machine::vfio::attach(
+                vm,
+                memory,
+                crate::machine::vfio::Target {
+                    bdf: &place.bdf,
+                    guest_slot: slot,
+                    resources: &mut plan.resources,
+                    irq_cores: cores,
+                },
+                &place.windows,
+                pass.shared(),
+            )?;
+            for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
+                host.vectors.insert((slot, v as u16), (*gsi, evt.clone()));
+            }
+            for (bar, piece) in attached.pieces() {
+                host.mapped.entry((slot, *bar)).or_default().push(*piece);
+            }
+            log::info!(
+                "PCI: {} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} \
+                 MSI-X vectors",
+                place.bdf,
+                f.bars().len(),
+                attached.pieces().len(),
+                attached.vectors.len()
+            );
+            functions.push((usize::from(slot), Box::new(f)));
+            pass.functions.push(attached);
         }
-        for (bar, piece) in attached.pieces() {
-            host.mapped.entry((slot, *bar)).or_default().push(*piece);
-        }
-        log::info!(
-            "PCI: {bdf} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} \
-             MSI-X vectors",
-            f.bars().len(),
-            attached.pieces().len(),
-            attached.vectors.len()
-        );
-        functions.push((usize::from(slot), Box::new(f)));
-        vfio = Some(attached);
+        vfio = Some(pass);
     }
     let engine_spec = specs.iter().find_map(|s| match s {
         DeviceSpec::Engine { doorbell } => Some(doorbell),
@@ -576,10 +588,17 @@ mod tests {
                 );
             }
         }
-        assert!(same_kind(
-            &parse("engine").unwrap(),
-            &parse("engine,doorbell=trap").unwrap()
-        ));
+        let engine = parse("engine").unwrap();
+        let why = conflict(
+            std::slice::from_ref(&engine),
+            &parse("engine,doorbell=trap").unwrap(),
+        );
+        assert!(why.is_some_and(|w| w.contains("one submission engine")));
+        let f = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
+        let asked = [engine, f("0000:41:00.0")];
+        assert_eq!(conflict(&asked, &f("0000:42:00.0")), None);
+        let why = conflict(&asked, &f("0000:41:00.0"));
+        assert!(why.is_some_and(|w| w.contains("0000:41:00.0 is asked for twice")));
     }
 
     #[test]

@@ -111,7 +111,45 @@ pub fn missing(root: &Path, bdf: &str) -> Option<String> {
     if !dev.join("iommu_group").exists() {
         return Some(format!("{bdf} is in no IOMMU group"));
     }
+    let (group, others) = group_of(root, bdf);
+    for (other, driver) in others {
+        if !matches!(driver.as_deref(), None | Some("vfio-pci" | "pci-stub")) {
+            return Some(format!(
+                "{bdf}'s IOMMU group {} also holds {other}, bound to {}: the IOMMU gives a \
+                 group to one owner whole, so bind {other} to vfio-pci too (docs/passthrough.md: \
+                 binding it); the partition is not shown it unless asked for",
+                group.map_or("?".into(), |g| g.to_string()),
+                driver.as_deref().unwrap_or("no driver")
+            ));
+        }
+    }
     None
+}
+
+/// `bdf`'s IOMMU group number and the other functions in it with their drivers, under
+/// `root` (normally `/`).
+pub fn group_of(root: &Path, bdf: &str) -> (Option<u32>, Vec<(String, Option<String>)>) {
+    let link = root
+        .join("sys/bus/pci/devices")
+        .join(bdf)
+        .join("iommu_group");
+    let group = std::fs::read_link(&link)
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok());
+    let mut others: Vec<(String, Option<String>)> = std::fs::read_dir(link.join("devices"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let driver = std::fs::read_link(e.path().join("driver"))
+                .ok()
+                .and_then(|p| Some(p.file_name()?.to_str()?.to_string()));
+            (name != bdf).then_some((name, driver))
+        })
+        .collect();
+    others.sort();
+    (group, others)
 }
 
 /// The BARs of `bdf` as its sysfs `resource` file (under `root`, normally `/`) lists them,
@@ -217,6 +255,11 @@ pub struct PassthroughReport {
     pub bdf: String,
     /// Its slot on the guest's bus 0.
     pub slot: u8,
+    /// Its IOMMU group.
+    pub iommu_group: Option<u32>,
+    /// The other functions of its group: in the partition's IOMMU domain with it (a group
+    /// has one owner), shown to the guest only when asked for themselves.
+    pub group_peers: Vec<String>,
     /// How the VMM reached the IOMMU: `container` (the legacy VFIO container and group).
     pub iommu: &'static str,
     /// Why that way ([`iommu_reason`]).
@@ -246,50 +289,155 @@ pub struct PassthroughReport {
     pub interrupts: Option<u64>,
 }
 
-/// Quieting a passed-through function: its interrupts off, the function reset, guest
-/// memory unmapped from its IOMMU domain. Done once, before the partition's memory is
-/// scrubbed, by the `vfio-return` thread when the launch is confined (its filter allows
-/// exactly these calls on these descriptors), or as the attachment drops otherwise.
+/// Quieting a partition's passed-through functions: each one's interrupts off and the
+/// function reset, then guest memory unmapped from their IOMMU domain. Done once, before
+/// the partition's memory is scrubbed, by the `vfio-return` thread when the launch is
+/// confined (its filter allows exactly these calls on these descriptors), or as the
+/// [`Passthrough`] drops otherwise.
 pub struct Quiet {
-    device: Arc<VfioDevice>,
+    /// Each function's device and whether it uses MSI (else MSI-X).
+    devices: Vec<(Arc<VfioDevice>, bool)>,
     container: Arc<VfioContainer>,
     dma: Vec<DmaMap>,
-    msi: bool,
     done: std::sync::atomic::AtomicBool,
 }
 
 impl Quiet {
-    /// Quiets the function (once; later calls do nothing).
+    /// Quiets the functions (once; later calls do nothing).
     pub fn run(&self) {
         if self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
             return;
         }
-        if self.msi {
-            let _ = self.device.disable_msi();
-        } else {
-            let _ = self.device.disable_msix();
+        for (device, msi) in &self.devices {
+            if *msi {
+                let _ = device.disable_msi();
+            } else {
+                let _ = device.disable_msix();
+            }
+            device.reset();
         }
-        self.device.reset();
         for m in &self.dma {
             let _ = self.container.vfio_dma_unmap(m.iova, m.len as usize);
         }
     }
 
-    /// The device's and the container's descriptors (what the quieting calls name).
-    pub fn fds(&self) -> (std::os::fd::RawFd, std::os::fd::RawFd) {
-        (self.device.as_raw_fd(), self.container.as_raw_fd())
+    /// The devices' descriptors and the container's (what the quieting calls name).
+    pub fn fds(&self) -> (Vec<std::os::fd::RawFd>, std::os::fd::RawFd) {
+        (
+            self.devices.iter().map(|(d, _)| d.as_raw_fd()).collect(),
+            self.container.as_raw_fd(),
+        )
     }
 }
 
-/// What a passthrough keeps for the life of the VM; dropping it gives the device back.
+/// The VFIO container a partition's passed-through functions share: one IOMMU domain (every
+/// function's group joins it) behind one KVM VFIO device, with guest memory mapped for DMA
+/// once, when the first function's group has joined.
+pub struct Shared {
+    container: Arc<VfioContainer>,
+    dma: Option<Vec<DmaMap>>,
+}
+
+impl Shared {
+    /// The container, on the VM's KVM VFIO device.
+    pub fn open(vm: &Vm) -> Result<Self, VfioError> {
+        let kvm_dev = vm.vfio_device()?;
+        let container = VfioContainer::new(Some(Arc::new(VfioDeviceFd::new_from_kvm(kvm_dev))))
+            .map_err(|source| VfioError::Vfio {
+                what: "opening the container",
+                source,
+            })?;
+        Ok(Self {
+            container: Arc::new(container),
+            dma: None,
+        })
+    }
+}
+
+/// A partition's passed-through functions; dropping it gives them back.
+pub struct Passthrough {
+    /// Each function, in `--device` order.
+    pub functions: Vec<AttachedVfio>,
+    shared: Shared,
+    quiet: std::sync::OnceLock<Arc<Quiet>>,
+    /// Confined: the devices stay open until the VMM exits (closing them through
+    /// vfio-ioctls would read sysfs, which the confined VMM cannot and should not).
+    keep_open: bool,
+}
+
+impl Passthrough {
+    /// No function yet, over `shared`.
+    pub fn new(shared: Shared) -> Self {
+        Self {
+            functions: Vec::new(),
+            shared,
+            quiet: std::sync::OnceLock::new(),
+            keep_open: false,
+        }
+    }
+
+    /// The container the functions join (for [`attach`]).
+    pub fn shared(&mut self) -> &mut Shared {
+        &mut self.shared
+    }
+
+    /// The launch report's section: each function with the interrupts it raised up to now.
+    pub fn final_reports(&self) -> Vec<PassthroughReport> {
+        self.functions.iter().map(|f| f.final_report()).collect()
+    }
+
+    /// What quiets the functions, for the `vfio-return` thread (made once every function
+    /// is attached).
+    pub fn quiet(&self) -> Arc<Quiet> {
+        self.quiet
+            .get_or_init(|| {
+                Arc::new(Quiet {
+                    devices: self
+                        .functions
+                        .iter()
+                        .map(|f| (f.device.clone(), f.report.msi))
+                        .collect(),
+                    container: self.shared.container.clone(),
+                    dma: self.shared.dma.clone().unwrap_or_default(),
+                    done: std::sync::atomic::AtomicBool::new(false),
+                })
+            })
+            .clone()
+    }
+
+    /// The descriptors the launcher reads the functions' interrupt counts from (`pread64`).
+    pub fn count_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.functions.iter().flat_map(|f| f.count_fds()).collect()
+    }
+
+    /// The launch is confined from now on: the functions are quieted by the `vfio-return`
+    /// thread and left open until the VMM exits (the kernel closes them then, and takes the
+    /// groups out of the container and of KVM's VFIO device).
+    pub fn keep_open_until_exit(&mut self) {
+        self.keep_open = true;
+    }
+}
+
+impl Drop for Passthrough {
+    fn drop(&mut self) {
+        if self.keep_open {
+            // Never dropped: vfio-ioctls' drop of a device reads its sysfs link, and the
+            // process's exit closes it.
+            for f in &self.functions {
+                std::mem::forget(f.device.clone());
+            }
+        } else {
+            self.quiet().run();
+        }
+    }
+}
+
+/// One passed-through function's parts that live as long as the VM (its BAR mappings are
+/// unmapped when it drops, after the VM is gone).
 pub struct AttachedVfio {
     /// What the launch report says of it.
     pub report: PassthroughReport,
     device: Arc<VfioDevice>,
-    quiet: Arc<Quiet>,
-    /// Confined: the device stays open until the VMM exits (closing it through vfio-ioctls
-    /// would read sysfs, which the confined VMM cannot and should not).
-    keep_open: bool,
     pieces: Vec<(usize, Piece)>,
     /// One irqfd per MSI-X vector (one for MSI), with its GSI.
     pub vectors: Vec<(u32, Arc<EventFd>)>,
@@ -310,11 +458,6 @@ impl AttachedVfio {
         &self.pieces
     }
 
-    /// What quiets the function, for the `vfio-return` thread.
-    pub fn quiet(&self) -> Arc<Quiet> {
-        self.quiet.clone()
-    }
-
     /// The descriptors the launcher reads its interrupt counts from (`pread64`).
     pub fn count_fds(&self) -> Vec<std::os::fd::RawFd> {
         self.irqs.counts.iter().map(|f| f.as_raw_fd()).collect()
@@ -324,24 +467,10 @@ impl AttachedVfio {
     pub fn device_fd(&self) -> std::os::fd::RawFd {
         self.device.as_raw_fd()
     }
-
-    /// The launch is confined from now on: the device is quieted by the `vfio-return`
-    /// thread and left open until the VMM exits (the kernel closes it then, and takes the
-    /// group out of its container and of KVM's VFIO device).
-    pub fn keep_open_until_exit(&mut self) {
-        self.keep_open = true;
-    }
 }
 
 impl Drop for AttachedVfio {
     fn drop(&mut self) {
-        if self.keep_open {
-            // Never dropped: vfio-ioctls' drop of the device reads its sysfs link, and
-            // the process's exit closes it.
-            std::mem::forget(self.device.clone());
-        } else {
-            self.quiet.run();
-        }
         for (_, p) in &self.pieces {
             // SAFETY: each piece is an mmap this attach made and nothing else refers to
             // (its memory slot went with the VM, which is torn down before this drop).
@@ -387,14 +516,16 @@ pub struct Target<'a> {
     pub irq_cores: &'a [usize],
 }
 
-/// Passes `t.bdf` through as the function in guest slot `t.guest_slot`: returns the function
-/// for the root and what must live as long as the VM; `windows` are the BAR windows it may
-/// place BARs in.
+/// Passes `t.bdf` through as the function in guest slot `t.guest_slot`, its group joining
+/// `shared`'s container (guest memory mapped for DMA there with the first function):
+/// returns the function for the root and what must live as long as the VM; `windows` are
+/// its parts of the BAR windows.
 pub fn attach(
     vm: &Vm,
     memory: &GuestMemory,
     t: Target,
     windows: &Windows,
+    shared: &mut Shared,
 ) -> Result<(PassthroughFunction, AttachedVfio), VfioError> {
     let Target {
         bdf,
@@ -404,12 +535,7 @@ pub fn attach(
     } = t;
     let sysfs = check_host(bdf)?;
     let vfio = |what| move |source| VfioError::Vfio { what, source };
-    let kvm_dev = vm.vfio_device()?;
-    let container = Arc::new(
-        VfioContainer::new(Some(Arc::new(VfioDeviceFd::new_from_kvm(kvm_dev))))
-            .map_err(vfio("opening the container"))?,
-    );
-    let ops: Arc<dyn VfioOps> = container.clone();
+    let ops: Arc<dyn VfioOps> = shared.container.clone();
     let device = Arc::new(VfioDevice::new(&sysfs, ops, false).map_err(vfio("opening the device"))?);
     // Configuration space and BARs.
     // 256 bytes, or 4 KiB for a PCIe function (its extended capabilities).
@@ -443,15 +569,24 @@ pub fn attach(
         device.region_read(VFIO_PCI_ROM_REGION_INDEX, &mut rom, 0);
     }
     let view = virtual_function(&config, &bars, windows)?;
-    // DMA: guest memory as the device will address it (guest physical = I/O virtual).
-    let dma = dma_plan(&memory.regions(), 4096)?;
-    for m in &dma {
-        // SAFETY: the range is guest memory, owned by `memory` for the life of the VM; the
-        // guest shares it with the device by design, and the VMM touches it only through
-        // vm-memory's volatile accesses.
-        unsafe { container.vfio_dma_map(m.iova, m.len as usize, m.hva as *mut u8) }
+    // DMA: guest memory as the devices will address it (guest physical = I/O virtual), in
+    // the container's one IOMMU domain, once its first group has joined it.
+    if shared.dma.is_none() {
+        let dma = dma_plan(&memory.regions(), 4096)?;
+        for m in &dma {
+            // SAFETY: the range is guest memory, owned by `memory` for the life of the VM;
+            // the guest shares it with the devices by design, and the VMM touches it only
+            // through vm-memory's volatile accesses.
+            unsafe {
+                shared
+                    .container
+                    .vfio_dma_map(m.iova, m.len as usize, m.hva as *mut u8)
+            }
             .map_err(vfio("mapping guest memory for DMA"))?;
+        }
+        shared.dma = Some(dma);
     }
+    let dma_regions = shared.dma.as_ref().map_or(0, Vec::len);
     let function = PassthroughFunction::new(view, Box::new(Regions(device.clone()))).with_rom(rom);
     // BARs into the guest, less the MSI-X pages.
     let traps: Vec<(usize, u64, u64)> = function
@@ -537,6 +672,12 @@ pub fn attach(
         interrupts: None,
         bdf: bdf.to_string(),
         slot: guest_slot,
+        iommu_group: group_of(Path::new("/"), bdf).0,
+        group_peers: group_of(Path::new("/"), bdf)
+            .1
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect(),
         iommu: "container",
         bars: function
             .bars()
@@ -559,21 +700,13 @@ pub fn attach(
         hidden_capabilities: function.hidden().to_vec(),
         extended_capabilities: function.extended().0.to_vec(),
         hidden_extended_capabilities: function.extended().1.to_vec(),
-        dma_regions: dma.len(),
+        dma_regions,
     };
     Ok((
         function,
         AttachedVfio {
-            report: report.clone(),
-            quiet: Arc::new(Quiet {
-                device: device.clone(),
-                container,
-                dma,
-                msi: report.msi,
-                done: std::sync::atomic::AtomicBool::new(false),
-            }),
+            report,
             device,
-            keep_open: false,
             pieces,
             vectors,
             irqs,
@@ -697,8 +830,39 @@ mod tests {
         std::os::unix::fs::symlink(r.join("drivers/vfio-pci"), dev.join("driver")).unwrap();
         let why = missing(r, "0000:41:00.0").unwrap();
         assert!(why.contains("in no IOMMU group"), "{why}");
-        std::fs::create_dir_all(dev.join("iommu_group")).unwrap();
+        // The group, with the GPU's audio function in it: viable only when that is bound
+        // to vfio-pci too (or to no driver).
+        let group = r.join("sys/kernel/iommu_groups/7");
+        std::fs::create_dir_all(group.join("devices")).unwrap();
+        std::os::unix::fs::symlink(&group, dev.join("iommu_group")).unwrap();
+        std::os::unix::fs::symlink(&dev, group.join("devices/0000:41:00.0")).unwrap();
         assert_eq!(missing(r, "0000:41:00.0"), None);
+        let audio = r.join("sys/bus/pci/devices/0000:41:00.1");
+        std::fs::create_dir_all(&audio).unwrap();
+        std::os::unix::fs::symlink(&audio, group.join("devices/0000:41:00.1")).unwrap();
+        assert_eq!(
+            missing(r, "0000:41:00.0"),
+            None,
+            "an unbound peer is viable"
+        );
+        std::fs::create_dir_all(r.join("drivers/snd_hda_intel")).unwrap();
+        std::os::unix::fs::symlink(r.join("drivers/snd_hda_intel"), audio.join("driver")).unwrap();
+        let why = missing(r, "0000:41:00.0").unwrap();
+        assert!(
+            why.contains("IOMMU group 7 also holds 0000:41:00.1, bound to snd_hda_intel")
+                && why.contains("bind 0000:41:00.1 to vfio-pci too"),
+            "{why}"
+        );
+        std::fs::remove_file(audio.join("driver")).unwrap();
+        std::os::unix::fs::symlink(r.join("drivers/vfio-pci"), audio.join("driver")).unwrap();
+        assert_eq!(missing(r, "0000:41:00.0"), None);
+        assert_eq!(
+            group_of(r, "0000:41:00.0"),
+            (
+                Some(7),
+                vec![("0000:41:00.1".into(), Some("vfio-pci".into()))]
+            )
+        );
     }
 
     #[test]

@@ -322,7 +322,9 @@ struct LaunchArgs {
     /// submission engine (docs/pci.md; default doorbell `mapped`, a page of the guest's
     /// address space the engine's thread polls); or `vfio=DDDD:BB:DD.F`, a host function bound to
     /// vfio-pci passed through (docs/passthrough.md: not yet run on hardware; a host without
-    /// VFIO refuses it with the reason).
+    /// VFIO refuses it with the reason). Repeat it for several functions (00:02.0, 00:03.0,
+    /// ... in the guest, in the order given; their IOMMU groups must be bound to vfio-pci
+    /// whole); one engine.
     #[arg(long, value_name = "SPEC")]
     device: Vec<String>,
     /// Print where launch time went (memory, VM, boot, vCPUs, first serial byte).
@@ -423,18 +425,13 @@ fn launch(a: LaunchArgs) -> ExitCode {
     let mut pci_devices = Vec::new();
     for d in &a.device {
         match partition::machine::pci::parse(d) {
-            Ok(s)
-                if pci_devices
-                    .iter()
-                    .any(|p| partition::machine::pci::same_kind(p, &s)) =>
-            {
-                eprintln!(
-                    "partition: error: --device {d:?}: one engine and one passed-through \
-                     function per partition"
-                );
-                return ExitCode::from(EXIT_USAGE);
-            }
-            Ok(s) => pci_devices.push(s),
+            Ok(s) => match partition::machine::pci::conflict(&pci_devices, &s) {
+                Some(why) => {
+                    eprintln!("partition: error: --device {d:?}: {why}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+                None => pci_devices.push(s),
+            },
             Err(e) => {
                 eprintln!("partition: error: {e}");
                 return ExitCode::from(EXIT_USAGE);

@@ -221,6 +221,15 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             "doorbell= given twice",
         ),
         (
+            "two submission engines",
+            [
+                &PROBE_16M[..],
+                &["--device", "engine", "--device", "engine,doorbell=trap"],
+            ]
+            .concat(),
+            "one submission engine per partition",
+        ),
+        (
             "a plan whose memory is not a size",
             vec!["reserve", "--plan", &plan_bad_size],
             "\"lots\" is not a size",

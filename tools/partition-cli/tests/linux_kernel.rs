@@ -909,7 +909,7 @@ fn debian_kernels_nvme_driver_uses_a_passed_through_controller_and_gives_it_back
         "no nvme queues in /proc/interrupts\n{}",
         show()
     );
-    let p = &r["passthrough"];
+    let p = &r["passthrough"][0];
     let host_interrupts = p["interrupts"].as_u64().unwrap_or(0);
     assert!(host_interrupts > 0, "the host counted no interrupts: {p}");
     assert_eq!(p["irq_affinity"], "1", "{p}");

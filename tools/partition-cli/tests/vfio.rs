@@ -1,7 +1,8 @@
-//! VFIO passthrough on a host with an IOMMU: QEMU's NVMe, edu and ivshmem-plain functions,
-//! bound to vfio-pci, passed through to the probe guest with the sandbox on, and driven by
-//! it: the NVMe's queues with no exit per submission, edu's MSI, ivshmem's 1 GiB BAR above
-//! 4 GiB with the host seeing the bytes. The launch and the teardown end with exit 0 and
+//! VFIO passthrough on a host with an IOMMU: QEMU's NVMe, edu, pci-testdev, ivshmem-plain
+//! and e1000e functions, bound to vfio-pci, passed through to the probe guest with the
+//! sandbox on, and driven by it: the NVMe's queues with no exit per submission, edu's MSI,
+//! ivshmem's 256 GiB BAR above 4 GiB with the host seeing the bytes, e1000e's expansion
+//! ROM, several functions and IOMMU groups in one partition. The launch and the teardown end with exit 0 and
 //! the device is bound to vfio-pci as before, ready for the next launch. Runs where those functions exist behind an IOMMU: the rig
 //! (`scripts/rig.sh`, docs/testing.md); elsewhere each test says why it skips.
 
@@ -21,24 +22,20 @@ static ONE: Mutex<()> = Mutex::new(());
 /// Launches the probe with `bdf` passed through and `cmdline`, sandbox on; checks the
 /// launch and the teardown were clean; returns the report and the probe's output.
 fn launch_with(bdf: &str, cmdline: &str) -> (serde_json::Value, String) {
+    launch_many(&[bdf], cmdline)
+}
+
+/// [`launch_with`] for several functions, passed through in the order given.
+fn launch_many(bdfs: &[&str], cmdline: &str) -> (serde_json::Value, String) {
     let cmdline = format!("probe.memtest=0 {cmdline}");
-    let out = run(
-        &[
-            "launch",
-            "--cores",
-            "1",
-            "--memory",
-            "64M",
-            "--probe",
-            "--device",
-            &format!("vfio={bdf}"),
-            "--cmdline",
-            &cmdline,
-            "--json",
-        ],
-        LIMIT,
-    );
-    assert_eq!(out.code(), 0, "{bdf}: {}\n{}", out.stderr, out.stdout);
+    let mut args = vec!["launch", "--cores", "1", "--memory", "64M", "--probe"];
+    let specs: Vec<String> = bdfs.iter().map(|b| format!("vfio={b}")).collect();
+    for s in &specs {
+        args.extend(["--device", s.as_str()]);
+    }
+    args.extend(["--cmdline", &cmdline, "--json"]);
+    let out = run(&args, LIMIT);
+    assert_eq!(out.code(), 0, "{bdfs:?}: {}\n{}", out.stderr, out.stdout);
     let r = report(&out.stdout);
     assert_eq!(r["outcome"]["kind"], "power_off", "{r}");
     assert!(
@@ -47,20 +44,22 @@ fn launch_with(bdf: &str, cmdline: &str) -> (serde_json::Value, String) {
             .is_some_and(|u| u.starts_with("partition-")),
         "the sandbox was not on: {r}"
     );
-    assert_eq!(
-        driver_of(bdf).as_deref(),
-        Some("vfio-pci"),
-        "{bdf} lost its driver"
-    );
-    let p = r["passthrough"].clone();
-    println!(
-        "NOTE vfio: {bdf} passed through, launch and teardown exit 0 under the sandbox (uid \
-         {}): {p}",
-        r["sandbox"]["uid"]
-    );
-    assert_eq!(p["bdf"], bdf, "{r}");
-    assert_eq!(p["iommu"], "container", "{p}");
-    assert!(p["dma_regions"].as_u64().unwrap() >= 1, "{p}");
+    for (i, bdf) in bdfs.iter().enumerate() {
+        assert_eq!(
+            driver_of(bdf).as_deref(),
+            Some("vfio-pci"),
+            "{bdf} lost its driver"
+        );
+        let p = r["passthrough"][i].clone();
+        println!(
+            "NOTE vfio: {bdf} passed through, launch and teardown exit 0 under the sandbox \
+             (uid {}): {p}",
+            r["sandbox"]["uid"]
+        );
+        assert_eq!(p["bdf"], *bdf, "{r}");
+        assert_eq!(p["iommu"], "container", "{p}");
+        assert!(p["dma_regions"].as_u64().unwrap() >= 1, "{p}");
+    }
     (r, out.stdout)
 }
 
@@ -159,7 +158,7 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
     let mut runs = Vec::new();
     for n in [20u64, 220] {
         let (r, out) = launch_with(&dev.bdf, &format!("probe.nvme={n} probe.nvme_seed={n:x}"));
-        let p = &r["passthrough"];
+        let p = &r["passthrough"][0];
         assert_eq!(p["msix_vectors"], 65, "{p}");
         // BAR 0: 16 KiB, 64-bit, below 4 GiB; the MSI-X table and PBA pages trapped, the
         // rest (registers and doorbells) mapped.
@@ -315,6 +314,123 @@ fn the_nvme_check_fails_when_msix_never_reaches_the_guest() {
     assert!(by > 0, "{}", out.stdout);
 }
 
+/// The IOMMU group number of `bdf` on this host.
+fn group_number(bdf: &str) -> Option<String> {
+    std::fs::read_link(sysfs().join(bdf).join("iommu_group"))
+        .ok()
+        .and_then(|p| Some(p.file_name()?.to_str()?.to_string()))
+}
+
+/// Several functions in one partition, in one container: the rig's edu and pci-testdev are
+/// two functions of one multifunction slot (00:03.0 and 00:03.1: one IOMMU group), the NVMe
+/// is in a group of its own. Asked for alone, edu's group joins the partition whole (its
+/// unbound peer keeps it viable) and the report names the peer, which the guest does not
+/// see. Asked for together with the peer and the NVMe, the three sit at 00:02.0-00:04.0 in
+/// `--device` order, and the probe drives edu by MSI and the NVMe by MSI-X in one launch.
+#[test]
+fn several_functions_and_a_whole_group_share_one_partition() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let name = "several_functions_and_a_whole_group_share_one_partition";
+    let Some(edu) = passthrough_target(name, 0x1234, 0x11e8, "QEMU edu") else {
+        return;
+    };
+    let Some(peer) = find_function(0x1b36, 0x0005) else {
+        println!("SKIPPED {name}: no QEMU pci-testdev (1b36:0005) beside edu on this host");
+        return;
+    };
+    let group = group_number(&edu.bdf);
+    assert!(group.is_some(), "{} is in no IOMMU group", edu.bdf);
+    assert_eq!(
+        group_number(&peer),
+        group,
+        "{} and {peer} (one multifunction slot) are not one IOMMU group",
+        edu.bdf
+    );
+    assert_eq!(
+        driver_of(&peer),
+        None,
+        "{peer} has a driver: the group would not be viable"
+    );
+    let (r, out) = launch_with(&edu.bdf, "probe.engine=list,edu probe.engine_n=10");
+    let p = &r["passthrough"][0];
+    assert_eq!(p["iommu_group"].to_string(), group.clone().unwrap(), "{p}");
+    assert_eq!(p["group_peers"], serde_json::json!([peer]), "{p}");
+    assert!(
+        out.contains("probe: pci 00:02.0 vendor=0x1234 device=0x11e8"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("device=0x0005"),
+        "the guest sees the peer:\n{out}"
+    );
+    assert_eq!(r["passthrough"].as_array().map(Vec::len), Some(1), "{r}");
+
+    let Some(nvme) = passthrough_target(name, 0x1b36, 0x0010, "QEMU NVMe") else {
+        return;
+    };
+    let peer = Bound::new(&peer);
+    let (r, out) = launch_many(
+        &[&edu.bdf, &peer.bdf, &nvme.bdf],
+        "probe.engine=list,edu probe.engine_n=20 probe.nvme=20 probe.nvme_seed=14",
+    );
+    let all = r["passthrough"].as_array().unwrap();
+    assert_eq!(all.len(), 3, "{r}");
+    let slots: Vec<u64> = all.iter().map(|p| p["slot"].as_u64().unwrap()).collect();
+    assert_eq!(slots, [2, 3, 4], "{r}");
+    for (slot, id) in [
+        (2, "0x1234 device=0x11e8"),
+        (3, "0x1b36 device=0x0005"),
+        (4, "0x1b36 device=0x0010"),
+    ] {
+        let line = format!("probe: pci 00:{slot:02x}.0 vendor={id}");
+        assert!(out.contains(&line), "no {line:?} in:\n{out}");
+    }
+    // edu and its peer share a group; the NVMe's is another; one container maps guest
+    // memory once for all of them.
+    assert_eq!(all[0]["iommu_group"], all[1]["iommu_group"], "{r}");
+    assert_ne!(all[0]["iommu_group"], all[2]["iommu_group"], "{r}");
+    assert!(
+        all.iter()
+            .all(|p| p["dma_regions"] == all[0]["dma_regions"]),
+        "{r}"
+    );
+    // BARs never overlap across the functions.
+    let mut spans: Vec<(u64, u64)> = all
+        .iter()
+        .flat_map(|p| p["bars"].as_array().unwrap().iter())
+        .map(|b| {
+            let a = b["addr"].as_u64().unwrap();
+            (a, a + b["size"].as_u64().unwrap().max(4096))
+        })
+        .collect();
+    spans.sort_unstable();
+    assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:x?}");
+    // Both drivers ran to the end, each on its own interrupts.
+    for want in [
+        "probe: engine test=edu completion=irq n=20 ",
+        "probe: nvme test=submit completion=irq n=20 ",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    assert_eq!(field(&out, "probe: nvme rw ", "ok"), "1", "{out}");
+    // n + n/10 each: 20 timed after 2 warm-up.
+    assert!(
+        all[0]["interrupts"].as_u64().unwrap_or(0) >= 22,
+        "edu: {}",
+        all[0]
+    );
+    assert!(
+        all[2]["interrupts"].as_u64().unwrap_or(0) >= 22,
+        "NVMe: {}",
+        all[2]
+    );
+    println!(
+        "NOTE vfio several: edu and pci-testdev (IOMMU group {}) and the NVMe (group {}) in one \
+         partition at 00:02.0-00:04.0; edu raised {} interrupts, the NVMe {}",
+        all[0]["iommu_group"], all[2]["iommu_group"], all[0]["interrupts"], all[2]["interrupts"]
+    );
+}
+
 /// QEMU's edu has MSI and no MSI-X: the guest sees MSI emulated, programs it, and edu's
 /// factorial completes polled and by MSI (the device's VFIO MSI eventfd -> KVM irqfd ->
 /// the route the guest's MSI capability asked for).
@@ -326,7 +442,7 @@ fn edu_with_msi_only_interrupts_the_guest_through_emulated_msi() {
         return;
     };
     let (r, out) = launch_with(&dev.bdf, "probe.engine=list,edu probe.engine_n=50");
-    let p = &r["passthrough"];
+    let p = &r["passthrough"][0];
     assert_eq!(p["msix_vectors"], 0, "{p}");
     assert_eq!(p["msi"], true, "{p}");
     assert_eq!(p["hidden_capabilities"], serde_json::json!([]), "{p}");
@@ -490,7 +606,7 @@ fn the_guest_reads_and_writes_the_large_bar_and_the_host_sees_the_bytes() {
         &dev.bdf,
         &format!("probe.bigbar=1af4:1110 probe.bigbar_seed={seed:x} probe.rom=1af4:1110"),
     );
-    let p = &r["passthrough"];
+    let p = &r["passthrough"][0];
     // ivshmem has no expansion ROM: none offered, the ROM BAR sizes as nothing.
     assert!(
         p["bars"]
@@ -574,7 +690,7 @@ fn a_pcie_functions_extended_capabilities_are_shown_or_hidden() {
         return;
     };
     let (r, out) = launch_with(&dev.bdf, "probe.engine=list probe.rom=8086:10d3");
-    let p = &r["passthrough"];
+    let p = &r["passthrough"][0];
     // Its expansion ROM (QEMU's efi-e1000e.rom): offered below 4 GiB, trapped, and what the
     // guest reads through the ROM BAR is what the host's sysfs `rom` gives (padded with
     // all ones to the BAR's size, as VFIO reads past the image).
