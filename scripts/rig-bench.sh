@@ -10,10 +10,11 @@
 #
 #   scripts/rig-bench.sh SECTION [BENCH ARGS...]
 #   scripts/rig-bench.sh submit-vfio --vfio 0000:00:04.0
+#   scripts/rig-bench.sh exits        (Debian's kernel and initramfs made here and put inside)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-case "${1:-}" in -h|--help|"") sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h|--help|"") sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 need_root
 need_cargo
 section=$1
@@ -28,6 +29,26 @@ cargo build --release -p partition-cli --quiet
 bin=target/$TRIPLE/release/partition
 files=(--partition "$bin")
 mapfile -t -O 2 files < <(rig_qemu_files)
+
+# The exits section's guest: Debian's kernel and the userspace initramfs the Linux tests
+# boot (tests/linux_kernel.rs makes them on this host; apt-get is not reachable inside).
+extra=()
+if [ "$section" = exits ]; then
+    say "rig bench: Debian's kernel and the userspace initramfs (tests/linux_kernel.rs)"
+    exe=$(cargo test -p partition-cli --test linux_kernel --no-run --message-format=json --quiet 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    try: m = json.loads(l)
+    except ValueError: continue
+    t = m.get("target", {})
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and t.get("kind") == ["test"] and t.get("name") == "linux_kernel": print(m["executable"])' | tail -n 1)
+    [ -x "$exe" ] || die "could not build tests/linux_kernel.rs"
+    "$exe" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules --quiet >/dev/null
+    assets=${CARGO_TARGET_DIR:-target}/$TRIPLE/tmp/assets
+    [ -s "$assets/vmlinux" ] && [ -s "$assets/debian-userspace-8.cpio" ] || die "no Debian assets in $assets"
+    files+=(--file "$assets/vmlinux:/rig/exits/vmlinux" --file "$assets/debian-userspace-8.cpio:/rig/exits/base.cpio")
+    extra=(--exits-guest /rig/exits)
+fi
 
 mkdir -p target/rig
 inner=target/rig/bench.sh
@@ -48,7 +69,7 @@ inner=target/rig/bench.sh
         prev=$a
     done
     printf 'partition bench --only %q' "$section"
-    printf ' %q' "$@"
+    printf ' %q' "$@" ${extra[@]+"${extra[@]}"}
     echo ' --results /rig/out/rig.json; rc=$?'
     echo 'echo RIG-RESULTS-BEGIN; cat /rig/out/rig.json 2>/dev/null; echo; echo RIG-RESULTS-END'
     echo 'exit $rc'

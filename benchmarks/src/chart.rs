@@ -16,6 +16,8 @@ pub enum Unit {
     Nanos,
     /// Milliseconds, shown as µs, ms or s.
     Millis,
+    /// A count per operation (exits): `0.25`.
+    Count,
 }
 
 impl Unit {
@@ -32,6 +34,7 @@ impl Unit {
         };
         match self {
             Self::Ratio => format!("{}x", num(v)),
+            Self::Count => num(v),
             Self::Nanos | Self::Millis => {
                 let ns = if self == Self::Nanos { v } else { v * 1e6 };
                 if ns >= 1e9 {

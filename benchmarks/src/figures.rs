@@ -436,6 +436,39 @@ pub fn submit_vfio(doc: &Results) -> Vec<Panel> {
     )]
 }
 
+/// Exits per operation (exits): ours beside QEMU's, per operation (log axis: an operation
+/// with no exit has no bar).
+pub fn exits(doc: &Results) -> Vec<Panel> {
+    let Some(e) = &doc.exits else {
+        return Vec::new();
+    };
+    let of = |vmm: &str, op: &str| {
+        e.rows
+            .iter()
+            .find(|r| r.vmm == vmm && r.op == op)
+            .and_then(|r| r.total)
+            .map(|t| t.median)
+    };
+    let rows = e
+        .params
+        .ops
+        .iter()
+        .map(|op| Row {
+            label: op.clone(),
+            values: vec![of("partition", op), of("qemu", op)],
+        })
+        .collect();
+    vec![panel(
+        "Exits per operation on real KVM (kvm_amd), counted by the host's tracepoint, median",
+        Unit::Count,
+        &[("ours", BLUE), ("QEMU", ORANGE)],
+        vec![Group {
+            title: String::new(),
+            rows,
+        }],
+    )]
+}
+
 /// Every picture of `doc` that has figures: (file name, SVG text), named after `host`.
 pub fn all(doc: &Results, host: &str) -> Vec<(String, String)> {
     let mut out = vec![(format!("{host}-ratios.svg"), svg(&ratios(doc)))];
@@ -446,6 +479,7 @@ pub fn all(doc: &Results, host: &str) -> Vec<(String, String)> {
         ("blk", blk),
         ("memsetup", memsetup),
         ("submit-vfio", submit_vfio),
+        ("exits", exits),
     ] {
         if doc.head(name).is_some() {
             out.push((format!("{host}-{name}.svg"), svg(&draw(doc))));
@@ -568,7 +602,21 @@ mod tests {
         let doc = committed("rig.json");
         let charts = all(&doc, "rig");
         let names: Vec<&str> = charts.iter().map(|c| c.0.as_str()).collect();
-        assert_eq!(names, ["rig-ratios.svg", "rig-submit-vfio.svg"]);
+        assert_eq!(
+            names,
+            ["rig-ratios.svg", "rig-submit-vfio.svg", "rig-exits.svg"]
+        );
+        // Exits: a bar of ours and of QEMU's for each operation that takes any.
+        let exits = &charts[2].1;
+        assert!(pixels(exits, BLUE) > 500 && pixels(exits, ORANGE) > 500);
+        let e = doc.exits.as_ref().unwrap();
+        let pipe = e
+            .rows
+            .iter()
+            .find(|r| r.vmm == "partition" && r.op == "pipe_2cores")
+            .and_then(|r| r.total)
+            .expect("the partition's pipe row");
+        assert!(exits.contains(&format!(">{}</text>", Unit::Count.show(pipe.median))));
         let text = &charts[0].1;
         assert!(text.contains("the guest section did not complete"));
         let legend = 3 * 12 * 12;

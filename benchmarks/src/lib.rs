@@ -9,6 +9,7 @@ pub mod chart;
 pub mod compare;
 pub mod crosscheck;
 pub mod doc;
+pub mod exits;
 pub mod figures;
 pub mod head;
 pub mod host;
@@ -63,6 +64,8 @@ pub struct Env {
     pub baseline: Option<Baseline>,
     /// A host NVMe function bound to vfio-pci for the submit-vfio section, `DDDD:BB:DD.F`.
     pub vfio: Option<String>,
+    /// The Linux guest of the exits section: a directory with `vmlinux` and `base.cpio`.
+    pub exits_guest: Option<PathBuf>,
 }
 
 /// A baseline build of `partition`.
@@ -557,6 +560,7 @@ mod tests {
             lmbench: None,
             baseline: None,
             vfio: None,
+            exits_guest: None,
         };
         let c = Launch::new(&env, Path::new("/w/s"), "1,0", "64M")
             .probe()
@@ -643,6 +647,7 @@ mod tests {
             lmbench: None,
             baseline: None,
             vfio: None,
+            exits_guest: None,
         };
         let probe = Path::new("/p.elf");
         let args = |c: &Command| {

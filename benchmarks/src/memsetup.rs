@@ -418,6 +418,7 @@ mod tests {
             lmbench: None,
             baseline: None,
             vfio: None,
+            exits_guest: None,
         };
         let dir = Path::new("/mnt/h");
         let c = launch_cmd(

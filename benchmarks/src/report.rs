@@ -149,6 +149,9 @@ pub fn markdown(doc: &Results, host: &str, svg_name: &str) -> String {
     if let Some(v) = &doc.submit_vfio {
         submit_vfio_rows(&mut o, v);
     }
+    if let Some(e) = &doc.exits {
+        exits(&mut o, e);
+    }
     if let Some(m) = &doc.memsetup {
         memsetup(&mut o, m);
     }
@@ -350,6 +353,70 @@ fn wake(o: &mut String, w: &WakeSection) {
             "| {name} | {} | {} |",
             ipi.map_or("refused".into(), |v| format!("{v:.0}")),
             num(timer, 0),
+        );
+    }
+}
+
+/// Exits per operation on real KVM: ours and QEMU's by reason, beside the minimum.
+fn exits(o: &mut String, e: &crate::doc::exits::ExitsSection) {
+    let _ = writeln!(
+        o,
+        "\n## Exits per operation on real KVM (`exits`)\n\n{} rounds; each loop {} then {} \
+         iterations, counted by {}. Guest: {}. {}. Reasons as the host's tracepoint names \
+         them (AMD: `io`, `msr`, `npf` (nested page fault: MMIO), `interrupt` (a host interrupt), \
+         `vintr` (an interrupt window), `hlt`, `pause`...).\n",
+        e.params.runs,
+        e.params.n1,
+        e.params.n2,
+        e.method,
+        e.params.guest,
+        e.params.vmms.join("; ")
+    );
+    if !e.failures.is_empty() {
+        let _ = writeln!(o, "Failed: {}\n", e.failures.join("; ").replace('|', "/"));
+    }
+    let _ = writeln!(
+        o,
+        "| operation | minimum (AMD, no AVIC) | partition exits/op (by reason) | QEMU exits/op (by reason) |\n|---|---|---|---|"
+    );
+    let cell = |vmm: &str, op: &str| {
+        e.rows
+            .iter()
+            .find(|r| r.vmm == vmm && r.op == op)
+            .and_then(|r| {
+                let t = r.total?;
+                let reasons: Vec<String> = r
+                    .reasons
+                    .iter()
+                    .filter(|(_, v)| v.abs() >= 0.005)
+                    .map(|(k, v)| format!("{k} {v:.2}"))
+                    .collect();
+                Some(format!(
+                    "**{:.2}** ({:.2}-{:.2}){}",
+                    t.median,
+                    t.min,
+                    t.max,
+                    if reasons.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", reasons.join(", "))
+                    }
+                ))
+            })
+            .unwrap_or_else(|| "-".into())
+    };
+    for op in &e.params.ops {
+        let min = e
+            .minimum
+            .iter()
+            .find(|(m, _)| m == op)
+            .map_or("-", |(_, w)| w.as_str());
+        let _ = writeln!(
+            o,
+            "| {op} | {} | {} | {} |",
+            min.replace('|', "/"),
+            cell("partition", op),
+            cell("qemu", op)
         );
     }
 }

@@ -38,6 +38,7 @@ struct Builds;
 struct Sandboxing;
 struct Submit;
 struct Noise;
+struct Exits;
 
 /// One window of the noise section, ms.
 pub const NOISE_WINDOW_MS: u64 = 2000;
@@ -64,6 +65,23 @@ impl Section for Noise {
             "noise",
             SectionDoc::Noise(Box::new(crate::noise::run(env, ms))),
         )]
+    }
+}
+
+impl Section for Exits {
+    fn names(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            "exits",
+            "exits per operation on real KVM (the rig), counted by the host's kvm_exit tracepoint: Debian's kernel running hotpaths' loops in counted mode in our partition and in QEMU (-cpu host -overcommit cpu-pm=on -smp 2), by reason, beside the least the hardware allows (needs --exits-guest: scripts/rig-bench.sh exits)",
+        )]
+    }
+    fn run(
+        &self,
+        env: &Env,
+        _: &Options,
+        _: &dyn Fn(&str) -> bool,
+    ) -> Vec<(&'static str, SectionDoc)> {
+        vec![("exits", SectionDoc::Exits(Box::new(crate::exits::run(env))))]
     }
 }
 
@@ -278,6 +296,7 @@ pub static ALL: &[&dyn Section] = &[
     &Noise,
     &Blk,
     &Submit,
+    &Exits,
     &MemSetup,
     &Sandboxing,
     &Builds,
@@ -302,7 +321,7 @@ mod tests {
                 assert!(!what.is_empty());
             }
         }
-        assert_eq!(seen.len(), 12);
+        assert_eq!(seen.len(), 13);
         assert!(known("guest") && known("memsetup") && known("submit") && !known("gpu"));
         assert!(known("submit-vfio"));
     }

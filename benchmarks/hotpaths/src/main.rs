@@ -9,6 +9,7 @@
 //! the same CPU and, given a second CPU, on that one.
 
 mod chase;
+mod counted;
 mod mem;
 mod paths;
 mod timing;
@@ -40,6 +41,11 @@ usage: hotpaths [--cpus A[,B]] [--runs N] [--only NAME,...] [--enough-us US]
   --json           print JSON (default: a table)
   --quick          --runs 1 --enough-us 1000 --max-mem 64 MiB --bw-bytes 16 MiB
   --list           list the benchmarks and what lmbench calls them
+  --count N1,N2    counted mode: each path benchmark's loop runs N1 then N2 iterations between
+                   marks written to --mark-port, nothing timed (root: it needs the port);
+                   adds sleep_1ms and, with --blk, blk_read; no memory benchmarks
+  --mark-port P    the marks' port (default 0x520, the partition VMM's mark port)
+  --blk DEV        the block device blk_read reads 4 KiB at a time with O_DIRECT
 ";
 
 /// Benchmarks: name, unit, lmbench equivalent.
@@ -75,6 +81,12 @@ const LIST: &[(&str, &str, &str)] = &[
         "fork_sh",
         "us",
         "lat_proc shell (/bin/sh -c the same program)",
+    ),
+    ("sleep_1ms", "-", "counted mode only: clock_nanosleep 1 ms"),
+    (
+        "blk_read",
+        "-",
+        "counted mode only: 4 KiB O_DIRECT pread of --blk",
     ),
     (
         "mem_lat_<bytes>",
@@ -114,6 +126,9 @@ struct Args {
     thp: bool,
     json: bool,
     list: bool,
+    count: Option<(u64, u64)>,
+    mark_port: u16,
+    blk: Option<PathBuf>,
 }
 
 fn parse(argv: &[String]) -> Result<Args, ArgError> {
@@ -129,6 +144,9 @@ fn parse(argv: &[String]) -> Result<Args, ArgError> {
         thp: true,
         json: false,
         list: false,
+        count: None,
+        mark_port: 0x520,
+        blk: None,
     };
     let mut it = argv.iter();
     while let Some(k) = it.next() {
@@ -165,6 +183,24 @@ fn parse(argv: &[String]) -> Result<Args, ArgError> {
                 a.bw_bytes = 16 << 20;
             }
             "--list" => a.list = true,
+            "--count" => {
+                let v = val();
+                a.count = v
+                    .split_once(',')
+                    .and_then(|(x, y)| Some((x.parse::<u64>().ok()?, y.parse::<u64>().ok()?)))
+                    .filter(|&(x, y)| x > 0 && y > x && y <= 100_000_000)
+                    .map(Some)
+                    .ok_or(ArgError::Value(k.clone(), v))?;
+            }
+            "--mark-port" => {
+                let v = val();
+                let n = match v.strip_prefix("0x") {
+                    Some(h) => u16::from_str_radix(h, 16).ok(),
+                    None => v.parse().ok(),
+                };
+                a.mark_port = n.ok_or(ArgError::Value(k.clone(), v))?;
+            }
+            "--blk" => a.blk = Some(PathBuf::from(val())),
             "-h" | "--help" => {
                 print!("{USAGE}");
                 std::process::exit(0);
@@ -253,10 +289,14 @@ fn json_num(v: f64) -> String {
 fn run_suite(a: &Args, cpu_a: usize, cpu_b: Option<usize>, ctx: &Ctx) -> Results {
     let mut r = Results::default();
     let want = |n: &str| selected(&a.only, n);
+    let counted = ctx.counted.as_ref();
     for _ in 0..a.runs {
         macro_rules! lat {
             ($name:expr, $e:expr) => {
                 if want($name) {
+                    if let Some(k) = counted {
+                        k.begin($name);
+                    }
                     match $e {
                         Ok(v) => r.add($name, "us", v),
                         Err(e) => r.fail($name, e),
@@ -288,6 +328,16 @@ fn run_suite(a: &Args, cpu_a: usize, cpu_b: Option<usize>, ctx: &Ctx) -> Results
         lat!("fork_exit", paths::fork_exit(ctx));
         lat!("fork_exec", paths::fork_exec(ctx));
         lat!("fork_sh", paths::fork_shell(ctx));
+        if counted.is_some() {
+            lat!(
+                "sleep_1ms",
+                Ok::<f64, paths::PathError>(paths::sleep_1ms(ctx))
+            );
+            if let Some(dev) = &a.blk {
+                lat!("blk_read", paths::blk_read(ctx, dev));
+            }
+            continue;
+        }
         if want("mem_lat") {
             for (size, ns) in mem::latency(Enough(a.enough), a.max_mem, a.thp) {
                 let name = format!("mem_lat_{size}");
@@ -354,11 +404,27 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let enough = Enough(a.enough);
+    let counted = match a.count {
+        Some((n1, n2)) => match counted::Counted::new(n1, n2, a.mark_port) {
+            Ok(k) => Some(k),
+            Err(e) => {
+                eprintln!("hotpaths: {e}");
+                let _ = std::fs::remove_dir_all(&scratch);
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
     let ctx = Ctx {
         enough,
-        overhead: timing::loop_overhead(enough),
+        overhead: if counted.is_some() {
+            0.0
+        } else {
+            timing::loop_overhead(enough)
+        },
         file: file.clone(),
         hello,
+        counted,
     };
     let r = run_suite(&a, cpu_a, cpu_b, &ctx);
     let _ = std::fs::remove_dir_all(&scratch);
@@ -461,6 +527,23 @@ mod tests {
         assert!(args("--cpus x").is_err());
         assert!(args("--runs 0").is_err());
         assert!(args("--bogus").is_err());
+        let c = args("--count 100,1100 --mark-port 0x510 --blk /dev/vda").unwrap();
+        assert_eq!((c.count, c.mark_port), (Some((100, 1100)), 0x510));
+        assert_eq!(c.blk, Some(PathBuf::from("/dev/vda")));
+        assert_eq!(args("--quick").unwrap().mark_port, 0x520);
+        for bad in [
+            "--count 100",
+            "--count 0,10",
+            "--count 10,10",
+            "--count 20,10",
+            "--mark-port 0x1ffff",
+        ] {
+            assert!(args(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            counted::line("pipe_2cores", 1, 0x1004, 100, 1100),
+            "hotpaths-count op=pipe_2cores part=1 mark=4100 n1=100 n2=1100"
+        );
         let q = args("--quick").unwrap();
         assert_eq!((q.runs, q.enough), (1, 1000));
     }

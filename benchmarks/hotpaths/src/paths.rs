@@ -7,6 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::counted::Counted;
 use crate::timing::{Enough, per_iteration};
 
 /// Errors setting a benchmark up (the measured loops themselves do not fail).
@@ -16,13 +17,15 @@ pub enum PathError {
     Sys(&'static str, io::Error),
     /// A child process did not behave.
     Child(String),
+    /// A device read came back short.
+    Short(String),
 }
 
 impl std::fmt::Display for PathError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PathError::Sys(what, e) => write!(f, "{what}: {e}"),
-            PathError::Child(why) => write!(f, "{why}"),
+            PathError::Child(why) | PathError::Short(why) => write!(f, "{why}"),
         }
     }
 }
@@ -55,6 +58,22 @@ pub struct Ctx {
     pub file: PathBuf,
     /// The do-nothing program the exec benchmarks run.
     pub hello: PathBuf,
+    /// Counted mode (`--count`): loops run fixed counts between marks, nothing is timed.
+    pub counted: Option<Counted>,
+}
+
+impl Ctx {
+    /// Microseconds per iteration of `f` (lmbench's discipline), or, counted, `f` run
+    /// between marks (and 0).
+    pub fn measure(&self, f: &mut dyn FnMut(u64)) -> f64 {
+        match &self.counted {
+            Some(k) => {
+                k.run(f);
+                0.0
+            }
+            None => per_iteration(f, self.enough, self.overhead),
+        }
+    }
 }
 
 fn cstr(p: &Path) -> CString {
@@ -69,7 +88,7 @@ pub fn null_syscall(c: &Ctx) -> f64 {
             std::hint::black_box(unsafe { libc::getppid() });
         }
     };
-    per_iteration(&mut f, c.enough, c.overhead)
+    c.measure(&mut f)
 }
 
 fn open_raw(path: &Path, flags: i32) -> Result<i32, PathError> {
@@ -91,7 +110,7 @@ pub fn read_byte(c: &Ctx) -> Result<f64, PathError> {
             unsafe { libc::read(fd, (&raw mut b).cast(), 1) };
         }
     };
-    let r = per_iteration(&mut f, c.enough, c.overhead);
+    let r = c.measure(&mut f);
     // SAFETY: our fd.
     unsafe { libc::close(fd) };
     Ok(r)
@@ -107,7 +126,7 @@ pub fn write_byte(c: &Ctx) -> Result<f64, PathError> {
             unsafe { libc::write(fd, (&raw const b).cast(), 1) };
         }
     };
-    let r = per_iteration(&mut f, c.enough, c.overhead);
+    let r = c.measure(&mut f);
     // SAFETY: our fd.
     unsafe { libc::close(fd) };
     Ok(r)
@@ -126,7 +145,7 @@ pub fn stat(c: &Ctx) -> Result<f64, PathError> {
             unsafe { libc::stat(p.as_ptr(), &mut st) };
         }
     };
-    Ok(per_iteration(&mut f, c.enough, c.overhead))
+    Ok(c.measure(&mut f))
 }
 
 /// open() then close() of a file [lat_syscall open].
@@ -142,7 +161,7 @@ pub fn open_close(c: &Ctx) -> Result<f64, PathError> {
             unsafe { libc::close(libc::open(p.as_ptr(), libc::O_RDONLY)) };
         }
     };
-    Ok(per_iteration(&mut f, c.enough, c.overhead))
+    Ok(c.measure(&mut f))
 }
 
 static CAUGHT: AtomicU64 = AtomicU64::new(0);
@@ -171,7 +190,7 @@ pub fn sig_install(c: &Ctx) -> f64 {
             unsafe { libc::sigaction(libc::SIGUSR1, &sa, &mut old) };
         }
     };
-    let r = per_iteration(&mut f, c.enough, c.overhead);
+    let r = c.measure(&mut f);
     // SAFETY: restores the default disposition.
     unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
     r
@@ -197,7 +216,7 @@ pub fn sig_catch(c: &Ctx) -> Result<f64, PathError> {
         }
         sent += n;
     };
-    let catch = per_iteration(&mut f, c.enough, c.overhead);
+    let catch = c.measure(&mut f);
     // As lmbench does: less the cost of sending a signal (the null signal, which only
     // checks permission) so what remains is delivering it and running the handler.
     let mut g = |n: u64| {
@@ -206,7 +225,7 @@ pub fn sig_catch(c: &Ctx) -> Result<f64, PathError> {
             unsafe { libc::syscall(libc::SYS_tgkill, me, tid, 0) };
         }
     };
-    let send = per_iteration(&mut g, c.enough, c.overhead);
+    let send = c.measure(&mut g);
     let r = (catch - send).max(0.0);
     // SAFETY: restores the default disposition.
     unsafe { libc::signal(libc::SIGUSR1, libc::SIG_DFL) };
@@ -284,7 +303,7 @@ fn round_trips(c: &Ctx, tx: i32, rx: i32) -> f64 {
             }
         }
     };
-    per_iteration(&mut f, c.enough, c.overhead)
+    c.measure(&mut f)
 }
 
 /// Round trip of one byte through two pipes to a child and back [lat_pipe].
@@ -337,6 +356,55 @@ pub fn context_switch(c: &Ctx, child_cpu: Option<usize>) -> Result<f64, PathErro
     Ok((ring / 2.0 - own).max(0.0))
 }
 
+/// A 1 ms `clock_nanosleep` on CLOCK_MONOTONIC, slept through (no lmbench equivalent: a
+/// timer's arming, firing and the wake-up; counted mode only).
+pub fn sleep_1ms(c: &Ctx) -> f64 {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    let mut f = |n: u64| {
+        for _ in 0..n {
+            // SAFETY: a valid relative timespec; no remainder asked for.
+            unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, 0, &ts, std::ptr::null_mut()) };
+        }
+    };
+    c.measure(&mut f)
+}
+
+/// A 4 KiB `pread` of `dev` with O_DIRECT (past the page cache, to the device), walking
+/// its first 64 MiB (or all of it, if smaller) a block at a time (counted mode only).
+pub fn blk_read(c: &Ctx, dev: &Path) -> Result<f64, PathError> {
+    let fd = open_raw(dev, libc::O_RDONLY | libc::O_DIRECT)?;
+    // SAFETY: our fd; lseek to the end reports the size.
+    let size = unsafe { libc::lseek(fd, 0, libc::SEEK_END) }.max(0) as u64;
+    let span = (size.min(64 << 20) / 4096).max(1);
+    // O_DIRECT wants an aligned buffer: a page of an 8 KiB allocation.
+    let mut raw = vec![0u8; 8192];
+    let off = raw.as_ptr().align_offset(4096);
+    let buf = raw[off..off + 4096].as_mut_ptr();
+    let mut at = 0u64;
+    let mut bad = 0u64;
+    let mut f = |n: u64| {
+        for _ in 0..n {
+            // SAFETY: 4096 bytes into the aligned page of a live buffer.
+            let r = unsafe { libc::pread(fd, buf.cast(), 4096, ((at % span) * 4096) as i64) };
+            bad += u64::from(r != 4096);
+            at += 1;
+        }
+    };
+    let r = c.measure(&mut f);
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    if bad > 0 {
+        return Err(PathError::Short(format!(
+            "{bad} reads of {} did not return 4096 bytes",
+            dev.display()
+        )));
+    }
+    Ok(r)
+}
+
 /// `fork()`, the child `_exit(0)`s, the parent waits [lat_proc fork].
 pub fn fork_exit(c: &Ctx) -> Result<f64, PathError> {
     let mut bad = 0u32;
@@ -354,7 +422,7 @@ pub fn fork_exit(c: &Ctx) -> Result<f64, PathError> {
             bad += u32::from(pid < 0 || st != 0);
         }
     };
-    let r = per_iteration(&mut f, c.enough, c.overhead);
+    let r = c.measure(&mut f);
     if bad > 0 {
         return Err(PathError::Child(format!("{bad} forks failed")));
     }
@@ -384,7 +452,7 @@ fn spawn_wait(c: &Ctx, argv: &[CString]) -> Result<f64, PathError> {
             bad += u32::from(pid < 0 || st != 0);
         }
     };
-    let r = per_iteration(&mut f, c.enough, c.overhead);
+    let r = c.measure(&mut f);
     if bad > 0 {
         return Err(PathError::Child(format!(
             "{bad} runs of {:?} failed",
@@ -462,6 +530,7 @@ mod tests {
             overhead: 0.0,
             file,
             hello,
+            counted: None,
         }
     }
 
@@ -480,6 +549,10 @@ mod tests {
         assert!(pipe_round_trip(&c, None).unwrap() > 0.0);
         assert!(unix_round_trip(&c, None).unwrap() > 0.0);
         assert!(context_switch(&c, None).is_ok());
+        assert!(sleep_1ms(&c) > 0.0);
+        // O_DIRECT on the scratch file (a regular file: the path a block device takes) when
+        // its filesystem allows it; a missing device is an error, not a panic.
+        assert!(blk_read(&c, &dir.join("no-such-device")).is_err());
         assert!(fork_exit(&c).unwrap() > 0.0);
         // The hand-made ELF really runs and exits 0 (spawn_wait fails otherwise).
         assert!(fork_exec(&c).unwrap() > 0.0);

@@ -11,6 +11,7 @@
 pub mod blk;
 pub mod compare;
 pub mod crosscheck;
+pub mod exits;
 pub mod hotpaths;
 pub mod memsetup;
 pub mod noise;
@@ -40,6 +41,8 @@ pub enum SectionDoc {
     Wake(Box<wake::WakeSection>),
     /// `noise`.
     Noise(Box<noise::NoiseSection>),
+    /// `exits`.
+    Exits(Box<exits::ExitsSection>),
     /// `blk`.
     Blk(Box<blk::BlkSection>),
     /// `memsetup`.
@@ -62,6 +65,7 @@ impl SectionDoc {
             Self::Crosscheck(s) => &s.head,
             Self::Wake(s) => &s.head,
             Self::Noise(s) => &s.head,
+            Self::Exits(s) => &s.head,
             Self::Blk(s) => &s.head,
             Self::MemSetup(s) => &s.head,
             Self::Submit(s) => &s.head,
@@ -95,6 +99,7 @@ impl SectionDoc {
             "crosscheck" => Self::Crosscheck(serde_json::from_value(v)?),
             "wake" => Self::Wake(serde_json::from_value(v)?),
             "noise" => Self::Noise(serde_json::from_value(v)?),
+            "exits" => Self::Exits(serde_json::from_value(v)?),
             "blk" => Self::Blk(serde_json::from_value(v)?),
             "memsetup" => Self::MemSetup(serde_json::from_value(v)?),
             "submit" => Self::Submit(serde_json::from_value(v)?),
@@ -105,7 +110,7 @@ impl SectionDoc {
 }
 
 /// The sections a results file may hold, in the order the report lists them.
-pub const SECTIONS: [&str; 12] = [
+pub const SECTIONS: [&str; 13] = [
     "host",
     "guest",
     "probe",
@@ -114,6 +119,7 @@ pub const SECTIONS: [&str; 12] = [
     "blk",
     "submit",
     "submit-vfio",
+    "exits",
     "memsetup",
     "crosscheck",
     "sandbox",
@@ -137,6 +143,8 @@ pub struct Results {
     pub wake: Option<wake::WakeSection>,
     /// `noise`.
     pub noise: Option<noise::NoiseSection>,
+    /// `exits`.
+    pub exits: Option<exits::ExitsSection>,
     /// `blk`.
     pub blk: Option<blk::BlkSection>,
     /// `memsetup`.
@@ -177,6 +185,7 @@ impl Results {
                 Ok(SectionDoc::Crosscheck(s)) => out.crosscheck = Some(*s),
                 Ok(SectionDoc::Wake(s)) => out.wake = Some(*s),
                 Ok(SectionDoc::Noise(s)) => out.noise = Some(*s),
+                Ok(SectionDoc::Exits(s)) => out.exits = Some(*s),
                 Ok(SectionDoc::Blk(s)) => out.blk = Some(*s),
                 Ok(SectionDoc::MemSetup(s)) => out.memsetup = Some(*s),
                 Ok(SectionDoc::Submit(s)) => out.submit = Some(*s),
@@ -210,6 +219,7 @@ impl Results {
             "crosscheck" => &self.crosscheck.as_ref()?.head,
             "wake" => &self.wake.as_ref()?.head,
             "noise" => &self.noise.as_ref()?.head,
+            "exits" => &self.exits.as_ref()?.head,
             "blk" => &self.blk.as_ref()?.head,
             "memsetup" => &self.memsetup.as_ref()?.head,
             "submit" => &self.submit.as_ref()?.head,

@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// the partition, the bare host and QEMU drive it in turn.
     #[arg(long, value_name = "BDF")]
     vfio: Option<String>,
+    /// The Linux guest of the `exits` section: a directory with Debian's `vmlinux` and the
+    /// initramfs `base.cpio` the Linux tests boot (scripts/rig-bench.sh exits makes it).
+    #[arg(long, value_name = "DIR")]
+    exits_guest: Option<PathBuf>,
     /// What the baseline is, for the results (default: its path).
     #[arg(long, value_name = "TEXT", requires = "baseline")]
     baseline_label: Option<String>,
@@ -143,6 +147,13 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     if a.only.iter().any(|s| s == "builds") && a.baseline.is_none() {
         eprintln!(
             "partition: error: --only builds needs --baseline BIN (another build to compare)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if a.only.iter().any(|s| s == "exits") && a.exits_guest.is_none() {
+        eprintln!(
+            "partition: error: --only exits needs --exits-guest DIR (Debian's vmlinux and \
+             base.cpio; scripts/rig-bench.sh exits makes it)"
         );
         return ExitCode::from(EXIT_USAGE);
     }
@@ -233,6 +244,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             partition: std::fs::canonicalize(&p).unwrap_or(p),
         }),
         vfio: a.vfio,
+        exits_guest: a.exits_guest,
     };
     if a.quick {
         let r = benchmarks::quick::run(&env);
@@ -259,7 +271,11 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             .names()
             .iter()
             .map(|(n, _)| *n)
-            .filter(|n| wanted(n) && (*n != "builds" || env.baseline.is_some()))
+            .filter(|n| {
+                wanted(n)
+                    && (*n != "builds" || env.baseline.is_some())
+                    && (*n != "exits" || env.exits_guest.is_some())
+            })
             .collect();
         if names.is_empty() {
             continue;

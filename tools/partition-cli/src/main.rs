@@ -119,8 +119,9 @@ enum Cmd {
     /// report (<host>.md) and chart (<host>-ratios.svg) beside it.
     ///
     /// Sections (`--list` says what each measures): host, guest, probe, crosscheck, wake,
-    /// blk, submit, submit-vfio (only with --vfio), memsetup, sandbox, builds (only with
-    /// --baseline). Benchmarks
+    /// blk, submit, submit-vfio (only with --vfio), exits (only with --exits-guest; the rig:
+    /// scripts/rig-bench.sh exits), memsetup, sandbox, builds (only with --baseline).
+    /// Benchmarks
     /// use state directories, pools and hugepages of their own and give them back;
     /// `--quick` prints a minute's look instead of storing anything.
     Bench(bench::BenchArgs),

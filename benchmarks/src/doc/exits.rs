@@ -1,0 +1,59 @@
+//! `exits`' document: the exits each kernel hot path takes on real KVM, counted by the host
+//! kernel's tracepoint, in our partition and in QEMU with the same guest and workload,
+//! beside the least the hardware allows.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::head::Head;
+use crate::stats::Summary;
+
+/// The `exits` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExitsSection {
+    /// Completion, times, provenance.
+    #[serde(flatten)]
+    pub head: Head,
+    /// What was run.
+    pub params: ExitsParams,
+    /// How the exits were counted.
+    pub method: String,
+    /// Per operation, the least exits an iteration can take on AMD hardware without AVIC,
+    /// and why (docs/measurement.md).
+    pub minimum: Vec<(String, String)>,
+    /// One per VMM and operation.
+    pub rows: Vec<ExitsRow>,
+    /// Runs that gave nothing, and why.
+    pub failures: Vec<String>,
+}
+
+/// What `exits` ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExitsParams {
+    /// Rounds (each VMM once a round).
+    pub runs: usize,
+    /// Iterations of each loop's first counted run.
+    pub n1: u64,
+    /// Of its second.
+    pub n2: u64,
+    /// The operations (hotpaths' names).
+    pub ops: Vec<String>,
+    /// The guest kernel and initramfs.
+    pub guest: String,
+    /// How each VMM ran.
+    pub vmms: Vec<String>,
+}
+
+/// One VMM's exits per iteration of one operation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExitsRow {
+    /// `partition` or `qemu`.
+    pub vmm: String,
+    /// The operation.
+    pub op: String,
+    /// All exits per iteration, over the rounds.
+    pub total: Option<Summary>,
+    /// The median per iteration of each reason that is not 0.
+    pub reasons: BTreeMap<String, f64>,
+}

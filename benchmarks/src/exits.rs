@@ -1,0 +1,621 @@
+//! `exits`: the exits each kernel hot path takes on real KVM, counted by KVM itself, in our
+//! partition and in QEMU with the same guest kernel and the same workload (docs/
+//! measurement.md, "Exits per operation"). A figure that survives a change of host: what
+//! makes a guest path slower than bare metal on hardware is mostly the exits it takes.
+//!
+//! The guest is Debian's kernel (`--exits-guest DIR`: its `vmlinux` and `base.cpio`, the
+//! initramfs the Linux tests boot, with busybox and the virtio modules) with an overlay
+//! that runs hotpaths in counted mode (`hotpaths --count N1,N2`: each loop exactly N1 then
+//! N2 iterations between port-write marks) on 2 vCPUs, then powers off. It runs once in a
+//! partition (`--idle mwait`, a virtio-blk disk) and once in QEMU microvm (`-cpu host
+//! -overcommit cpu-pm=on -smp 2`, a virtio-blk-device with an iothread), per round.
+//!
+//! The instrument is the same for both: the host kernel's `kvm:kvm_exit` tracepoint
+//! (tracefs), every exit with its reason. The marks are the exits writing to the mark
+//! port (an I/O exit whose port is 0x520), in the order hotpaths writes them; each loop's
+//! cost per iteration is (exits between its N2 marks - exits between its N1 marks) /
+//! (N2 - N1), by reason, so the boot, the loop's set-up and the marks themselves cancel.
+//! What runs in proportion to time (the guest's timer ticks, the host's interrupts) stays
+//! in the figure, by reason, as on hardware.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::doc::exits::{ExitsParams, ExitsRow, ExitsSection};
+use crate::head::Head;
+use crate::stats::summary;
+use crate::{Env, Launch, Microvm, timed_run};
+
+/// The mark port (the VMM's, `partition::cpu::exits::MARK_PORT`).
+pub const MARK_PORT: u16 = 0x520;
+/// Iterations of the two counted runs of each loop.
+pub const N1: u64 = 50;
+/// See [`N1`].
+pub const N2: u64 = 550;
+/// The loops run, in hotpaths' names.
+pub const OPS: &str = "null_syscall,read,write,stat,open_close,sig_install,sig_catch,pipe_2cores,unix_2cores,ctx_switch_2cores,fork_exit,sleep_1ms,blk_read";
+/// Trace buffer per CPU, KiB (a Linux boot and the loops are some 10^5 exits).
+const TRACE_KB: u64 = 131_072;
+/// One guest run's limit.
+const LIMIT: Duration = Duration::from_secs(900);
+
+/// The least each loop can take on AMD hardware without AVIC, with the reasoning in
+/// docs/measurement.md: (op, exits per iteration, why).
+pub const MINIMUM: &[(&str, &str)] = &[
+    (
+        "null_syscall",
+        "0: SYSCALL, SYSRET and the kernel's work stay in the guest",
+    ),
+    ("read", "0: as a null system call"),
+    ("write", "0: as a null system call"),
+    ("stat", "0: as a null system call"),
+    ("open_close", "0: as a null system call"),
+    ("sig_install", "0: as a null system call"),
+    (
+        "sig_catch",
+        "0: the signal frame and the handler are guest work",
+    ),
+    (
+        "pipe_2cores",
+        "0 with mwait idle: the sleeping reader's vCPU waits in MWAIT on its own flag, which the writer's store wakes (no IPI); 2 wrmsr (ICR) + 2 host-interrupt exits a round trip when the reader's vCPU halts instead",
+    ),
+    ("unix_2cores", "0 with mwait idle: as pipe_2cores"),
+    ("ctx_switch_2cores", "0 with mwait idle: as pipe_2cores"),
+    (
+        "fork_exit",
+        "0: page tables, faults (nested paging) and the child's exit are guest work",
+    ),
+    (
+        "sleep_1ms",
+        "2: arming the TSC-deadline timer (a wrmsr exit) and its expiry (the host's timer interrupt exits the vCPU to inject it); the EOI needs none with PV EOI",
+    ),
+    (
+        "blk_read",
+        "2: the queue notify (a write to the virtio-mmio doorbell, answered by an ioeventfd in the kernel) and the completion (the irqfd's interrupt: an exit to inject it into a running vCPU, none into one waiting in MWAIT... which the wake then costs)",
+    ),
+];
+
+/// A counted loop as hotpaths announced it on the console.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Loop {
+    /// Benchmark name.
+    pub op: String,
+    /// Its loop's order within the benchmark.
+    pub part: u32,
+    /// Its first mark's number.
+    pub mark: u32,
+    /// Iterations of the first run.
+    pub n1: u64,
+    /// Of the second.
+    pub n2: u64,
+}
+
+/// The `hotpaths-count` lines of a console.
+pub fn loops(console: &str) -> Vec<Loop> {
+    console
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find("hotpaths-count ")? + "hotpaths-count ".len()..];
+            let kv: BTreeMap<&str, &str> = rest
+                .split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .collect();
+            Some(Loop {
+                op: kv.get("op")?.to_string(),
+                part: kv.get("part")?.parse().ok()?,
+                mark: kv.get("mark")?.parse().ok()?,
+                n1: kv.get("n1")?.parse().ok()?,
+                n2: kv.get("n2")?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// One `kvm_exit` event: its reason and, for an I/O exit that writes, the port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exit {
+    /// The reason as the tracepoint prints it (`io`, `msr`, `npf`, `intr`... on AMD;
+    /// `IO_INSTRUCTION`, `MSR_WRITE`... on Intel).
+    pub reason: String,
+    /// The port of an I/O write.
+    pub out_port: Option<u16>,
+}
+
+/// Reads one line of the trace: a `kvm_exit` event, or None.
+pub fn exit_of(line: &str) -> Option<Exit> {
+    let rest = &line[line.find("kvm_exit: ")?..];
+    let word_after = |key: &str| {
+        let at = rest.find(key)? + key.len();
+        rest[at..].split_whitespace().next()
+    };
+    let reason = word_after(" reason ")?.to_string();
+    let info1 = word_after(" info1 ")
+        .and_then(|h| u64::from_str_radix(h.trim_start_matches("0x"), 16).ok());
+    // The I/O exit's information: the port in bits 31:16 on both vendors; the direction
+    // in bit 0 (AMD's EXITINFO1) or bit 3 (Intel's exit qualification), set for IN.
+    let out_port = match reason.as_str() {
+        "io" => info1.filter(|i| i & 1 == 0),
+        "IO_INSTRUCTION" => info1.filter(|i| i & 8 == 0),
+        _ => None,
+    }
+    .map(|i| (i >> 16) as u16);
+    Some(Exit { reason, out_port })
+}
+
+/// The exits counted so far by reason at each mark (marks in the order they were
+/// written: mark k is the k-th write to `port`).
+pub fn snapshots(trace: &str, port: u16) -> Vec<BTreeMap<String, u64>> {
+    let mut now: BTreeMap<String, u64> = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in trace.lines().filter_map(exit_of) {
+        *now.entry(e.reason.clone()).or_default() += 1;
+        if e.out_port == Some(port) {
+            out.push(now.clone());
+        }
+    }
+    out
+}
+
+/// Exits per iteration of `l`, by reason, from the snapshots (`first`: the number of the
+/// first mark hotpaths writes, whose snapshot is index 0). None if a mark is missing.
+pub fn per_iteration(
+    snaps: &[BTreeMap<String, u64>],
+    first: u32,
+    l: &Loop,
+) -> Option<BTreeMap<String, f64>> {
+    let at = |k: u32| snaps.get(l.mark.checked_sub(first)?.checked_add(k)? as usize);
+    let (a, b, c, d) = (at(0)?, at(1)?, at(2)?, at(3)?);
+    let n = (l.n2.checked_sub(l.n1)?) as f64;
+    let reasons: std::collections::BTreeSet<&String> = a
+        .keys()
+        .chain(b.keys())
+        .chain(c.keys())
+        .chain(d.keys())
+        .collect();
+    let get = |m: &BTreeMap<String, u64>, r: &String| *m.get(r).unwrap_or(&0) as f64;
+    Some(
+        reasons
+            .into_iter()
+            .map(|r| {
+                let v = ((get(d, r) - get(c, r)) - (get(b, r) - get(a, r))) / n;
+                (r.clone(), v)
+            })
+            .collect(),
+    )
+}
+
+/// hotpaths' first mark number (`benchmarks/hotpaths/src/counted.rs`).
+pub const FIRST_MARK: u32 = 0x1000;
+
+/// The kernel's trace buffer, recording `kvm:kvm_exit` while it lives; everything it set
+/// is put back when it drops (and tracefs unmounted if it mounted it).
+pub struct Tracer {
+    root: PathBuf,
+    mounted: bool,
+    old_kb: String,
+}
+
+impl Tracer {
+    fn write(&self, file: &str, v: &str) -> Result<(), String> {
+        std::fs::write(self.root.join(file), v)
+            .map_err(|e| format!("{}: {e}", self.root.join(file).display()))
+    }
+
+    /// Starts recording every KVM exit on the host.
+    pub fn start() -> Result<Self, String> {
+        let root = PathBuf::from("/sys/kernel/tracing");
+        let mut mounted = false;
+        if !root.join("events").exists() {
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tracefs", "nodev"])
+                .arg(&root)
+                .status()
+                .map_err(|e| format!("mount tracefs: {e}"))?;
+            if !st.success() {
+                return Err(format!("mount -t tracefs nodev {} failed", root.display()));
+            }
+            mounted = true;
+        }
+        let old_kb = std::fs::read_to_string(root.join("buffer_size_kb"))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let t = Self {
+            root,
+            mounted,
+            old_kb,
+        };
+        if !t.root.join("events/kvm/kvm_exit").exists() {
+            return Err("no kvm:kvm_exit tracepoint (is the kvm module loaded?)".into());
+        }
+        t.write("tracing_on", "0")?;
+        t.write("buffer_size_kb", &TRACE_KB.to_string())?;
+        t.write("trace", "")?;
+        t.write("events/kvm/kvm_exit/enable", "1")?;
+        t.write("tracing_on", "1")?;
+        Ok(t)
+    }
+
+    /// Stops recording and returns the trace; fails if any CPU's buffer overran.
+    pub fn finish(&self) -> Result<String, String> {
+        self.write("tracing_on", "0")?;
+        let mut lost = 0u64;
+        for e in std::fs::read_dir(self.root.join("per_cpu"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let stats = std::fs::read_to_string(e.path().join("stats")).unwrap_or_default();
+            lost += stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("overrun: ")?.trim().parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        if lost > 0 {
+            return Err(format!(
+                "the trace buffer overran ({lost} events lost): counts incomplete"
+            ));
+        }
+        std::fs::read_to_string(self.root.join("trace"))
+            .map_err(|e| format!("reading the trace: {e}"))
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        let _ = self.write("tracing_on", "0");
+        let _ = self.write("events/kvm/kvm_exit/enable", "0");
+        let _ = self.write("trace", "");
+        if !self.old_kb.is_empty() {
+            let _ = self.write("buffer_size_kb", &self.old_kb);
+        }
+        if self.mounted {
+            let _ = std::process::Command::new("umount")
+                .arg(&self.root)
+                .status();
+        }
+    }
+}
+
+/// One newc cpio entry (a regular file or directory, owned by root).
+fn cpio_entry(buf: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]) {
+    let ino = buf.len() as u32 + 1;
+    let header = format!(
+        "070701{ino:08x}{mode:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
+        0,
+        0,
+        1,
+        0,
+        data.len(),
+        0,
+        0,
+        0,
+        0,
+        name.len() + 1,
+        0
+    );
+    buf.extend_from_slice(header.as_bytes());
+    buf.extend_from_slice(name.as_bytes());
+    buf.push(0);
+    while buf.len() % 4 != 0 {
+        buf.push(0);
+    }
+    buf.extend_from_slice(data);
+    while buf.len() % 4 != 0 {
+        buf.push(0);
+    }
+}
+
+/// The overlay's init: the base initramfs's mounts and modules, the disk, hotpaths in
+/// counted mode, power off.
+pub fn init_script(n1: u64, n2: u64, ops: &str) -> String {
+    format!(
+        "#!/bin/busybox sh\n\
+         B=/bin/busybox\n\
+         $B mount -t proc proc /proc\n\
+         $B mount -t sysfs sys /sys\n\
+         $B mount -t devtmpfs dev /dev\n\
+         $B mkdir -p /tmp\n\
+         for m in $($B cat /lib/modules/load); do $B insmod /lib/modules/$m; done\n\
+         i=0\n\
+         while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done\n\
+         $B echo EXITS-READY cpus=$($B nproc)\n\
+         /bin/hotpaths --count {n1},{n2} --mark-port {MARK_PORT:#x} --cpus 0,1 --only {ops} --blk /dev/vda --dir /tmp\n\
+         $B echo EXITS-DONE rc=$?\n\
+         $B poweroff -f\n\
+         $B reboot -f\n"
+    )
+}
+
+/// The initramfs: `base` followed by an overlay with /init and /bin/hotpaths (the kernel
+/// unpacks concatenated archives in order, later files replacing earlier ones).
+pub fn initramfs(base: &[u8], hotpaths: &[u8], init: &str) -> Vec<u8> {
+    let mut out = base.to_vec();
+    while out.len() % 4 != 0 {
+        out.push(0);
+    }
+    cpio_entry(&mut out, "bin", 0o040_755, &[]);
+    cpio_entry(&mut out, "tmp", 0o041_777, &[]);
+    cpio_entry(&mut out, "bin/hotpaths", 0o100_755, hotpaths);
+    cpio_entry(&mut out, "init", 0o100_755, init.as_bytes());
+    cpio_entry(&mut out, "TRAILER!!!", 0, &[]);
+    out
+}
+
+/// What one run of the guest gave: per loop (op, part) the exits per iteration by reason.
+type Counts = BTreeMap<(String, u32), BTreeMap<String, f64>>;
+
+/// Runs `cmd` (a VMM booting the guest) under the tracer and counts.
+fn traced(cmd: std::process::Command) -> Result<(Counts, String), String> {
+    let tracer = Tracer::start()?;
+    let r = timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}"))?;
+    let trace = tracer.finish()?;
+    drop(tracer);
+    let console = r.stdout;
+    if !console.contains("EXITS-DONE rc=0") {
+        let tail: Vec<&str> = console.lines().rev().take(8).collect();
+        return Err(format!(
+            "the guest did not finish its loops (exit {:?}): {} | {}",
+            r.status.code(),
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
+            r.stderr.lines().last().unwrap_or("")
+        ));
+    }
+    let snaps = snapshots(&trace, MARK_PORT);
+    let mut out = Counts::new();
+    for l in loops(&console) {
+        let per = per_iteration(&snaps, FIRST_MARK, &l)
+            .ok_or_else(|| format!("{}: its marks are not all in the trace", l.op))?;
+        out.insert((l.op.clone(), l.part), per);
+    }
+    Ok((out, console))
+}
+
+/// The part of each benchmark that is its operation (the ring of a context switch; the
+/// rest are one loop).
+fn part_of(op: &str) -> u32 {
+    if op.starts_with("ctx_switch") { 1 } else { 0 }
+}
+
+/// The section.
+pub fn run(env: &Env) -> ExitsSection {
+    let mut head = Head::start(env);
+    let mut s = ExitsSection {
+        head: Head::default(),
+        params: ExitsParams {
+            runs: env.runs,
+            n1: N1,
+            n2: N2,
+            ops: OPS.split(',').map(String::from).collect(),
+            guest: String::new(),
+            vmms: vec![
+                "partition: --idle mwait, 2 vCPUs, virtio-blk on virtio-mmio (ioeventfd, io_uring)".into(),
+                "qemu: microvm -enable-kvm -cpu host -overcommit cpu-pm=on -smp 2, virtio-blk-device (virtio-mmio) with an iothread".into(),
+            ],
+        },
+        method: "host tracepoint kvm:kvm_exit over the whole run; per loop (N2-run exits - N1-run exits) / (N2 - N1), by reason".into(),
+        minimum: MINIMUM.iter().map(|(o, w)| (o.to_string(), w.to_string())).collect(),
+        rows: Vec::new(),
+        failures: Vec::new(),
+    };
+    let Some(dir) = env.exits_guest.clone() else {
+        head.fail("no guest (--exits-guest DIR with vmlinux and base.cpio; scripts/rig-bench.sh exits makes it)".into());
+        s.head = head;
+        return s;
+    };
+    let prepared = prepare(env, &dir);
+    let (kernel, initrd, disk) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            head.fail(e);
+            s.head = head;
+            return s;
+        }
+    };
+    s.params.guest = format!(
+        "{} with {}",
+        kernel.display(),
+        dir.join("base.cpio").display()
+    );
+    let cmdline = "console=ttyS0 quiet";
+    let mut per: BTreeMap<(String, String), Vec<BTreeMap<String, f64>>> = BTreeMap::new();
+    for round in 0..env.runs.max(1) {
+        let state = env.work.join(format!("exits-state-{round}"));
+        let ours = Launch::new(
+            env,
+            &state,
+            &format!("{},{}", env.host_core, env.core),
+            "512M",
+        )
+        .kernel(&kernel, &initrd)
+        .idle("mwait")
+        .disk(&disk, "")
+        .cmdline(cmdline)
+        .command();
+        let mut qemu = Microvm {
+            pin: None,
+            smp: 2,
+            mb: 512,
+            acpi: true,
+            prealloc: false,
+            probe: &kernel,
+            cmdline,
+        }
+        .command(env);
+        qemu.arg("-initrd")
+            .arg(&initrd)
+            .args(["-overcommit", "cpu-pm=on", "-no-reboot"])
+            .args(["-object", "iothread,id=io0"])
+            .arg("-drive")
+            .arg(format!(
+                "file={},if=none,id=d0,format=raw,cache=none,aio=native",
+                disk.display()
+            ))
+            .args(["-device", "virtio-blk-device,drive=d0,iothread=io0"]);
+        let mut cases: Vec<(&str, std::process::Command)> = vec![("partition", ours)];
+        if env.qemu.is_some() {
+            cases.push(("qemu", qemu));
+        } else if round == 0 {
+            s.failures
+                .push("qemu: qemu-system-x86_64 is not installed".into());
+        }
+        for (vmm, cmd) in cases {
+            match traced(cmd) {
+                Ok((counts, _)) => {
+                    for ((op, part), m) in counts {
+                        if part == part_of(&op) {
+                            per.entry((vmm.to_string(), op)).or_default().push(m);
+                        }
+                    }
+                }
+                Err(e) => s.failures.push(format!("{vmm} round {round}: {e}")),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&state);
+    }
+    for ((vmm, op), runs) in per {
+        let totals: Vec<f64> = runs.iter().map(|m| m.values().sum()).collect();
+        let mut reasons: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for m in &runs {
+            for (r, v) in m {
+                reasons.entry(r.clone()).or_default().push(*v);
+            }
+        }
+        s.rows.push(ExitsRow {
+            vmm,
+            op,
+            total: summary(&totals),
+            reasons: reasons
+                .into_iter()
+                .filter_map(|(r, v)| Some((r, summary(&v)?.median)))
+                .filter(|(_, v)| v.abs() >= 0.0005)
+                .collect(),
+        });
+    }
+    let _ = std::fs::remove_file(&disk);
+    let _ = std::fs::remove_file(&initrd);
+    let complete = s.failures.is_empty() && !s.rows.is_empty();
+    head.finish(complete, || s.failures.join("; "));
+    s.head = head;
+    s
+}
+
+/// The kernel, the initramfs with the overlay (hotpaths from this `partition`), a 64 MiB
+/// disk of known bytes.
+fn prepare(env: &Env, dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+    let kernel = dir.join("vmlinux");
+    let base = std::fs::read(dir.join("base.cpio"))
+        .map_err(|e| format!("{}: {e}", dir.join("base.cpio").display()))?;
+    if !kernel.exists() {
+        return Err(format!("{}: no such file", kernel.display()));
+    }
+    let hp = env.work.join("exits-hotpaths");
+    let st = std::process::Command::new(&env.partition)
+        .arg("hotpaths-binary")
+        .arg("-o")
+        .arg(&hp)
+        .status()
+        .map_err(|e| format!("partition hotpaths-binary: {e}"))?;
+    let hotpaths = std::fs::read(&hp).map_err(|e| format!("{}: {e} ({st})", hp.display()))?;
+    let _ = std::fs::remove_file(&hp);
+    let initrd = env.work.join("exits-initrd.cpio");
+    std::fs::write(
+        &initrd,
+        initramfs(&base, &hotpaths, &init_script(N1, N2, OPS)),
+    )
+    .map_err(|e| format!("{}: {e}", initrd.display()))?;
+    let disk = env.work.join("exits-disk.img");
+    let mut f = std::fs::File::create(&disk).map_err(|e| format!("{}: {e}", disk.display()))?;
+    let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    for _ in 0..64 {
+        f.write_all(&block)
+            .map_err(|e| format!("{}: {e}", disk.display()))?;
+    }
+    Ok((kernel, initrd, disk))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // As the rig's 6.12 kernel prints them (AMD): a port write to the mark port, an MSR
+    // write, a host interrupt, and an I/O read of the same port (not a mark).
+    const OUT: &str = "  partition-512 [000] d..2.  10.000001: kvm_exit: vcpu 0 reason io rip 0x401000 info1 0x0000000005200210 info2 0x0000000000401002 intr_info 0x00000000 error_code 0x00000000";
+    const MSR: &str = "  partition-512 [000] d..2.  10.000002: kvm_exit: vcpu 1 reason msr rip 0xffffffff81000000 info1 0x0000000000000001 info2 0x0000000000000000 intr_info 0x00000000 error_code 0x00000000";
+    const INTR: &str = "  partition-512 [001] d..2.  10.000003: kvm_exit: vcpu 0 reason intr rip 0x401000 info1 0x0000000000000000 info2 0x0000000000000000 intr_info 0x00000000 error_code 0x00000000";
+    const IN: &str = "  partition-512 [000] d..2.  10.000004: kvm_exit: vcpu 0 reason io rip 0x401000 info1 0x0000000005200211 info2 0x0000000000401002 intr_info 0x00000000 error_code 0x00000000";
+
+    #[test]
+    fn exits_and_marks_are_read_from_the_trace() {
+        assert_eq!(
+            exit_of(OUT),
+            Some(Exit {
+                reason: "io".into(),
+                out_port: Some(0x520)
+            })
+        );
+        assert_eq!(exit_of(IN).unwrap().out_port, None);
+        assert_eq!(exit_of(MSR).unwrap().reason, "msr");
+        assert_eq!(exit_of("  <idle>-0 [000] 1.0: sched_switch: x"), None);
+        // Intel prints the exit qualification's direction in bit 3.
+        let vmx = "kvm_exit: vcpu 0 reason IO_INSTRUCTION rip 0x1 info1 0x0000000005200003 info2 0x0 intr_info 0x0 error_code 0x0";
+        assert_eq!(exit_of(vmx).unwrap().out_port, Some(0x520));
+    }
+
+    #[test]
+    fn a_loops_exits_per_iteration_are_the_difference_of_its_two_runs() {
+        // Marks 0..3: N1 = 10 iterations cost 10 msr and 1 intr; N2 = 110 cost 210 msr and
+        // 1 intr: 2 msr an iteration, no intr; the closing marks' io exits cancel.
+        let mut t = Vec::new();
+        t.push(OUT); // mark 0
+        t.extend(std::iter::repeat_n(MSR, 10));
+        t.push(INTR);
+        t.push(OUT); // mark 1
+        t.push(IN);
+        t.push(OUT); // mark 2
+        t.extend(std::iter::repeat_n(MSR, 210));
+        t.push(INTR);
+        t.push(OUT); // mark 3
+        let trace = t.join("\n");
+        let snaps = snapshots(&trace, 0x520);
+        assert_eq!(snaps.len(), 4);
+        let console = "noise\nhotpaths-count op=null_syscall part=0 mark=4096 n1=10 n2=110\n";
+        let l = &loops(console)[0];
+        assert_eq!(
+            (l.op.as_str(), l.mark, l.n1, l.n2),
+            ("null_syscall", 4096, 10, 110)
+        );
+        let per = per_iteration(&snaps, FIRST_MARK, l).unwrap();
+        assert_eq!(per["msr"], 2.0);
+        assert_eq!(per["intr"], 0.0);
+        assert_eq!(per["io"], 0.0);
+        // A loop whose marks are not all there: None.
+        let later = Loop {
+            mark: FIRST_MARK + 4,
+            ..l.clone()
+        };
+        assert_eq!(per_iteration(&snaps, FIRST_MARK, &later), None);
+    }
+
+    #[test]
+    fn the_overlay_follows_the_base_archive_and_names_init_and_hotpaths() {
+        let base = b"0707010000base".to_vec();
+        let out = initramfs(&base, b"\x7fELF", &init_script(5, 50, "null_syscall"));
+        assert!(out.starts_with(&base));
+        let text = String::from_utf8_lossy(&out);
+        for want in [
+            "bin/hotpaths",
+            "init\0",
+            "TRAILER!!!",
+            "--count 5,50 --mark-port 0x520",
+            "--only null_syscall",
+        ] {
+            assert!(text.contains(want), "{want}");
+        }
+        assert_eq!(out.len() % 4, 0);
+        assert_eq!(MINIMUM.len(), OPS.split(',').count());
+        assert!(OPS.split(',').all(|o| MINIMUM.iter().any(|(m, _)| *m == o)));
+    }
+}
