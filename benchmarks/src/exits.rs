@@ -144,12 +144,51 @@ pub fn exit_of(line: &str) -> Option<Exit> {
     Some(Exit { reason, out_port })
 }
 
+/// The CPU a trace line was recorded on (`[001]`).
+fn cpu_of(line: &str) -> Option<u32> {
+    let open = line.find('[')?;
+    let close = open + line[open..].find(']')?;
+    line[open + 1..close].trim().parse().ok()
+}
+
+/// A `kvm_msr` event: `msr_write 830` -> `msr wr 0x830`.
+fn msr_of(line: &str) -> Option<String> {
+    let rest = &line[line.find("kvm_msr: msr_")? + "kvm_msr: msr_".len()..];
+    let mut w = rest.split_whitespace();
+    let dir = match w.next()? {
+        "write" => "wr",
+        "read" => "rd",
+        _ => return None,
+    };
+    Some(format!("msr {dir} 0x{}", w.next()?))
+}
+
 /// The exits counted so far by reason at each mark (marks in the order they were
-/// written: mark k is the k-th write to `port`).
+/// written: mark k is the k-th write to `port`). An `msr` exit followed on its CPU by the
+/// `kvm_msr` event KVM traces while handling it is counted under the MSR it touched
+/// (`msr wr 0x830`: the x2APIC ICR, an IPI; `0x6e0`: TSC deadline; `0x80b`: EOI).
 pub fn snapshots(trace: &str, port: u16) -> Vec<BTreeMap<String, u64>> {
     let mut now: BTreeMap<String, u64> = BTreeMap::new();
+    let mut pending: BTreeMap<u32, ()> = BTreeMap::new();
     let mut out = Vec::new();
-    for e in trace.lines().filter_map(exit_of) {
+    for line in trace.lines() {
+        let cpu = cpu_of(line).unwrap_or(0);
+        if let Some(m) = msr_of(line) {
+            if pending.remove(&cpu).is_some() {
+                *now.entry(m).or_default() += 1;
+            }
+            continue;
+        }
+        let Some(e) = exit_of(line) else {
+            continue;
+        };
+        if pending.remove(&cpu).is_some() {
+            *now.entry("msr".into()).or_default() += 1;
+        }
+        if e.reason == "msr" {
+            pending.insert(cpu, ());
+            continue;
+        }
         *now.entry(e.reason.clone()).or_default() += 1;
         if e.out_port == Some(port) {
             out.push(now.clone());
@@ -234,6 +273,8 @@ impl Tracer {
         t.write("buffer_size_kb", &TRACE_KB.to_string())?;
         t.write("trace", "")?;
         t.write("events/kvm/kvm_exit/enable", "1")?;
+        // Which MSR an msr exit touched (where the kernel has the event).
+        let _ = t.write("events/kvm/kvm_msr/enable", "1");
         t.write("tracing_on", "1")?;
         Ok(t)
     }
@@ -267,6 +308,7 @@ impl Drop for Tracer {
     fn drop(&mut self) {
         let _ = self.write("tracing_on", "0");
         let _ = self.write("events/kvm/kvm_exit/enable", "0");
+        let _ = self.write("events/kvm/kvm_msr/enable", "0");
         let _ = self.write("trace", "");
         if !self.old_kb.is_empty() {
             let _ = self.write("buffer_size_kb", &self.old_kb);
@@ -321,7 +363,7 @@ pub fn init_script(n1: u64, n2: u64, ops: &str) -> String {
          for m in $($B cat /lib/modules/load); do $B insmod /lib/modules/$m; done\n\
          i=0\n\
          while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done\n\
-         $B echo EXITS-READY cpus=$($B nproc)\n\
+         $B echo EXITS-READY cpus=$($B nproc) idle=$($B cat /sys/devices/system/cpu/cpuidle/current_driver) gov=$($B cat /sys/devices/system/cpu/cpuidle/current_governor_ro)\n\
          /bin/hotpaths --count {n1},{n2} --mark-port {MARK_PORT:#x} --cpus 0,1 --only {ops} --blk /dev/vda --dir /tmp\n\
          $B echo EXITS-DONE rc=$?\n\
          $B poweroff -f\n\
@@ -354,6 +396,9 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, String), String> {
     let trace = tracer.finish()?;
     drop(tracer);
     let console = r.stdout;
+    if let Some(l) = console.lines().find(|l| l.contains("EXITS-READY")) {
+        eprintln!("partition: bench exits: {}", l.trim());
+    }
     if !console.contains("EXITS-DONE rc=0") {
         let tail: Vec<&str> = console.lines().rev().take(8).collect();
         return Err(format!(
@@ -379,15 +424,15 @@ fn part_of(op: &str) -> u32 {
     if op.starts_with("ctx_switch") { 1 } else { 0 }
 }
 
-/// The section.
-pub fn run(env: &Env) -> ExitsSection {
+/// The section, each loop counted over `n1` then `n2` iterations.
+pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
     let mut head = Head::start(env);
     let mut s = ExitsSection {
         head: Head::default(),
         params: ExitsParams {
             runs: env.runs,
-            n1: N1,
-            n2: N2,
+            n1,
+            n2,
             ops: OPS.split(',').map(String::from).collect(),
             guest: String::new(),
             vmms: vec![
@@ -405,7 +450,7 @@ pub fn run(env: &Env) -> ExitsSection {
         s.head = head;
         return s;
     };
-    let prepared = prepare(env, &dir);
+    let prepared = prepare(env, &dir, n1, n2);
     let (kernel, initrd, disk) = match prepared {
         Ok(p) => p,
         Err(e) => {
@@ -504,7 +549,7 @@ pub fn run(env: &Env) -> ExitsSection {
 
 /// The kernel, the initramfs with the overlay (hotpaths from this `partition`), a 64 MiB
 /// disk of known bytes.
-fn prepare(env: &Env, dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String> {
+fn prepare(env: &Env, dir: &Path, n1: u64, n2: u64) -> Result<(PathBuf, PathBuf, PathBuf), String> {
     let kernel = dir.join("vmlinux");
     let base = std::fs::read(dir.join("base.cpio"))
         .map_err(|e| format!("{}: {e}", dir.join("base.cpio").display()))?;
@@ -523,7 +568,7 @@ fn prepare(env: &Env, dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf), String>
     let initrd = env.work.join("exits-initrd.cpio");
     std::fs::write(
         &initrd,
-        initramfs(&base, &hotpaths, &init_script(N1, N2, OPS)),
+        initramfs(&base, &hotpaths, &init_script(n1, n2, OPS)),
     )
     .map_err(|e| format!("{}: {e}", initrd.display()))?;
     let disk = env.work.join("exits-disk.img");
@@ -544,7 +589,7 @@ mod tests {
     // write, a host interrupt, and an I/O read of the same port (not a mark).
     const OUT: &str = "  partition-512 [000] d..2.  10.000001: kvm_exit: vcpu 0 reason io rip 0x401000 info1 0x0000000005200210 info2 0x0000000000401002 intr_info 0x00000000 error_code 0x00000000";
     const MSR: &str = "  partition-512 [000] d..2.  10.000002: kvm_exit: vcpu 1 reason msr rip 0xffffffff81000000 info1 0x0000000000000001 info2 0x0000000000000000 intr_info 0x00000000 error_code 0x00000000";
-    const INTR: &str = "  partition-512 [001] d..2.  10.000003: kvm_exit: vcpu 0 reason intr rip 0x401000 info1 0x0000000000000000 info2 0x0000000000000000 intr_info 0x00000000 error_code 0x00000000";
+    const INTR: &str = "  partition-512 [001] d..2.  10.000003: kvm_exit: vcpu 0 reason interrupt rip 0x401000 info1 0x0000000000000000 info2 0x0000000000000000 intr_info 0x00000000 error_code 0x00000000";
     const IN: &str = "  partition-512 [000] d..2.  10.000004: kvm_exit: vcpu 0 reason io rip 0x401000 info1 0x0000000005200211 info2 0x0000000000401002 intr_info 0x00000000 error_code 0x00000000";
 
     #[test]
@@ -589,7 +634,17 @@ mod tests {
         );
         let per = per_iteration(&snaps, FIRST_MARK, l).unwrap();
         assert_eq!(per["msr"], 2.0);
-        assert_eq!(per["intr"], 0.0);
+        // With kvm_msr events after the msr exits on their CPUs: counted by MSR.
+        let wr = "  partition-512 [000] d..2.  10.000002: kvm_msr: msr_write 830 = 0x4000000fd";
+        let t2 = [MSR, wr, MSR, wr, MSR, INTR, OUT].join("\n");
+        let s2 = snapshots(&t2, 0x520);
+        assert_eq!(s2.len(), 1);
+        assert_eq!(s2[0]["msr wr 0x830"], 2, "{:?}", s2[0]);
+        // The third msr exit had no event before the next exit on its CPU (the mark's):
+        // plain msr.
+        assert_eq!(s2[0]["msr"], 1, "{:?}", s2[0]);
+        assert_eq!(s2[0]["interrupt"], 1, "{:?}", s2[0]);
+        assert_eq!(per["interrupt"], 0.0);
         assert_eq!(per["io"], 0.0);
         // A loop whose marks are not all there: None.
         let later = Loop {

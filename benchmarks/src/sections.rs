@@ -12,6 +12,8 @@ pub struct Options {
     pub sizes: Vec<u64>,
     /// One window of the noise section, ms (0: [`NOISE_WINDOW_MS`]).
     pub noise_ms: u64,
+    /// The exits section's two counted runs a loop (None: `exits::N1`, `exits::N2`).
+    pub exits_count: Option<(u64, u64)>,
 }
 
 /// One benchmark section.
@@ -78,10 +80,16 @@ impl Section for Exits {
     fn run(
         &self,
         env: &Env,
-        _: &Options,
+        opts: &Options,
         _: &dyn Fn(&str) -> bool,
     ) -> Vec<(&'static str, SectionDoc)> {
-        vec![("exits", SectionDoc::Exits(Box::new(crate::exits::run(env))))]
+        let (n1, n2) = opts
+            .exits_count
+            .unwrap_or((crate::exits::N1, crate::exits::N2));
+        vec![(
+            "exits",
+            SectionDoc::Exits(Box::new(crate::exits::run(env, n1, n2))),
+        )]
     }
 }
 

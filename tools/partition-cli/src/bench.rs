@@ -62,9 +62,21 @@ pub struct BenchArgs {
     /// initramfs `base.cpio` the Linux tests boot (scripts/rig-bench.sh exits makes it).
     #[arg(long, value_name = "DIR")]
     exits_guest: Option<PathBuf>,
+    /// The `exits` section's loop counts: each loop runs N1 then N2 iterations (default
+    /// 50,550; N1 < N2).
+    #[arg(long, value_name = "N1,N2", value_parser = parse_counts)]
+    exits_count: Option<(u64, u64)>,
     /// What the baseline is, for the results (default: its path).
     #[arg(long, value_name = "TEXT", requires = "baseline")]
     baseline_label: Option<String>,
+}
+
+/// `N1,N2` with 0 < N1 < N2 <= 10^8.
+fn parse_counts(s: &str) -> Result<(u64, u64), String> {
+    s.split_once(',')
+        .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
+        .filter(|&(a, b)| a > 0 && a < b && b <= 100_000_000)
+        .ok_or_else(|| format!("{s:?} is not N1,N2 with 0 < N1 < N2 <= 100000000"))
 }
 
 fn write_report(results: &Path) -> bool {
@@ -264,6 +276,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     let opts = Options {
         sizes,
         noise_ms: a.noise_ms,
+        exits_count: a.exits_count,
     };
     let mut code = ExitCode::SUCCESS;
     for section in sections::ALL {
