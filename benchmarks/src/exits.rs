@@ -321,8 +321,8 @@ impl Drop for Tracer {
     }
 }
 
-/// One newc cpio entry (a regular file or directory, owned by root).
-fn cpio_entry(buf: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]) {
+/// Appends one newc cpio entry owned by root (`rdev`: a device node's major and minor).
+pub fn cpio_entry(buf: &mut Vec<u8>, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
     let ino = buf.len() as u32 + 1;
     let header = format!(
         "070701{ino:08x}{mode:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
@@ -333,8 +333,8 @@ fn cpio_entry(buf: &mut Vec<u8>, name: &str, mode: u32, data: &[u8]) {
         data.len(),
         0,
         0,
-        0,
-        0,
+        rdev.0,
+        rdev.1,
         name.len() + 1,
         0
     );
@@ -378,11 +378,11 @@ pub fn initramfs(base: &[u8], hotpaths: &[u8], init: &str) -> Vec<u8> {
     while out.len() % 4 != 0 {
         out.push(0);
     }
-    cpio_entry(&mut out, "bin", 0o040_755, &[]);
-    cpio_entry(&mut out, "tmp", 0o041_777, &[]);
-    cpio_entry(&mut out, "bin/hotpaths", 0o100_755, hotpaths);
-    cpio_entry(&mut out, "init", 0o100_755, init.as_bytes());
-    cpio_entry(&mut out, "TRAILER!!!", 0, &[]);
+    cpio_entry(&mut out, "bin", 0o040_755, &[], (0, 0));
+    cpio_entry(&mut out, "tmp", 0o041_777, &[], (0, 0));
+    cpio_entry(&mut out, "bin/hotpaths", 0o100_755, hotpaths, (0, 0));
+    cpio_entry(&mut out, "init", 0o100_755, init.as_bytes(), (0, 0));
+    cpio_entry(&mut out, "TRAILER!!!", 0, &[], (0, 0));
     out
 }
 

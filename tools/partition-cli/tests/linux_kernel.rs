@@ -145,36 +145,7 @@ fn debian_vmlinux(bz: &Path) -> PathBuf {
     out
 }
 
-/// Appends one newc cpio entry.
-fn cpio_entry(buf: &mut Vec<u8>, name: &str, mode: u32, data: &[u8], rdev: (u32, u32)) {
-    let ino = buf.len() as u32 + 1;
-    let header = format!(
-        "070701{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
-        ino,
-        mode,
-        0,
-        0,
-        1,
-        0,
-        data.len(),
-        0,
-        0,
-        rdev.0,
-        rdev.1,
-        name.len() + 1,
-        0
-    );
-    buf.extend_from_slice(header.as_bytes());
-    buf.extend_from_slice(name.as_bytes());
-    buf.push(0);
-    while buf.len() % 4 != 0 {
-        buf.push(0);
-    }
-    buf.extend_from_slice(data);
-    while buf.len() % 4 != 0 {
-        buf.push(0);
-    }
-}
+use benchmarks::exits::cpio_entry;
 
 /// The kernel package's modules directory (`lib/modules/<version>`).
 fn modules_dir() -> PathBuf {
