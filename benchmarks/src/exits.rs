@@ -169,12 +169,12 @@ fn msr_of(line: &str) -> Option<String> {
 /// (`msr wr 0x830`: the x2APIC ICR, an IPI; `0x6e0`: TSC deadline; `0x80b`: EOI).
 pub fn snapshots(trace: &str, port: u16) -> Vec<BTreeMap<String, u64>> {
     let mut now: BTreeMap<String, u64> = BTreeMap::new();
-    let mut pending: BTreeMap<u32, ()> = BTreeMap::new();
+    let mut pending = std::collections::BTreeSet::new();
     let mut out = Vec::new();
     for line in trace.lines() {
         let cpu = cpu_of(line).unwrap_or(0);
         if let Some(m) = msr_of(line) {
-            if pending.remove(&cpu).is_some() {
+            if pending.remove(&cpu) {
                 *now.entry(m).or_default() += 1;
             }
             continue;
@@ -182,11 +182,11 @@ pub fn snapshots(trace: &str, port: u16) -> Vec<BTreeMap<String, u64>> {
         let Some(e) = exit_of(line) else {
             continue;
         };
-        if pending.remove(&cpu).is_some() {
+        if pending.remove(&cpu) {
             *now.entry("msr".into()).or_default() += 1;
         }
         if e.reason == "msr" {
-            pending.insert(cpu, ());
+            pending.insert(cpu);
             continue;
         }
         *now.entry(e.reason.clone()).or_default() += 1;

@@ -665,6 +665,7 @@ pub fn attach(
         }
     }
     let irqs = HostIrqs::steer(&sysfs, irq_cores);
+    let (iommu_group, peers) = group_of(Path::new("/"), bdf);
     let report = PassthroughReport {
         iommu_reason: iommu_reason(Path::new("/dev/iommu").exists(), &sysfs),
         host_irqs: irqs.numbers.clone(),
@@ -672,12 +673,8 @@ pub fn attach(
         interrupts: None,
         bdf: bdf.to_string(),
         slot: guest_slot,
-        iommu_group: group_of(Path::new("/"), bdf).0,
-        group_peers: group_of(Path::new("/"), bdf)
-            .1
-            .into_iter()
-            .map(|(b, _)| b)
-            .collect(),
+        iommu_group,
+        group_peers: peers.into_iter().map(|(b, _)| b).collect(),
         iommu: "container",
         bars: function
             .bars()

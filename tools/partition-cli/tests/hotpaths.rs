@@ -343,14 +343,7 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
                 .find(|r| r["case"] == *case && r["neighbour"] == neighbour)
                 .unwrap_or_else(|| panic!("no {case} row, neighbour {neighbour}: {s:#}"));
             assert_eq!(r["failures"], serde_json::json!([]), "{r:#}");
-            for m in [
-                "noise_us_per_s",
-                "max_gap_us",
-                "over_1us_per_s",
-                "over_10us_per_s",
-                "over_100us_per_s",
-                "p9999_gap_ns",
-            ] {
+            for m in benchmarks::noise::METRICS {
                 assert_eq!(r["metrics"][m]["n"], 1, "{m} in {r:#}");
             }
         }

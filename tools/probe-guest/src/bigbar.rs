@@ -31,28 +31,16 @@ fn fnv1a(h: u64, x: u64) -> u64 {
 
 /// Runs when `probe.bigbar` is given. Returns true on a failure.
 pub fn run(bi: &BootInfo) -> bool {
-    let Some(want) = bi.arg("probe.bigbar") else {
+    let Some(found) = crate::pcie::named_function(bi, "bigbar", "probe.bigbar") else {
         return false;
     };
-    let Some((vendor, device)) = want
-        .split_once(':')
-        .and_then(|(v, d)| Some((hex(v)? as u32, hex(d)? as u32)))
-    else {
-        say!("bigbar FAILED: probe.bigbar={} is not VENDOR:DEVICE", want);
+    let Some((e, slot)) = found else {
         return true;
     };
     if sys::cpuid(0x8000_0001, 0)[3] & 1 << 26 == 0 {
         say!("bigbar FAILED: no 1 GiB pages (CPUID 0x80000001 EDX.26) to map the window");
         return true;
     }
-    let Some(e) = crate::pcie::ecam(bi) else {
-        say!("bigbar FAILED: no MCFG table");
-        return true;
-    };
-    let Some(slot) = (0..32).find(|&s| e.read(s, 0) == device << 16 | vendor) else {
-        say!("bigbar FAILED: no {:04x}:{:04x} on bus 0", vendor, device);
-        return true;
-    };
     drive(bi, e, slot)
 }
 

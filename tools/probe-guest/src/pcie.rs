@@ -87,6 +87,31 @@ impl Found {
     }
 }
 
+/// The function the argument `arg` (`VENDOR:DEVICE`, hex) names on bus 0, with the ECAM
+/// it is reached through: None when `arg` is absent. A malformed argument, a host bridge
+/// without MCFG or a function not on the bus is said as `<test> FAILED: ...` and gives
+/// `Some(None)` (the caller fails the run).
+pub fn named_function(bi: &BootInfo, test: &str, arg: &str) -> Option<Option<(Ecam, u64)>> {
+    let want = bi.arg(arg)?;
+    let hex = |s: &str| u32::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let Some((vendor, device)) = want
+        .split_once(':')
+        .and_then(|(v, d)| Some((hex(v)?, hex(d)?)))
+    else {
+        say!("{} FAILED: {}={} is not VENDOR:DEVICE", test, arg, want);
+        return Some(None);
+    };
+    let Some(e) = ecam(bi) else {
+        say!("{} FAILED: no MCFG table", test);
+        return Some(None);
+    };
+    let Some(slot) = (0..32).find(|&s| e.read(s, 0) == device << 16 | vendor) else {
+        say!("{} FAILED: no {:04x}:{:04x} on bus 0", test, vendor, device);
+        return Some(None);
+    };
+    Some(Some((e, slot)))
+}
+
 /// Lists bus 0 through `e`.
 pub fn enumerate(e: Ecam) -> Found {
     let mut f = Found {

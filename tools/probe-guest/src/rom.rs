@@ -15,28 +15,12 @@ use crate::sys::peek;
 const ROM_REG: u64 = 0x30;
 const ROM_ADDR_MASK: u32 = 0xffff_f800;
 
-fn hex(s: &str) -> Option<u32> {
-    u32::from_str_radix(s.trim_start_matches("0x"), 16).ok()
-}
-
 /// Runs when `probe.rom` is given. Returns true on a failure.
 pub fn run(bi: &BootInfo) -> bool {
-    let Some(want) = bi.arg("probe.rom") else {
+    let Some(found) = crate::pcie::named_function(bi, "rom", "probe.rom") else {
         return false;
     };
-    let Some((vendor, device)) = want
-        .split_once(':')
-        .and_then(|(v, d)| Some((hex(v)?, hex(d)?)))
-    else {
-        say!("rom FAILED: probe.rom={} is not VENDOR:DEVICE", want);
-        return true;
-    };
-    let Some(e) = crate::pcie::ecam(bi) else {
-        say!("rom FAILED: no MCFG table");
-        return true;
-    };
-    let Some(slot) = (0..32).find(|&s| e.read(s, 0) == device << 16 | vendor) else {
-        say!("rom FAILED: no {:04x}:{:04x} on bus 0", vendor, device);
+    let Some((e, slot)) = found else {
         return true;
     };
     let old = e.read(slot, ROM_REG);
