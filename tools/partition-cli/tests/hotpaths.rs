@@ -177,6 +177,15 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     let out = run(&["bench", "--only", "builds"], LIMIT);
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(out.stderr.contains("needs --baseline"), "{}", out.stderr);
+    // The exits section needs its guest, and its loop counts must be N1 < N2.
+    let out = run(&["bench", "--only", "exits"], LIMIT);
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("needs --exits-guest"), "{}", out.stderr);
+    for bad in ["5,5", "50", "0,10", "x,y", "10,5"] {
+        let out = run(&["bench", "--exits-count", bad, "--list"], LIMIT);
+        assert_eq!(out.code(), 2, "--exits-count {bad}: {}", out.stderr);
+        assert!(out.stderr.contains("N1,N2"), "{bad}: {}", out.stderr);
+    }
     let out = run(
         &[
             "bench",
