@@ -26,6 +26,47 @@ fn launch_on_two_cores(idle: &str, cmdline: &str, extra: &[&str]) -> Output {
     probe_on_two_cores(&args, LIMIT)
 }
 
+/// The probe's `wake test=ipi` line as its `key=value` words, after checking that the
+/// ping-pong ran `rounds` rounds and that no IPI vector was taken more often than it was
+/// sent (an interrupt delivered twice). The probe's round words absorb a doubled
+/// interrupt, so the run goes on either way; only QEMU TCG, the rig's outer machine, is
+/// let off, with a note: there the kvm trace showed one injection by KVM and the guest's
+/// handler run twice with no exit between (docs/testing.md, "Which QEMU").
+fn ipi_rounds_each_rang_once(
+    stdout: &str,
+    rounds: u64,
+    what: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("probe: wake test=ipi "))
+        .unwrap_or_else(|| panic!("{what}: no ping-pong result:\n{stdout}"));
+    let f: std::collections::BTreeMap<String, String> = line
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let num = |k: &str| -> u64 {
+        f.get(k)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no {k}= in {line}"))
+    };
+    assert_eq!(num("rounds"), rounds, "{what}: {line}");
+    let doubled = num("ping_irqs").saturating_sub(rounds) + num("pong_irqs").saturating_sub(rounds);
+    if doubled > 0 && under_qemu_tcg() {
+        println!(
+            "NOTE {what}: QEMU TCG delivered {doubled} of the ping-pong's interrupts twice \
+             ({line}); the round words kept the rounds"
+        );
+    } else {
+        assert_eq!(
+            doubled, 0,
+            "{what}: an IPI vector taken more often than sent: {line}"
+        );
+    }
+    f
+}
+
 fn expected_guest_mode(policy: &str) -> &'static str {
     match policy {
         "mwait" => "mwait",
@@ -123,6 +164,7 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
             assert!(line.contains(" n=20 "), "{line}");
             assert!(line.contains("median_ns="), "{line}");
         }
+        ipi_rounds_each_rang_once(&out.stdout, 22, policy);
         // What KVM said back, from the JSON report: CPUID as read back, and the halt
         // statistics of both vCPUs.
         let r = report(&out.stdout);
@@ -244,12 +286,9 @@ fn the_ipi_ping_pong_holds_when_the_ap_is_late() {
         );
         let out = launch_on_two_cores("hlt", &cmdline, &[]);
         assert_eq!(out.code(), 0, "{mode}: {}\n{}", out.stderr, out.stdout);
-        assert!(
-            out.stdout
-                .contains(&format!("probe: wake test=ipi mode={mode} n=20 ")),
-            "{mode}: no ping-pong result:\n{}",
-            out.stdout
-        );
+        let ipi = ipi_rounds_each_rang_once(&out.stdout, 20, mode);
+        assert_eq!(ipi["mode"], mode, "{mode}: {ipi:?}");
+        assert_eq!(ipi["n"], "20", "{mode}: {ipi:?}");
     }
     assert_eq!(host_state(), before);
 }

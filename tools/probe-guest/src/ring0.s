@@ -592,22 +592,33 @@ sys_wait2:
 # RDX = flags: bit 0 mwait (else hlt), bit 1 initiator (else responder). The initiator
 # sends PING and waits for PONG, storing each round trip (TSC cycles) in wake_samples;
 # the responder waits for PING and answers PONG.
+#
+# The IPI is a doorbell, not the message: round r is published in wake_rounds (PING's
+# word, then PONG's) before its IPI is sent, and a side goes on only when the peer's word
+# says r. A wake-up whose vector's count moved while the word did not (an interrupt
+# delivered twice, or one that came after its round was already seen) waits again, so
+# no round is answered twice or lost; the rounds run 1..=n from wake_rounds' values at
+# the call (both sides start from the same: the BSP zeroes them before posting).
 sys_pingpong:
     push %r12
     push %r13
     push %r14
     push %r15
+    push %rbx
     mov %rdi, %r12
     mov %esi, %r13d
     mov %rdx, %r14
     mov %rdx, %r9
     and $1, %r9
     lea wake_samples(%rip), %r15
+    xor %ebx, %ebx                 # round
 1:
+    inc %rbx
     test $2, %r14
     jz 2f
     lea irq_counts + VEC_PONG * 8(%rip), %rdi
     mov (%rdi), %rsi
+    mov %rbx, wake_rounds(%rip)    # PING's word first, then the doorbell
     rdtsc
     shl $32, %rdx
     or %rdx, %rax
@@ -616,7 +627,20 @@ sys_pingpong:
     mov %r13d, (%rax)
     mov $0xfee00300, %eax
     movl $(0x4000 | VEC_PING), (%rax)
+4:
+    cmp wake_rounds + 8(%rip), %rbx
+    je 5f
     call r0_wait
+    mov (%rdi), %rsi
+    cmp wake_rounds + 8(%rip), %rbx
+    je 6f
+    incq wake_spurious + 8(%rip)   # PONG's count moved, its word did not
+    jmp 4b
+5:
+    rdtsc                          # the word was there before any wait
+    shl $32, %rdx
+    or %rdx, %rax
+6:
     sub %r11, %rax
     mov %rax, (%r15)
     add $8, %r15
@@ -624,14 +648,25 @@ sys_pingpong:
 2:
     lea irq_counts + VEC_PING * 8(%rip), %rdi
     mov (%rdi), %rsi
+7:
+    cmp wake_rounds(%rip), %rbx
+    je 8f
     call r0_wait
+    mov (%rdi), %rsi
+    cmp wake_rounds(%rip), %rbx
+    je 8f
+    incq wake_spurious(%rip)       # PING's count moved, its word did not
+    jmp 7b
+8:
+    mov %rbx, wake_rounds + 8(%rip)
     mov $0xfee00310, %eax
     mov %r13d, (%rax)
     mov $0xfee00300, %eax
     movl $(0x4000 | VEC_PONG), (%rax)
 3:
-    dec %r12
-    jnz 1b
+    cmp %r12, %rbx
+    jb 1b
+    pop %rbx
     pop %r15
     pop %r14
     pop %r13
@@ -847,6 +882,13 @@ canary_stack_top:
     .global wake_samples
 wake_samples:
     .skip 4096 * 8
+    .balign 64
+    .global wake_rounds
+wake_rounds:                       # the ping-pong's round words: PING's, PONG's
+    .skip 2 * 8
+    .global wake_spurious
+wake_spurious:                     # wake-ups on PING's, PONG's vector with no new round
+    .skip 2 * 8
 
     .section .noinit, "aw", @nobits
     .balign 4096

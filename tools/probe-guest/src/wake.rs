@@ -31,6 +31,39 @@ const MAX_SAMPLES: usize = 4096;
 unsafe extern "C" {
     static irq_counts: [u64; 256];
     static wake_samples: [u64; MAX_SAMPLES];
+    static wake_rounds: [u64; 2];
+    static wake_spurious: [u64; 2];
+}
+
+/// The ping-pong's round words (0: PING's, 1: PONG's), shared with ring 0's ping-pong
+/// (ring0.s `sys_pingpong`): a side publishes round r in its word before it sends the IPI,
+/// and its peer goes on only when the word says r. The IPI is the doorbell, not the
+/// message, so an interrupt delivered twice (the rig's QEMU TCG does that now and then,
+/// docs/testing.md) or one that comes after its round was seen ends no extra round.
+fn round_word(which: usize) -> &'static AtomicU64 {
+    // SAFETY: wake_rounds is two 8-byte-aligned u64s in .bss, touched only by the
+    // ping-pong (here and in ring 0) with single aligned loads and stores.
+    unsafe { &*((&raw const wake_rounds as *const AtomicU64).add(which)) }
+}
+
+/// Wake-ups on PING's (0) or PONG's (1) vector that found no new round in the word.
+fn spurious(which: usize) -> &'static AtomicU64 {
+    // SAFETY: as `round_word`; ring 0 increments these with `incq` on the CPU that waits.
+    unsafe { &*((&raw const wake_spurious as *const AtomicU64).add(which)) }
+}
+
+/// Waits, in `m`, until round word `which` says `r`, the vector's count being the doorbell
+/// (its interrupt ends the wait; a wake-up without the round is counted, then waited past).
+fn wait_round(which: usize, vector: usize, r: u64, m: Mode) {
+    let word = round_word(which);
+    let mut old = count(vector);
+    while word.load(Ordering::Acquire) != r {
+        wait_word(count_addr(vector), old, m);
+        old = count(vector);
+        if word.load(Ordering::Acquire) != r {
+            spurious(which).fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// How a CPU waits.
@@ -212,7 +245,7 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
         }
         let n = MAILBOX.arg.load(Ordering::Acquire);
         match MAILBOX.op.load(Ordering::Acquire) {
-            OP_PINGPONG => respond(n, MAILBOX.arg2.load(Ordering::Acquire), seq, bsp_apic, m),
+            OP_PINGPONG => respond(n, seq, bsp_apic, m),
             OP_CALL => {
                 let addr = MAILBOX.func.load(Ordering::Acquire) as usize;
                 // SAFETY: only `post_call` stores here, and it stores a `fn(u64, u64)`.
@@ -233,13 +266,11 @@ pub fn ap_loop(index: u64, bsp_apic: u32) -> ! {
     }
 }
 
-/// The AP's half of the IPI ping-pong: `n` rounds. `pings` is how many PINGs this AP had
-/// taken when the BSP posted the command (only the BSP sends PING, and only after posting),
-/// so the count of rounds does not depend on when this AP gets here: a PING that arrives
-/// before it is counted against that figure, not lost (the rig's TCG once took over 5 ms to
-/// bring the AP here, and a responder that read the counter itself then waited for a PING
-/// that had already come).
-fn respond(n: u64, pings: u64, seq: u64, bsp_apic: u32, m: Mode) {
+/// The AP's half of the IPI ping-pong: `n` rounds, numbered 1..=n in the round words (see
+/// [`round_word`]), so the count of rounds does not depend on when this AP gets here: a
+/// PING that arrives before it has published its round, which the AP finds there (the
+/// rig's TCG once took over 5 ms to bring the AP here).
+fn respond(n: u64, seq: u64, bsp_apic: u32, m: Mode) {
     match m {
         Mode::Hlt | Mode::Mwait => {
             // Ring 0 runs with interrupts off outside `sti; hlt`/`sti; mwait` and reads the
@@ -252,8 +283,9 @@ fn respond(n: u64, pings: u64, seq: u64, bsp_apic: u32, m: Mode) {
         _ => {
             sys::set_interrupts(true);
             MAILBOX.ready.store(seq, Ordering::Release);
-            for i in 0..n {
-                wait_word(count_addr(VEC_PING), pings + i, m);
+            for r in 1..=n {
+                wait_round(0, VEC_PING, r, m);
+                round_word(1).store(r, Ordering::Release);
                 smp::send_ipi(bsp_apic, 0x4000 | VEC_PONG as u32);
             }
         }
@@ -368,7 +400,11 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
     // posted with the command; once it says it is ready, it is given `probe.wake_settle_us`
     // (default 5000) to settle into its idle wait, so the first rounds do not time its way
     // there (the warm-up rounds are dropped in any case).
-    MAILBOX.arg2.store(count(VEC_PING), Ordering::Release);
+    for w in 0..2 {
+        round_word(w).store(0, Ordering::Release);
+        spurious(w).store(0, Ordering::Release);
+    }
+    let (pings, pongs) = (count(VEC_PING), count(VEC_PONG));
     let seq = post(ap, OP_PINGPONG, total as u64);
     wait_ready(seq);
     spin_for(arg("probe.wake_settle_us", 5000) * tsc_khz / 1000);
@@ -382,17 +418,31 @@ pub fn run(bi: &BootInfo, tsc_khz: u64, bsp_apic: u32, ap_apic: Option<u32>) {
         }
         _ => {
             sys::set_interrupts(true);
-            for s in buf.iter_mut().take(total) {
-                let old = count(VEC_PONG);
+            for (i, s) in buf.iter_mut().take(total).enumerate() {
+                let r = i as u64 + 1;
+                round_word(0).store(r, Ordering::Release);
                 let t0 = rdtsc();
                 smp::send_ipi(ap, 0x4000 | VEC_PING as u32);
-                wait_word(count_addr(VEC_PONG), old, m);
+                wait_round(1, VEC_PONG, r, m);
                 *s = rdtsc() - t0;
             }
         }
     }
     wait_done(seq);
-    report("ipi", m, "", &mut buf[warm..total], tsc_khz);
+    // How often each vector was taken against the rounds run: more than one a round is an
+    // interrupt delivered twice (the doorbell design above absorbs it; this says it came).
+    let mut extra = heapless_fmt::Small::new();
+    let _ = core::fmt::Write::write_fmt(
+        &mut extra,
+        format_args!(
+            " rounds={} ping_irqs={} pong_irqs={} spurious={}",
+            total,
+            count(VEC_PING) - pings,
+            count(VEC_PONG) - pongs,
+            spurious(0).load(Ordering::Acquire) + spurious(1).load(Ordering::Acquire)
+        ),
+    );
+    report("ipi", m, &extra, &mut buf[warm..total], tsc_khz);
 
     // Shared memory ping-pong in ring 3: the no-interrupt floor.
     SHM_A.0.store(0, Ordering::Release);
@@ -454,15 +504,15 @@ pub fn idle_window(bi: &BootInfo, tsc_khz: u64) {
 
 /// A tiny fixed-capacity string for format arguments.
 mod heapless_fmt {
-    /// Up to 32 bytes.
+    /// Up to 96 bytes.
     pub struct Small {
-        buf: [u8; 32],
+        buf: [u8; 96],
         len: usize,
     }
     impl Small {
         pub const fn new() -> Self {
             Self {
-                buf: [0; 32],
+                buf: [0; 96],
                 len: 0,
             }
         }

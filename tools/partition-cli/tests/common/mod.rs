@@ -73,6 +73,22 @@ pub fn probe_on_two_cores(args: &[&str], limit: Duration) -> Output {
     run(&all, limit)
 }
 
+/// Whether this machine is a QEMU TCG guest (the rig's outer machine, docs/testing.md): the
+/// hypervisor bit in CPUID 1 and QEMU TCG's signature in leaf 0x4000_0000.
+pub fn under_qemu_tcg() -> bool {
+    let l1 = std::arch::x86_64::__cpuid(1);
+    if l1.ecx & (1 << 31) == 0 {
+        return false;
+    }
+    // With the hypervisor bit set, leaf 0x4000_0000 is the hypervisor's.
+    let h = std::arch::x86_64::__cpuid(0x4000_0000);
+    let mut sig = [0u8; 12];
+    sig[..4].copy_from_slice(&h.ebx.to_le_bytes());
+    sig[4..8].copy_from_slice(&h.ecx.to_le_bytes());
+    sig[8..].copy_from_slice(&h.edx.to_le_bytes());
+    &sig == b"TCGTCGTCGTCG"
+}
+
 /// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
 pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
