@@ -363,9 +363,15 @@ struct LaunchArgs {
 struct Progress;
 
 impl Observer for Progress {
+    /// The launch's lines before the guest starts, written to stderr at once: stderr is
+    /// unbuffered, and `eprintln!` makes a write for every piece of its format (33 writes
+    /// before the first KVM_RUN, counted with strace, where one does).
     fn booting(&self, checked: &Checked, boot: &boot::BootInfo, memory: &str) {
+        use std::fmt::Write as _;
         let cores = checked.cores();
-        eprintln!(
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
             "partition: booting {} ({} entry {:#x}) on {} vCPU{} (cores {}), {} of memory: {}",
             checked.kernel_name(),
             boot.entry.protocol,
@@ -376,27 +382,33 @@ impl Observer for Progress {
             partition::config::size::format(boot::e820::memory(&boot.e820)),
             memory,
         );
-        eprintln!("partition: {}", checked.idle().describe());
-        eprintln!("partition: {}", checked.cpu_model().describe(&[]));
-        eprintln!("partition: command line: {}", checked.cmdline());
+        let _ = writeln!(s, "partition: {}", checked.idle().describe());
+        let _ = writeln!(s, "partition: {}", checked.cpu_model().describe(&[]));
+        let _ = writeln!(s, "partition: command line: {}", checked.cmdline());
         if let Some(why) = checked.cores_from() {
-            eprintln!("partition: cores from this process's cgroup, exclusive by {why}");
+            let _ = writeln!(
+                s,
+                "partition: cores from this process's cgroup, exclusive by {why}"
+            );
         }
         if let Some(p) = &checked.config().api_socket {
-            eprintln!("partition: local API on {}", p.display());
+            let _ = writeln!(s, "partition: local API on {}", p.display());
         }
-        match checked.sandbox() {
-            partition::sys::sandbox::Sandbox::On(who) => eprintln!(
+        let _ = match checked.sandbox() {
+            partition::sys::sandbox::Sandbox::On(who) => writeln!(
+                s,
                 "partition: sandbox: once set up the VMM runs as {} (uid {}, gid {}) with no \
                  capabilities, no_new_privs and a seccomp filter on every thread",
                 who.user, who.uid, who.gid
             ),
-            partition::sys::sandbox::Sandbox::Off => eprintln!(
+            partition::sys::sandbox::Sandbox::Off => writeln!(
+                s,
                 "partition: WARNING: --no-sandbox: the VMM keeps root and every capability and \
                  runs without seccomp filters; a guest that breaks out of it owns this host. \
                  For debugging only."
             ),
-        }
+        };
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), s.as_bytes());
     }
 }
 

@@ -136,7 +136,7 @@ fn one_core_linux64_reports_what_it_was_given() {
             "boot",
             "devices",
             "vcpus",
-            "msr_filter",
+            "vm_join",
             "filters",
             "private_root",
             "confine",
