@@ -69,6 +69,7 @@ pub fn report(
     h.smt(cores, &mut f);
     h.cmdline(cores, &mut f);
     h.thp(&mut f);
+    h.cgroup_moves(&mut f);
     h.mitigations(&mut f);
     irqbalance_finding(cores, irqbalance, &mut f);
     other_balancers(root, &mut f);
@@ -517,6 +518,83 @@ impl Host<'_> {
         }
     }
 
+    /// Whether moving a thread between cgroups waits for an RCU grace period: a pool
+    /// partition's vCPU threads each join the reserved cores' cpuset, and without
+    /// favordynmods the kernel's write lock on its thread-group semaphore waits a grace
+    /// period first (`percpu_down_write` -> `rcu_sync_enter`). With it the semaphore stays
+    /// in the mode that needs none (kernel/cgroup/cgroup.c, `cgroup_favor_dynmods`; a
+    /// mount option or `cgroup_favordynmods=` at boot, Linux 6.2 on), at some cost to
+    /// fork and exit.
+    fn cgroup_moves(&self, f: &mut Vec<Finding>) {
+        let Some(mounts) = self.read("proc/mounts") else {
+            f.push(finding(
+                "cgroup-moves",
+                "",
+                "not available here",
+                Verdict::NotAvailable,
+                "",
+                "",
+            ));
+            return;
+        };
+        // The hierarchies a pool partition's cpuset lives in (cgroup2, or v1's cpuset) make
+        // the finding matter; favordynmods on any hierarchy makes every move cheap, since
+        // the semaphore is one for the whole host.
+        let cgroups: Vec<(bool, bool)> = mounts
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let (kind, opts) = (*w.get(2)?, *w.get(3)?);
+                let cpuset = kind == "cgroup2"
+                    || (kind == "cgroup" && opts.split(',').any(|o| o == "cpuset"));
+                let cgroup = kind == "cgroup2" || kind == "cgroup";
+                cgroup.then(|| (cpuset, opts.split(',').any(|o| o == "favordynmods")))
+            })
+            .collect();
+        if !cgroups.iter().any(|(cpuset, _)| *cpuset) {
+            f.push(finding(
+                "cgroup-moves",
+                "",
+                "not available here (no cgroup2 or cpuset hierarchy mounted)",
+                Verdict::NotAvailable,
+                "",
+                "",
+            ));
+            return;
+        }
+        let favoured = cgroups.iter().any(|(_, fav)| *fav);
+        let at_boot = self.read("proc/cmdline").is_some_and(|c| {
+            c.split_whitespace().any(|w| {
+                matches!(
+                    w.strip_prefix("cgroup_favordynmods="),
+                    Some("1" | "y" | "Y" | "true" | "on")
+                )
+            })
+        });
+        if favoured || at_boot {
+            f.push(finding(
+                "cgroup-moves",
+                "",
+                "favordynmods",
+                Verdict::Ok,
+                "",
+                "",
+            ));
+        } else {
+            f.push(finding(
+                "cgroup-moves",
+                "",
+                "without favordynmods",
+                Verdict::Costs,
+                "each vCPU thread's move into the reserved cores' cpuset waits an RCU grace \
+                 period before the guest can start (up to 32 ms of a pool launch's 27-48 ms \
+                 on the development host, docs/operations.md)",
+                "boot with cgroup_favordynmods=true (Linux 6.2 on), or mount the cpuset \
+                 hierarchy with -o favordynmods",
+            ));
+        }
+    }
+
     fn mitigations(&self, f: &mut Vec<Finding>) {
         let dir = self.path("sys/devices/system/cpu/vulnerabilities");
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -732,6 +810,11 @@ mod tests {
                 "sys/kernel/mm/transparent_hugepage/enabled".to_string(),
                 "always [madvise] never\n",
             ),
+            (
+                "proc/mounts".to_string(),
+                "proc /proc proc rw 0 0\ncgroup2 /sys/fs/cgroup cgroup2 \
+                 rw,nosuid,nodev,noexec,relatime,nsdelegate,favordynmods 0 0\n",
+            ),
             (format!("{cpu}/vulnerabilities/meltdown"), "Not affected\n"),
             (
                 format!("{cpu}/vulnerabilities/spectre_v1"),
@@ -791,6 +874,12 @@ mod tests {
                     "[always] madvise never\n",
                 ),
                 (
+                    "proc/mounts",
+                    "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup \
+                     rw,relatime,cpu 0 0\ncgroup /sys/fs/cgroup/cpuset cgroup \
+                     rw,relatime,cpuset 0 0\n",
+                ),
+                (
                     &format!("{cpu}/vulnerabilities/mds"),
                     "Mitigation: Clear CPU buffers; SMT vulnerable\n",
                 ),
@@ -815,6 +904,7 @@ mod tests {
             "rcu_nocbs",
             "irqaffinity",
             "transparent-hugepages",
+            "cgroup-moves",
             "mitigations",
             "irqbalance",
             "other-balancers",
@@ -867,6 +957,7 @@ mod tests {
             "idle-states",
             "smt-sibling",
             "transparent-hugepages",
+            "cgroup-moves",
             "mitigations",
         ] {
             let f = by(&r, s);
@@ -876,5 +967,49 @@ mod tests {
         }
         assert_eq!(by(&r, "irqbalance")[0].verdict, Verdict::Ok);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn favordynmods_counts_from_the_mount_or_the_boot_line() {
+        let v1 = "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n";
+        for (tag, cmdline, mounts, want) in [
+            ("plain", "ro\n", v1, Verdict::Costs),
+            ("boot", "ro cgroup_favordynmods=true\n", v1, Verdict::Ok),
+            (
+                "boot-no",
+                "ro cgroup_favordynmods=false\n",
+                v1,
+                Verdict::Costs,
+            ),
+            (
+                "mount",
+                "ro\n",
+                "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset,favordynmods 0 0\n",
+                Verdict::Ok,
+            ),
+            (
+                "other-hierarchy",
+                "ro\n",
+                "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu,favordynmods 0 0\n\
+                 cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n",
+                Verdict::Ok,
+            ),
+            (
+                "no-cpuset",
+                "ro\n",
+                "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu 0 0\n",
+                Verdict::NotAvailable,
+            ),
+        ] {
+            let root = tree(
+                &format!("fdm-{tag}"),
+                &[("proc/cmdline", cmdline), ("proc/mounts", mounts)],
+            );
+            let r = report(&root, &[1], "named", None, &[]);
+            let f = by(&r, "cgroup-moves");
+            assert_eq!(f.len(), 1, "{tag}: {:#?}", r.findings);
+            assert_eq!(f[0].verdict, want, "{tag}: {:#?}", f[0]);
+            std::fs::remove_dir_all(&root).unwrap();
+        }
     }
 }
