@@ -102,6 +102,16 @@ fn finding(
     }
 }
 
+/// A host-wide setting with nothing to change.
+fn host_ok(setting: &'static str, value: impl Into<String>) -> Finding {
+    finding(setting, "", value, Verdict::Ok, "", "")
+}
+
+/// A host-wide setting this host does not show; `value` says so ("not available here...").
+fn host_unseen(setting: &'static str, value: impl Into<String>) -> Finding {
+    finding(setting, "", value, Verdict::NotAvailable, "", "")
+}
+
 /// Groups `cores` by what `read` gives for each (the same value, one finding).
 fn grouped(
     cores: &[usize],
@@ -204,13 +214,9 @@ impl Host<'_> {
             })
             .collect();
         if modes.is_empty() {
-            f.push(finding(
+            f.push(host_unseen(
                 "pstate-mode",
-                "",
                 "not available here (neither amd_pstate nor intel_pstate drives this host)",
-                Verdict::NotAvailable,
-                "",
-                "",
             ));
             return;
         }
@@ -480,14 +486,7 @@ impl Host<'_> {
 
     fn thp(&self, f: &mut Vec<Finding>) {
         let Some(v) = self.read("sys/kernel/mm/transparent_hugepage/enabled") else {
-            f.push(finding(
-                "transparent-hugepages",
-                "",
-                "not available here",
-                Verdict::NotAvailable,
-                "",
-                "",
-            ));
+            f.push(host_unseen("transparent-hugepages", "not available here"));
             return;
         };
         let mode = v
@@ -507,14 +506,7 @@ impl Host<'_> {
                 "write madvise to /sys/kernel/mm/transparent_hugepage/enabled",
             ));
         } else {
-            f.push(finding(
-                "transparent-hugepages",
-                "",
-                mode,
-                Verdict::Ok,
-                "",
-                "",
-            ));
+            f.push(host_ok("transparent-hugepages", mode));
         }
     }
 
@@ -527,14 +519,7 @@ impl Host<'_> {
     /// fork and exit.
     fn cgroup_moves(&self, f: &mut Vec<Finding>) {
         let Some(mounts) = self.read("proc/mounts") else {
-            f.push(finding(
-                "cgroup-moves",
-                "",
-                "not available here",
-                Verdict::NotAvailable,
-                "",
-                "",
-            ));
+            f.push(host_unseen("cgroup-moves", "not available here"));
             return;
         };
         // The hierarchies a pool partition's cpuset lives in (cgroup2, or v1's cpuset) make
@@ -552,13 +537,9 @@ impl Host<'_> {
             })
             .collect();
         if !cgroups.iter().any(|(cpuset, _)| *cpuset) {
-            f.push(finding(
+            f.push(host_unseen(
                 "cgroup-moves",
-                "",
                 "not available here (no cgroup2 or cpuset hierarchy mounted)",
-                Verdict::NotAvailable,
-                "",
-                "",
             ));
             return;
         }
@@ -572,14 +553,7 @@ impl Host<'_> {
             })
         });
         if favoured || at_boot {
-            f.push(finding(
-                "cgroup-moves",
-                "",
-                "favordynmods",
-                Verdict::Ok,
-                "",
-                "",
-            ));
+            f.push(host_ok("cgroup-moves", "favordynmods"));
         } else {
             f.push(finding(
                 "cgroup-moves",
@@ -598,14 +572,7 @@ impl Host<'_> {
     fn mitigations(&self, f: &mut Vec<Finding>) {
         let dir = self.path("sys/devices/system/cpu/vulnerabilities");
         let Ok(entries) = std::fs::read_dir(&dir) else {
-            f.push(finding(
-                "mitigations",
-                "",
-                "not available here",
-                Verdict::NotAvailable,
-                "",
-                "",
-            ));
+            f.push(host_unseen("mitigations", "not available here"));
             return;
         };
         let mut on: Vec<String> = entries
