@@ -192,9 +192,11 @@ run_group() {
         fi
         deaths=$((deaths + 1))
         kept=$(ls -t "$target"/rig/died-*.log 2>/dev/null | head -n1)
-        # A panic in one of our VMM's threads (an exit it was taking, say) is ours to answer
+        # A panic in one of our VMM's threads (an exit it was taking, say), or one of them
+        # stuck in the kernel (a soft lockup or a hung task naming it), is ours to answer
         # for, not the emulator's: no second machine for it.
-        if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq 'Comm: (partition|vcpu[0-9]|blk-q|api|engine|vfio-return)'; then
+        ours='partition|vcpu[0-9]+|blk-q[0-9]*|api|engine|vfio-return'
+        if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq "(Comm: |soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \\[|INFO: task )($ours)[: ]"; then
             for t in "${left[@]}"; do result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"; done
             break
         fi
