@@ -12,8 +12,14 @@ use common::*;
 
 const LIMIT: Duration = Duration::from_secs(300);
 
+/// The tests that launch guests or run `bench` (which reserves a core for its cases) take
+/// turns: run side by side, a bench could not have its reserved core while another test's
+/// guest or bench held it, and its section came out incomplete (1 run in 6 here).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn the_embedded_hotpaths_binary_is_static_and_reports_what_it_is_asked() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = Scratch::new("hotpaths-bin");
     let bin = dir.path("hotpaths");
     let out = run(&["hotpaths-binary", "-o", bin.to_str().unwrap()], LIMIT);
@@ -101,6 +107,7 @@ fn the_embedded_hotpaths_binary_is_static_and_reports_what_it_is_asked() {
 
 #[test]
 fn the_probe_times_the_vmm_paths_and_walks_the_staircase() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !kvm_available("the_probe_times_the_vmm_paths_and_walks_the_staircase") {
         return;
     }
@@ -164,6 +171,7 @@ fn the_probe_times_the_vmm_paths_and_walks_the_staircase() {
 
 #[test]
 fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = run(&["bench", "--only", "nosuch"], LIMIT);
     assert_eq!(out.code(), 2, "{}", out.stderr);
     assert!(
@@ -265,6 +273,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
 /// in must not let a caller aim that at a directory of theirs.
 #[test]
 fn a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !kvm_and_two_cores("a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory") {
         return;
     }
@@ -297,6 +306,7 @@ fn a_hand_set_scratch_variable_cannot_aim_the_run_at_a_directory() {
 /// report renders the table. No figure is judged: this checks the harness, not the host.
 #[test]
 fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     if !kvm_available("the_noise_section_runs_every_case_quiet_and_beside_the_neighbour") {
         return;
     }
