@@ -234,7 +234,7 @@ fn ours_cmd(env: &Env, image: &Path, opts: &str, ioeventfd: bool) -> Command {
         &env.core.to_string(),
         "64M",
     )
-    .env("RUST_LOG", "partition::machine::disks=debug")
+    .env("RUST_LOG", "partition::board::disks=debug")
     .probe()
     .cmdline(&probe_cmdline())
     .disk(image, opts)

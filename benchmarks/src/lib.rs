@@ -482,6 +482,10 @@ pub struct LaunchJson {
     pub timings: TimingsJson,
     /// The idle plan and what KVM read back about it, as the VMM wrote them.
     pub idle: Value,
+    /// Each vCPU's counters at the end: the VMM's one record of them (the API's and the
+    /// ledger's too).
+    #[serde(default)]
+    pub vcpus: Vec<partition::cpu::exits::VcpuCounters>,
 }
 
 /// The report's `outcome`.
@@ -610,7 +614,7 @@ mod tests {
         let mut c = Command::new("sh");
         c.args([
             "-c",
-            r#"sleep 0.05; printf 'x\n'; printf '{"outcome":{"kind":"power_off","exit_code":0,"description":"off"},"timings":{"memory_ms":1.5,"vm_ms":2,"boot_ms":0.25,"vcpus_ms":3,"first_output_ms":null},"idle":{"policy":"hlt"},"extra":1}\n'"#,
+            r#"sleep 0.05; printf 'x\n'; printf '{"outcome":{"kind":"power_off","exit_code":0,"description":"off"},"timings":{"memory_ms":1.5,"vm_ms":2,"boot_ms":0.25,"vcpus_ms":3,"first_output_ms":null},"idle":{"policy":"hlt"},"vcpus":[{"vcpu":0,"core":1,"exits":{"io_out":7},"assists":{},"kvm":{},"marks":[]}],"extra":1}\n'"#,
         ]);
         let r = timed_run(c, Duration::from_secs(10)).unwrap();
         assert!(r.status.success());
@@ -624,6 +628,7 @@ mod tests {
         assert_eq!((j.timings.memory_ms, j.timings.vm_ms), (1.5, 2.0));
         assert_eq!(j.timings.first_output_ms, None);
         assert_eq!(j.idle["policy"], "hlt");
+        assert_eq!((j.vcpus[0].core, j.vcpus[0].exits["io_out"]), (1, 7));
         // A launch that printed no report (it failed before the end) is an error.
         assert!(LaunchJson::from_stdout("probe: hello\n").is_err());
         let mut c = Command::new("sleep");

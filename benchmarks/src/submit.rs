@@ -129,7 +129,9 @@ fn guest_once(env: &Env, doorbell: &str, policy: &str) -> Result<(GuestRun, Stri
         GuestRun {
             figures,
             trapped: report["engine"]["trapped_doorbells"].as_u64(),
-            mmio_writes: report["vcpus"][0]["exits"]["mmio_write"].as_u64(),
+            mmio_writes: crate::LaunchJson::from_stdout(&r.stdout)
+                .ok()
+                .and_then(|j| j.vcpus.first()?.exits.get("mmio_write").copied()),
             engine_core: report["engine"]["core"].as_u64().map(|c| c as usize),
             busy: report["engine"]["thread_cpu_ms"]
                 .as_f64()

@@ -126,13 +126,13 @@ fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<PartitionRun, String
                 .join("; ")
         ));
     }
-    let quiet: u64 = report["vcpus"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|v| v["exits"].as_object().into_iter().flatten())
+    let quiet: u64 = crate::LaunchJson::from_stdout(&r.stdout)
+        .map(|j| j.vcpus)
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|v| &v.exits)
         .filter(|(k, _)| *k != "io_out")
-        .filter_map(|(_, v)| v.as_u64())
+        .map(|(_, n)| n)
         .sum();
     Ok(PartitionRun {
         figures,

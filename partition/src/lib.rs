@@ -13,9 +13,15 @@
 //! - [`memory`]: the guest's RAM.
 //! - [`kvm`]: the only door to KVM (VM, vCPU ioctls, statistics).
 //! - [`host`]: what `reserve` takes from the host and the ledger that records who owns it.
-//! - [`machine`]: what `launch` assembles (devices, PCI, VFIO, the vCPU threads, the API)
-//!   and the pipeline from user input to teardown ([`machine::launch`]).
+//! - [`board`]: where every device goes and how each kind is wired to KVM (the resource
+//!   allocator, virtio-blk disks, PCI functions, VFIO passthrough, the console).
+//! - [`api`]: a running partition's local API (HTTP on a Unix socket), its routes and the
+//!   OpenAPI description of them.
+//! - [`machine`]: the pipeline from user input to teardown ([`machine::launch`]): the check,
+//!   the vCPU threads, the confinement, the control of a running partition, its outcome.
 
+pub mod api;
+pub mod board;
 pub mod config;
 pub mod cpu;
 #[doc(hidden)]
@@ -26,8 +32,8 @@ pub mod machine;
 pub mod memory;
 pub mod sys;
 
-pub use machine::check::LaunchError;
 pub use machine::config::{
     Console, KernelSource, LaunchConfig, MemorySource, PoolRequest, SandboxRequest,
 };
+pub use machine::error::LaunchError;
 pub use machine::outcome::{Ending, LaunchReport};

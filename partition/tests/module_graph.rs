@@ -2,7 +2,8 @@
 //!
 //! - `partition`'s rooms (its top-level modules) depend only on rooms before them in
 //!   [`ROOMS`]: what the user wrote, the OS seams, the CPU, the guest's memory, KVM, the host's
-//!   reservation, and last the machine a launch assembles;
+//!   reservation, the board (device placement and wiring), the local API, and last the
+//!   launch pipeline;
 //! - no file of `partition`, `benchmarks` or the probe guest imports another that imports it
 //!   back (no circle, at file granularity);
 //! - only `partition::kvm` uses kvm-ioctls.
@@ -17,7 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// `partition`'s rooms, each allowed to depend on the ones before it.
-const ROOMS: [&str; 7] = ["config", "sys", "cpu", "memory", "kvm", "host", "machine"];
+const ROOMS: [&str; 9] = [
+    "config", "sys", "cpu", "memory", "kvm", "host", "board", "api", "machine",
+];
 
 /// Module path ("host::ledger::lock", "" for the root) → its file's code (comment lines
 /// dropped: a doc link to another module is not a dependency on it).

@@ -1,7 +1,7 @@
 //! VFIO passthrough, the parts that need no device (docs/passthrough.md): what the guest
 //! sees of a host PCI function, which parts of its BARs may be mapped straight into the
 //! guest, and the IOMMU mappings that let it DMA into guest memory. Pure, so every rule is
-//! a unit test; the VFIO calls that feed and follow these are in `partition/src/machine/vfio.rs`.
+//! a unit test; the VFIO calls that feed and follow these are in `partition/src/board/vfio.rs`.
 //!
 //! The guest's view of the function ([`virtual_function`]):
 //! - identity (vendor, device, class, revision, subsystem) is the device's;
@@ -521,7 +521,7 @@ pub fn dma_plan(regions: &[(u64, u64, u64)], page: u64) -> Result<Vec<DmaMap>, P
 }
 
 /// What a passed-through function needs of the real device: VFIO in the VMM
-/// (`partition/src/machine/vfio.rs`), a recording fake in tests.
+/// (`partition/src/board/vfio.rs`), a recording fake in tests.
 pub trait DeviceAccess: Send {
     /// Reads a trapped part of BAR `bar` at `offset`.
     fn read_bar(&self, bar: usize, offset: u64, data: &mut [u8]);

@@ -5,6 +5,7 @@
 //! synthetic exits without KVM; the thread loop in [`crate::kvm::vcpu`] only converts
 //! KVM's exit, counts it, and acts on the [`Action`] it gets back.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use devices::{Bus, VmEvent};
@@ -254,6 +255,56 @@ impl ExitCounters {
             ("interrupted", l(&self.interrupted)),
             ("other", l(&self.other)),
         ]
+    }
+}
+
+/// One vCPU's counters as every reader gets them: the launch report (`vcpus[]`), the API's
+/// `GET /counters`, the ledger's statistics behind `partition status` and the benchmarks all
+/// serialize and read this one record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VcpuCounters {
+    /// vCPU index (= APIC ID).
+    pub vcpu: usize,
+    /// Host core it is pinned to.
+    pub core: usize,
+    /// Exits that reached the VMM, by reason (every reason, zeros included).
+    pub exits: BTreeMap<String, u64>,
+    /// Instructions the VMM carried out for the guest, by kind (zeros included).
+    #[serde(default)]
+    pub assists: BTreeMap<String, u64>,
+    /// KVM's own statistics for the vCPU (`exits`, `halt_exits`, `halt_attempted_poll`,
+    /// ...), where the host offers them.
+    #[serde(default)]
+    pub kvm: BTreeMap<String, u64>,
+}
+
+/// Every vCPU's counters at one moment: what `GET /counters` answers and what the ledger
+/// keeps for `partition status` (written by the launcher as it runs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartitionCounters {
+    /// When they were read (seconds since the epoch).
+    pub updated_at: u64,
+    /// Per vCPU, in index order.
+    pub vcpus: Vec<VcpuCounters>,
+}
+
+impl VcpuCounters {
+    /// What `counters` hold now for vCPU `vcpu` on `core`, with `kvm` (KVM's statistics,
+    /// read by the caller: this room does not open them).
+    pub fn read(
+        vcpu: usize,
+        core: usize,
+        counters: &ExitCounters,
+        kvm: BTreeMap<String, u64>,
+    ) -> Self {
+        let map = |p: &[(&'static str, u64)]| p.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+        Self {
+            vcpu,
+            core,
+            exits: map(&counters.snapshot()),
+            assists: map(&counters.assist_snapshot()),
+            kvm,
+        }
     }
 }
 

@@ -7,15 +7,14 @@
 //! `partition release` can reclaim. This module knows the ledger and the pool, nothing of
 //! KVM or of the launch that uses the claim.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pool::Extent;
 use pool::poolfile::{ExtentFile, PoolFile, PoolFileError};
-use serde::{Deserialize, Serialize};
 
 use crate::config::cores;
+use crate::cpu::exits::{PartitionCounters, VcpuCounters};
 use crate::host::ledger::{
     self, Isolation, Ledger, LedgerError, LedgerLock, PartitionLock, PartitionRecord,
     PartitionState,
@@ -308,11 +307,11 @@ impl ExtentClaim {
     }
 
     /// Writes the vCPUs' counters where `partition status` reads them.
-    pub fn record(&self, vcpus: Vec<VcpuStats>) {
+    pub fn record(&self, vcpus: Vec<VcpuCounters>) {
         write_stats(
             &self.state_dir,
             &self.name,
-            &StatsFile {
+            &PartitionCounters {
                 updated_at: ledger::now(),
                 vcpus,
             },
@@ -378,7 +377,7 @@ fn stats_name(name: &str) -> String {
 }
 
 /// The counters the launcher of `name` last wrote, if any (bounded read).
-pub(crate) fn read_stats(lock: &LedgerLock, name: &str) -> Option<StatsFile> {
+pub(crate) fn read_stats(lock: &LedgerLock, name: &str) -> Option<PartitionCounters> {
     use std::io::Read;
     let dir = lock.state_dir().subdir(STATS, false).ok()??;
     let f = dir.read_file(&stats_name(name)).ok()??;
@@ -420,30 +419,7 @@ pub(crate) fn scrub(l: &Ledger, extent: Extent) -> Result<Duration, PoolFileErro
     Ok(m.scrub())
 }
 
-/// Per-vCPU exit counts as the launcher last wrote them.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct StatsFile {
-    /// Unix time written.
-    pub updated_at: u64,
-    /// One entry per vCPU.
-    pub vcpus: Vec<VcpuStats>,
-}
-
-/// One vCPU's counters.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct VcpuStats {
-    /// vCPU index.
-    pub vcpu: usize,
-    /// Host core.
-    pub core: usize,
-    /// Exit counts by reason.
-    pub exits: BTreeMap<String, u64>,
-    /// KVM's halt statistics.
-    #[serde(default)]
-    pub kvm: BTreeMap<String, u64>,
-}
-
-fn write_stats(state_dir: &Path, name: &str, s: &StatsFile) {
+fn write_stats(state_dir: &Path, name: &str, s: &PartitionCounters) {
     let Ok(text) = serde_json::to_string(s) else {
         return;
     };

@@ -24,7 +24,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::time::Duration;
 
-use crate::host::claim::{ClaimError, ExtentClaim, Released, VcpuStats};
+use crate::cpu::exits::VcpuCounters;
+use crate::host::claim::{ClaimError, ExtentClaim, Released};
 use crate::host::ledger::PartitionLock;
 
 /// Longest message line the keeper reads.
@@ -184,7 +185,7 @@ impl Keeper {
     }
 
     /// Passes the vCPUs' counters on.
-    pub fn record(&mut self, vcpus: &[VcpuStats]) {
+    pub fn record(&mut self, vcpus: &[VcpuCounters]) {
         if let Ok(j) = serde_json::to_string(vcpus) {
             self.send(&format!("stats {j}\n"));
         }
@@ -304,7 +305,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
             claim.running();
             let _ = tx.write_all(b"ok\n");
         } else if let Some(j) = line.strip_prefix("stats ") {
-            if let Ok(v) = serde_json::from_str::<Vec<VcpuStats>>(j) {
+            if let Ok(v) = serde_json::from_str::<Vec<VcpuCounters>>(j) {
                 claim.record(v);
             }
         } else if line == "stopped" {
@@ -372,6 +373,6 @@ mod tests {
             .is_err()
         );
         // Counters from the launcher are data: anything else is dropped.
-        assert!(serde_json::from_str::<Vec<VcpuStats>>("[{\"vcpu\":0}]").is_err());
+        assert!(serde_json::from_str::<Vec<VcpuCounters>>("[{\"vcpu\":0}]").is_err());
     }
 }

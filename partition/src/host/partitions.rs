@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use pool::poolfile::PoolFileError;
 use serde::Serialize;
 
-use crate::host::claim::{StatsFile, crash_point, forget, read_stats, scrub};
+use crate::cpu::exits::PartitionCounters;
+use crate::host::claim::{crash_point, forget, read_stats, scrub};
 use crate::host::ledger::{self, ExtentRecord, LedgerError, LedgerLock, PartitionState};
 
 /// Errors releasing a partition.
@@ -279,7 +280,7 @@ pub struct PartitionStatus {
     /// Seconds since launch.
     pub uptime_secs: u64,
     /// Exit counters (as of the last second), when the launcher is alive.
-    pub exits: Option<StatsFile>,
+    pub exits: Option<PartitionCounters>,
     /// What to do about it, for a dead one.
     pub note: Option<String>,
 }
@@ -288,7 +289,7 @@ pub struct PartitionStatus {
 const API_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A running partition's counters, asked of its API, by `deadline` at the latest.
-fn api_counters(socket: &Path, deadline: std::time::Instant) -> Option<StatsFile> {
+fn api_counters(socket: &Path, deadline: std::time::Instant) -> Option<PartitionCounters> {
     let by = deadline.min(std::time::Instant::now() + API_WAIT);
     match crate::sys::api_client::request_by(socket, "GET", "/counters", None, by) {
         Ok((200, v)) => serde_json::from_value(v).ok(),

@@ -120,7 +120,7 @@ impl Kicker {
 }
 
 /// Whether the partition's vCPUs may run: the local API pauses and resumes them
-/// (`crate::machine::api`). A paused vCPU waits outside `KVM_RUN` until resumed or stopped.
+/// (`crate::api`). A paused vCPU waits outside `KVM_RUN` until resumed or stopped.
 #[derive(Debug, Default)]
 pub struct PauseControl {
     paused: AtomicBool,

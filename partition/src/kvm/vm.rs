@@ -421,7 +421,7 @@ impl Vm {
     }
 
     /// Maps `len` bytes of host memory at `host_addr` into the guest at `guest_addr` as
-    /// KVM memory slot `slot` (`crate::machine::resources` hands them out): guest loads and
+    /// KVM memory slot `slot` (`crate::board::resources` hands them out): guest loads and
     /// stores there never exit.
     /// `len` 0 takes the slot away.
     ///

@@ -1,209 +1,29 @@
 //! The launch's first step: every piece of user input validated (cores, memory size,
 //! kernel, initrd, command line, console, partition name, idle policy, CPU model, disks,
-//! devices) into [`Checked`] before anything is allocated or KVM is opened; and the one
-//! error type of the whole launch pipeline, [`LaunchError`].
+//! devices) into [`Checked`] before anything is allocated or KVM is opened. Its errors are
+//! the pipeline's one type, [`LaunchError`] (`machine/error.rs`).
 
 use std::borrow::Cow;
 use std::io::Write;
-use std::path::PathBuf;
 
 use boot::BootError;
 use boot::kernel::{KernelError, KernelImage};
-use boot::layout::{LayoutError, MemoryLayout};
+use boot::layout::MemoryLayout;
 use boot::regs::BootProtocol;
 use pool::Backing;
 
 use super::config::{
     Console, CoreSelection, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
 };
-use super::resources::{MachinePlan, PassthroughAsk, ResourceError};
-use crate::config::cores::{self, CoreError};
+use super::error::LaunchError;
+use crate::board::resources::{MachinePlan, PassthroughAsk};
+use crate::config::cores;
 use crate::cpu::cpumodel::CpuModel;
 use crate::cpu::idle::IdlePlan;
-use crate::host::claim::ClaimError;
-use crate::host::isolation::IsolationError;
-use crate::host::keeper::KeeperError;
-use crate::kvm::VmError;
-use crate::memory::MemoryError;
-use crate::sys::sandbox::{Sandbox, SandboxError};
+use crate::sys::sandbox::Sandbox;
 
 /// Largest initrd accepted.
 pub(super) const MAX_INITRD: u64 = 1 << 30;
-
-/// Errors launching a partition.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    /// A device's threads could not start.
-    #[error("starting the disk's queue threads: {0}")]
-    Device(#[from] devices::virtio::DeviceError),
-    /// The devices asked for do not fit the machine.
-    #[error("placing the devices: {0}")]
-    Resources(#[from] ResourceError),
-    /// Bad core list.
-    #[error("--cores: {0}")]
-    Cores(#[from] CoreError),
-    /// Bad memory size.
-    #[error("--memory: {0}")]
-    Memory(#[from] LayoutError),
-    /// Memory size not a multiple of the backing's page size.
-    #[error(
-        "--memory: {size} bytes is not a multiple of the {page} byte pages of {backing:?} memory"
-    )]
-    PageMultiple {
-        /// Size.
-        size: u64,
-        /// Page size.
-        page: usize,
-        /// Backing.
-        backing: Backing,
-    },
-    /// A file could not be read.
-    #[error("{what} {path}: {source}")]
-    File {
-        /// Which argument.
-        what: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// A path was refused or could not be opened (`crate::sys::files`).
-    #[error("{what} {}: {source}", path.display())]
-    Path {
-        /// Which argument.
-        what: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// Why.
-        source: crate::sys::files::FileError,
-    },
-    /// More guest memory than the host (or this process's cgroup) has.
-    #[error("--memory: {0}")]
-    HostMemory(String),
-    /// A file is larger than allowed.
-    #[error("{what} {path} is {size} bytes, more than {limit} (the guest's memory or the limit)")]
-    TooLarge {
-        /// Which argument.
-        what: &'static str,
-        /// Path.
-        path: PathBuf,
-        /// Its size.
-        size: u64,
-        /// The limit.
-        limit: u64,
-    },
-    /// The kernel image was refused.
-    #[error("--kernel {path}: {source}")]
-    Kernel {
-        /// Path or name.
-        path: String,
-        /// Why.
-        source: KernelError,
-    },
-    /// Boot setup refused the configuration.
-    #[error("{0}")]
-    Boot(#[from] BootError),
-    /// Guest memory could not be assembled.
-    #[error("guest memory: {0}")]
-    GuestMemory(#[from] MemoryError),
-    /// KVM setup failed.
-    #[error("{0}")]
-    Vm(#[from] VmError),
-    /// A disk cannot be used.
-    #[error("{0}")]
-    Disk(#[from] crate::machine::disks::DiskError),
-    /// A PCI device cannot be had.
-    #[error("{0}")]
-    Pci(#[from] crate::machine::pci::PciError),
-    /// The idle policy cannot be had here.
-    #[error("{0}")]
-    Idle(#[from] crate::cpu::idle::IdleError),
-    /// Building the device buses failed.
-    #[error("devices: {0}")]
-    Bus(#[from] devices::BusError),
-    /// The reservation refused the launch (no reservation, cores or extent not available,
-    /// name in use).
-    #[error("{0}")]
-    Reservation(String),
-    /// The ledger could not be read or written.
-    #[error("{0}")]
-    Ledger(#[from] crate::host::ledger::LedgerError),
-    /// The pool file could not be opened or mapped.
-    #[error("{0}")]
-    PoolFile(#[from] pool::poolfile::PoolFileError),
-    /// The sandbox cannot be set up (no such user, say), or did not take.
-    #[error("sandbox: {0}")]
-    Sandbox(#[from] SandboxError),
-    /// The partition's keeper could not be started or did not give the partition back.
-    #[error("{0}")]
-    Keeper(#[from] KeeperError),
-    /// The reserved cores' cpuset could not be opened or joined.
-    #[error("{0}")]
-    Isolation(#[from] IsolationError),
-    /// A pod's cores or memory cannot be used.
-    #[error("{0}")]
-    Pod(#[from] crate::host::pod::PodError),
-    /// The API socket cannot be set up.
-    #[error("{0}")]
-    Api(#[from] crate::machine::api::ApiError),
-    /// OS-level failure (threads, signals, eventfds).
-    #[error("{what}: {source}")]
-    Os {
-        /// What failed.
-        what: &'static str,
-        /// Why.
-        source: std::io::Error,
-    },
-}
-
-impl From<crate::sys::seccomp::SeccompError> for LaunchError {
-    fn from(e: crate::sys::seccomp::SeccompError) -> Self {
-        Self::Sandbox(e.into())
-    }
-}
-
-impl From<ClaimError> for LaunchError {
-    fn from(e: ClaimError) -> Self {
-        match e {
-            ClaimError::Refused(why) => Self::Reservation(why),
-            ClaimError::Ledger(e) => Self::Ledger(e),
-            ClaimError::PoolFile(e) => Self::PoolFile(e),
-        }
-    }
-}
-
-impl LaunchError {
-    /// Whether this is the user's input at fault (the CLI exits with status 2).
-    pub fn is_usage(&self) -> bool {
-        match self {
-            Self::Cores(_)
-            | Self::Memory(_)
-            | Self::PageMultiple { .. }
-            | Self::File { .. }
-            | Self::Path { .. }
-            | Self::HostMemory(_)
-            | Self::TooLarge { .. }
-            | Self::Kernel { .. }
-            | Self::Idle(_)
-            | Self::Resources(_)
-            | Self::Reservation(_) => true,
-            Self::Disk(d) => matches!(
-                d,
-                crate::machine::disks::DiskError::Spec { .. }
-                    | crate::machine::disks::DiskError::TooMany
-                    | crate::machine::disks::DiskError::Open(_)
-            ),
-            Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
-            Self::Sandbox(e) => e.is_usage(),
-            Self::Pci(e) => e.is_usage(),
-            Self::Pod(e) => e.is_usage(),
-            Self::Api(e) => e.is_usage(),
-            Self::Ledger(e) => e.is_usage(),
-            Self::Vm(e) => e.is_usage(),
-            _ => false,
-        }
-    }
-}
 
 /// A launch that passed [`check`].
 pub struct Checked {
@@ -220,7 +40,7 @@ pub struct Checked {
     pub(super) initrd: Option<Vec<u8>>,
     pub(super) console: Box<dyn Write + Send>,
     /// Where the API socket goes, its directory held open.
-    pub(super) api_place: Option<crate::machine::api::ApiPlace>,
+    pub(super) api_place: Option<crate::api::ApiPlace>,
     pub(super) sandbox: Sandbox,
     pub(super) cores_from: Option<String>,
     pub(super) cfg: LaunchConfig,
@@ -372,14 +192,14 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     }
     let idle = crate::cpu::idle::resolve(cfg.idle, &crate::kvm::idle_caps()?)?;
     let api_place = match &cfg.api_socket {
-        Some(p) => Some(crate::machine::api::ApiPlace::check(p)?),
+        Some(p) => Some(crate::api::ApiPlace::check(p)?),
         None => None,
     };
-    let disks = crate::machine::disks::open(&cfg.disks)?;
+    let disks = crate::board::disks::open(&cfg.disks)?;
     let has = |engine: bool| {
         cfg.devices
             .iter()
-            .any(|d| matches!(d, crate::machine::pci::DeviceSpec::Engine { .. }) == engine)
+            .any(|d| matches!(d, crate::board::pci::DeviceSpec::Engine { .. }) == engine)
     };
     // Passed-through functions' BARs from sysfs, so the windows are planned before any
     // device is opened; the guest's address width bounds the 64-bit window.
@@ -387,14 +207,14 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
         .devices
         .iter()
         .filter_map(|d| match d {
-            crate::machine::pci::DeviceSpec::Vfio { bdf } => Some(bdf),
-            crate::machine::pci::DeviceSpec::Engine { .. } => None,
+            crate::board::pci::DeviceSpec::Vfio { bdf } => Some(bdf),
+            crate::board::pci::DeviceSpec::Engine { .. } => None,
         })
         .map(|bdf| {
             Ok(PassthroughAsk {
                 bdf: bdf.clone(),
-                bars: crate::machine::vfio::sysfs_bars(std::path::Path::new("/"), bdf)
-                    .map_err(crate::machine::pci::PciError::from)?,
+                bars: crate::board::vfio::sysfs_bars(std::path::Path::new("/"), bdf)
+                    .map_err(crate::board::pci::PciError::from)?,
             })
         })
         .collect::<Result<Vec<_>, LaunchError>>()?;
@@ -415,7 +235,7 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     // `cpumodel::command_line` for `clearcpuid=`).
     let cmdline = boot::compose_cmdline(
         &crate::cpu::cpumodel::command_line(&cpu_model, &cfg.cmdline),
-        &[idle.cmdline, &crate::machine::disks::cmdline(&plan.disks)],
+        &[idle.cmdline, &crate::board::disks::cmdline(&plan.disks)],
         kernel.cmdline_max(),
     )?;
     let initrd = match &cfg.initrd {
@@ -587,7 +407,7 @@ mod tests {
             initrd: None,
             cmdline: String::new(),
             console: Console::Stdout,
-            console_limit: crate::machine::console::DEFAULT_LIMIT,
+            console_limit: crate::board::console::DEFAULT_LIMIT,
             protocol: BootProtocol::Linux64,
             source,
             state_dir: std::env::temp_dir().join("partition-launch-unit-no-ledger"),

@@ -69,10 +69,10 @@ pub struct LaunchConfig {
     /// With `cores` = `from-cgroup`: the kubelet's CPU manager checkpoint, to establish
     /// that the cgroup's cores are exclusive ([`crate::host::pod`]).
     pub kubelet_cpu_state: Option<PathBuf>,
-    /// Serve the local API ([`crate::machine::api`]) on this Unix socket.
+    /// Serve the local API ([`crate::api`]) on this Unix socket.
     pub api_socket: Option<PathBuf>,
-    /// PCI functions (`--device`, [`crate::machine::pci`]).
-    pub devices: Vec<crate::machine::pci::DeviceSpec>,
+    /// PCI functions (`--device`, [`crate::board::pci`]).
+    pub devices: Vec<crate::board::pci::DeviceSpec>,
 }
 
 /// `--no-sandbox`, or `--uid`/`--gid` (each a name or a number; default the `partition`

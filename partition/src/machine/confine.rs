@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
-use super::check::LaunchError;
+use super::error::LaunchError;
 use crate::sys::sandbox::Sandbox;
 use crate::sys::seccomp::{Fds, Grants, IoctlGrant, Role};
 
@@ -101,7 +101,7 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
         }
         Role::VfioReturn => {
             if let Some((devices, container)) = &d.vfio {
-                let (on_device, on_container) = crate::machine::vfio::return_ioctls();
+                let (on_device, on_container) = crate::board::vfio::return_ioctls();
                 g.ioctls.push(IoctlGrant {
                     on: fds("the VFIO devices' descriptors", devices.clone()),
                     requests: on_device,
@@ -168,7 +168,7 @@ pub(super) struct VfioReturn {
 impl VfioReturn {
     /// Starts it, waiting; `filter` is installed first thing.
     pub(super) fn start(
-        quiet: Arc<crate::machine::vfio::Quiet>,
+        quiet: Arc<crate::board::vfio::Quiet>,
         filter: Arc<seccompiler::BpfProgram>,
     ) -> Result<Self, LaunchError> {
         let (go, wait) = std::sync::mpsc::channel::<()>();

@@ -1,8 +1,9 @@
 //! Controlling a running partition from outside its vCPUs: the stop and pause state shared
 //! by the launcher, the vCPU threads and the local API, and starting the API thread.
 
-use super::check::{Checked, LaunchError};
+use super::check::Checked;
 use super::config::MemorySource;
+use super::error::LaunchError;
 use super::outcome::MemoryReport;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,37 +42,37 @@ impl Control {
 
 /// Starts the API thread on `sock`, serving this launch.
 pub(super) fn start_api(
-    sock: crate::machine::api::ApiSocket,
+    sock: crate::api::ApiSocket,
     checked: &Checked,
     handles: &[VcpuHandle],
     cpuid_back: Option<&kvm_bindings::CpuId>,
     memory: &MemoryReport,
     control: &Control,
     filter: Option<Arc<seccompiler::BpfProgram>>,
-) -> Result<crate::machine::api::ApiServer, LaunchError> {
-    let description = serde_json::json!({
-        "pid": std::process::id(),
-        "name": match &checked.cfg.source {
+) -> Result<crate::api::ApiServer, LaunchError> {
+    let description = crate::api::PartitionDoc {
+        pid: std::process::id(),
+        name: match &checked.cfg.source {
             MemorySource::Pool(p) => Some(p.name.clone()),
             _ => None,
         },
-        "cores": checked.cores,
-        "cores_exclusive_by": checked.cores_from,
-        "memory": memory,
-        "kernel": checked.kernel_name,
-        "cmdline": checked.cmdline,
-        "idle_policy": checked.idle.policy.name(),
-        "cpu_model": checked.cpu_model.name,
-        "sandbox": match &checked.sandbox {
+        cores: checked.cores.clone(),
+        cores_exclusive_by: checked.cores_from.clone(),
+        memory: serde_json::to_value(memory).unwrap_or_default(),
+        kernel: checked.kernel_name.clone(),
+        cmdline: checked.cmdline.clone(),
+        idle_policy: checked.idle.policy.name().to_string(),
+        cpu_model: checked.cpu_model.name.to_string(),
+        sandbox: match &checked.sandbox {
             Sandbox::On(who) => serde_json::to_value(who).unwrap_or_default(),
             Sandbox::Off => serde_json::Value::Null,
         },
-    });
-    let state = crate::machine::api::ApiState {
+    };
+    let state = crate::api::ApiState {
         description,
         vcpus: handles
             .iter()
-            .map(|h| crate::machine::api::ApiVcpu {
+            .map(|h| crate::api::ApiVcpu {
                 index: h.index,
                 core: h.core,
                 counters: h.counters.clone(),
@@ -86,7 +87,7 @@ pub(super) fn start_api(
         stopping: control.stopping.clone(),
         started: Instant::now(),
     };
-    crate::machine::api::ApiServer::start(sock, state, move || match &filter {
+    crate::api::ApiServer::start(sock, state, move || match &filter {
         Some(f) => crate::sys::seccomp::apply(Role::Api, f),
         None => Ok(()),
     })

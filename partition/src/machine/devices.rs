@@ -16,8 +16,9 @@ use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 use crate::sys::seccomp::Role;
 
-use super::check::{Checked, LaunchError};
+use super::check::Checked;
 use super::confine::Filters;
+use super::error::LaunchError;
 use super::outcome::DiskReport;
 
 /// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
@@ -95,14 +96,14 @@ pub(super) struct Devices {
     /// Lines of the guest's console that report a fatal signal or an Oops
     /// (`console::FAULT_LINES`).
     pub(super) guest_faults: Arc<std::sync::atomic::AtomicU64>,
-    pub(super) disks: Vec<crate::machine::disks::AttachedDisk>,
+    pub(super) disks: Vec<crate::board::disks::AttachedDisk>,
     /// The submission engine (`--device engine`), and its thread once started.
-    pub(super) engine: Option<crate::machine::pci::AttachedEngine>,
+    pub(super) engine: Option<crate::board::pci::AttachedEngine>,
     pub(super) engine_thread: Mutex<Option<devices::pci::submit::EngineThread>>,
     /// The core device threads (queue workers, the engine) run on, when one is free.
     pub(super) worker_core: Option<usize>,
     /// A passed-through function's VFIO state (given back when the devices go).
-    pub(super) vfio: Option<crate::machine::vfio::Passthrough>,
+    pub(super) vfio: Option<crate::board::vfio::Passthrough>,
 }
 
 impl Devices {
@@ -151,8 +152,8 @@ pub(super) fn attach_devices(
     let first_byte = Arc::new(std::sync::OnceLock::new());
     let guest_faults = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let console = Box::new(FirstByte {
-        inner: Box::new(crate::machine::console::FaultWatch::new(
-            Box::new(crate::machine::console::Capped::new(
+        inner: Box::new(crate::board::console::FaultWatch::new(
+            Box::new(crate::board::console::Capped::new(
                 console,
                 checked.cfg.console_limit,
             )),
@@ -184,7 +185,7 @@ pub(super) fn attach_devices(
     )?;
     let mut mmio = Bus::new("mmio");
     // The PCI root: with no --device, empty on CF8/CFC only (a guest finds no PCI).
-    let (engine, vfio) = crate::machine::pci::attach(
+    let (engine, vfio) = crate::board::pci::attach(
         vm,
         memory,
         &mut pio,
@@ -197,7 +198,7 @@ pub(super) fn attach_devices(
     let worker_core = crate::config::cores::available()
         .into_iter()
         .find(|c| !checked.cores.contains(c));
-    let disks = crate::machine::disks::attach(
+    let disks = crate::board::disks::attach(
         vm,
         memory,
         &mut mmio,

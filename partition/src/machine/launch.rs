@@ -15,11 +15,12 @@ use boot::{BootConfig, BootInfo};
 use devices::power::ACPI_PM_BASE;
 use pool::RamSource;
 
-use super::check::{Checked, LaunchError, check};
+use super::check::{Checked, check};
 use super::config::{LaunchConfig, MemorySource};
 use super::confine::{Descriptors, VfioReturn, confine, raw};
 use super::control::{Control, start_api};
 use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
+use super::error::LaunchError;
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
 use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
 use crate::cpu::readback::Readback;
@@ -94,15 +95,7 @@ impl Observer for KeeperObserver<'_> {
         self.inner.running();
     }
     fn tick(&self, vcpus: &[VcpuReport]) {
-        let stats: Vec<_> = vcpus
-            .iter()
-            .map(|v| crate::host::claim::VcpuStats {
-                vcpu: v.index,
-                core: v.core,
-                exits: v.exits.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
-                kvm: v.kvm.clone(),
-            })
-            .collect();
+        let stats: Vec<_> = vcpus.iter().map(|v| v.counters.clone()).collect();
         self.keeper.borrow_mut().record(&stats);
         self.inner.tick(vcpus);
     }
@@ -167,7 +160,7 @@ pub fn run(
     })?;
     // The API socket is bound while root, for the sandbox's user.
     let api_socket = match checked.api_place.take() {
-        Some(p) => Some(crate::machine::api::ApiSocket::bind(
+        Some(p) => Some(crate::api::ApiSocket::bind(
             p,
             match &checked.sandbox {
                 Sandbox::On(who) => Some((who.uid, who.gid)),
@@ -275,7 +268,9 @@ pub fn run(
         &checked.idle,
         vcpus.cpuid_back.as_ref().map(|c| c.as_slice()),
         crate::cpu::cpuid::host_leaf5().is_some(),
-        vcpu_reports.iter().map(|v| (v.index, &v.kvm)),
+        vcpu_reports
+            .iter()
+            .map(|v| (v.counters.vcpu, &v.counters.kvm)),
     );
     let cpu_model_shown_anyway = vcpus
         .cpuid_back
@@ -425,7 +420,7 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             virtio_mmio: &checked.plan.disks,
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
-            pci: crate::machine::pci::host_bridge(&checked.cfg.devices, &checked.plan),
+            pci: crate::board::pci::host_bridge(&checked.cfg.devices, &checked.plan),
             // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed
             // from the kernel, a pool extent was scrubbed when it was given back
             // (docs/pool.md), and a partition stops on reset instead of booting again.

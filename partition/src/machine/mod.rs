@@ -1,18 +1,14 @@
-//! What `launch` assembles and runs: disks, PCI functions and VFIO passthrough, the
-//! console, the local API, and the pipeline itself ([`launch`]) with its outcome
-//! ([`outcome`]).
+//! What `launch` runs: the pipeline from a checked configuration to teardown
+//! ([`launch`]), the vCPU threads, the confinement, the control of a running partition, and
+//! its outcome ([`outcome`]). Where the devices go and how each is wired is the board's
+//! ([`crate::board`]); the local API is its own room ([`crate::api`]).
 
-pub mod api;
 pub mod check;
 pub mod config;
 pub mod confine;
-pub mod console;
 pub mod control;
 pub mod devices;
-pub mod disks;
+pub mod error;
 pub mod launch;
 pub mod outcome;
-pub mod pci;
-pub mod resources;
 pub mod vcpus;
-pub mod vfio;

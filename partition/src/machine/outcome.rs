@@ -13,7 +13,7 @@ use pool::{Backing, RamSource};
 
 use super::config::MemorySource;
 use crate::cpu::cpumodel::CpuModel;
-use crate::cpu::exits::StopReason;
+use crate::cpu::exits::{StopReason, VcpuCounters};
 use crate::cpu::idle::IdlePlan;
 use crate::cpu::readback::Readback;
 use crate::sys::sandbox::Identity;
@@ -246,16 +246,9 @@ impl From<&Timings> for TimingsDoc {
 /// One vCPU's counters.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct VcpuDoc {
-    /// vCPU index (= APIC ID).
-    pub index: usize,
-    /// Host core it was pinned to.
-    pub core: usize,
-    /// Exits that reached the VMM, by reason (every reason, zeros included).
-    pub exits: BTreeMap<String, u64>,
-    /// Instructions the VMM carried out for the guest, by kind (zeros included).
-    pub assists: BTreeMap<String, u64>,
-    /// KVM's own statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
-    pub kvm: BTreeMap<String, u64>,
+    /// Its counters at the end: the record the API and the ledger give too.
+    #[serde(flatten)]
+    pub counters: VcpuCounters,
     /// The guest's marks, in order: what the VMM and KVM had counted at each (what a loop
     /// between two marks cost is their difference).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -279,11 +272,7 @@ impl From<&VcpuReport> for VcpuDoc {
     fn from(v: &VcpuReport) -> Self {
         let map = |p: &[(&'static str, u64)]| p.iter().map(|(k, n)| (k.to_string(), *n)).collect();
         Self {
-            index: v.index,
-            core: v.core,
-            exits: map(&v.exits),
-            assists: map(&v.assists),
-            kvm: v.kvm.clone(),
+            counters: v.counters.clone(),
             marks: v
                 .marks
                 .iter()
@@ -374,11 +363,11 @@ pub struct ReportDoc {
     /// The submission engine: each BAR and how it was served (trap, ioeventfd, memory),
     /// commands executed, its error.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::machine::pci::EngineReport>,
+    pub engine: Option<crate::board::pci::EngineReport>,
     /// The passed-through functions, in `--device` order: each one's BARs (placed where,
     /// how much mapped), vectors.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub passthrough: Vec<crate::machine::vfio::PassthroughReport>,
+    pub passthrough: Vec<crate::board::vfio::PassthroughReport>,
     /// The 64-bit PCI BAR window the guest was told of, `[start, end)` (sized from the
     /// passed-through BARs, within the guest's physical address width).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -459,16 +448,9 @@ pub enum Ending {
 /// Per-vCPU summary.
 #[derive(Clone, Debug)]
 pub struct VcpuReport {
-    /// Index.
-    pub index: usize,
-    /// Host core.
-    pub core: usize,
-    /// Exit counts by reason (the exits that reached the VMM).
-    pub exits: Vec<(&'static str, u64)>,
-    /// KVM's own halt statistics for the vCPU (`halt_exits`, `halt_attempted_poll`, ...).
-    pub kvm: std::collections::BTreeMap<String, u64>,
-    /// Instructions the VMM carried out for the guest (see [`crate::cpu::assist`]), by kind.
-    pub assists: Vec<(&'static str, u64)>,
+    /// Its counters: exits that reached the VMM, instructions assisted (see
+    /// [`crate::cpu::assist`]), KVM's statistics.
+    pub counters: VcpuCounters,
     /// The guest's marks ([`crate::cpu::exits::MARK_PORT`]), each with the counters then.
     pub marks: Vec<crate::cpu::exits::Mark>,
 }
@@ -505,9 +487,9 @@ pub struct LaunchReport {
     /// Per-disk queue counters.
     pub disks: Vec<DiskReport>,
     /// The submission engine (`--device engine`): how each BAR was served, what it did.
-    pub engine: Option<crate::machine::pci::EngineReport>,
+    pub engine: Option<crate::board::pci::EngineReport>,
     /// The passed-through functions (`--device vfio=`): where their BARs are, what is mapped.
-    pub passthrough: Vec<crate::machine::vfio::PassthroughReport>,
+    pub passthrough: Vec<crate::board::vfio::PassthroughReport>,
     /// The 64-bit PCI BAR window announced to the guest (with `--device`).
     pub pci_window64: Option<(u64, u64)>,
     /// Lines of the guest's console reporting a process killed by a fatal signal or a
@@ -710,16 +692,16 @@ impl LaunchReport {
                 );
             }
         }
-        for v in &self.vcpus {
+        for v in self.vcpus.iter().map(|v| &v.counters) {
             let exits: Vec<String> = v
                 .exits
                 .iter()
-                .filter(|(_, n)| *n > 0)
+                .filter(|(_, n)| **n > 0)
                 .map(|(k, n)| format!("{k}={n}"))
                 .collect();
             out.push(format!(
                 "vcpu{} (core {}) exits: {}",
-                v.index,
+                v.vcpu,
                 v.core,
                 if exits.is_empty() {
                     "none".to_string()
@@ -730,11 +712,11 @@ impl LaunchReport {
             let assists: Vec<String> = v
                 .assists
                 .iter()
-                .filter(|(_, n)| *n > 0)
+                .filter(|(_, n)| **n > 0)
                 .map(|(k, n)| format!("{k}={n}"))
                 .collect();
             if !assists.is_empty() {
-                out.push(format!("vcpu{} assists: {}", v.index, assists.join(" ")));
+                out.push(format!("vcpu{} assists: {}", v.vcpu, assists.join(" ")));
             }
         }
         out
@@ -821,12 +803,15 @@ mod tests {
         };
         let d = TimingsDoc::from(&t);
         assert_eq!((d.memory_ms, d.vm_ms, d.first_output_ms), (1.5, 2.0, None));
+        let map = |p: &[(&str, u64)]| p.iter().map(|(k, n)| (k.to_string(), *n)).collect();
         let v = VcpuReport {
-            index: 0,
-            core: 3,
-            exits: vec![("io_out", 5), ("hlt", 0)],
-            kvm: [("halt_exits".to_string(), 9)].into_iter().collect(),
-            assists: vec![("int3", 1)],
+            counters: VcpuCounters {
+                vcpu: 0,
+                core: 3,
+                exits: map(&[("io_out", 5), ("hlt", 0)]),
+                kvm: map(&[("halt_exits", 9)]),
+                assists: map(&[("int3", 1)]),
+            },
             marks: Vec::new(),
         };
         let j = serde_json::to_value(VcpuDoc::from(&v)).unwrap();
@@ -837,5 +822,9 @@ mod tests {
         assert_eq!(j["assists"]["int3"], 1);
         assert_eq!(j["kvm"]["halt_exits"], 9);
         assert_eq!(j["core"], 3);
+        assert_eq!(j["vcpu"], 0);
+        // The report's vCPU is the one record, flattened: what the API and ledger read.
+        let back: VcpuCounters = serde_json::from_value(j).unwrap();
+        assert_eq!(back, v.counters);
     }
 }

@@ -3,8 +3,10 @@
 //! the VM), creating each vCPU with its CPUID, the thread's confinement before its first
 //! `KVM_RUN`, and waiting for the first stop, kicking and joining the rest.
 
-use super::check::{Checked, LaunchError};
+use super::check::Checked;
+use super::error::LaunchError;
 use super::outcome::{Ending, Observer, VcpuReport};
+use crate::cpu::exits::VcpuCounters;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -314,16 +316,16 @@ pub(super) fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
     handles
         .iter()
         .map(|h| VcpuReport {
-            index: h.index,
-            core: h.core,
-            exits: h.counters.snapshot().to_vec(),
-            assists: h.counters.assist_snapshot(),
+            counters: VcpuCounters::read(
+                h.index,
+                h.core,
+                &h.counters,
+                h.stats
+                    .as_ref()
+                    .map(|s| s.idle_counters())
+                    .unwrap_or_default(),
+            ),
             marks: h.counters.marks(),
-            kvm: h
-                .stats
-                .as_ref()
-                .map(|s| s.idle_counters())
-                .unwrap_or_default(),
         })
         .collect()
 }

@@ -1,4 +1,4 @@
-//! The client side of a running partition's local API (`crate::machine::api` serves it):
+//! The client side of a running partition's local API (`crate::api` serves it):
 //! one request over its Unix socket, for `partition status`, `release` and tests.
 //!
 //! Every request has a deadline for the whole exchange (connecting, sending, reading the

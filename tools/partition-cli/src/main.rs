@@ -427,7 +427,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
     let mut disks = Vec::new();
     for (i, d) in a.disk.iter().enumerate() {
-        match partition::machine::disks::parse(d, i) {
+        match partition::board::disks::parse(d, i) {
             Ok(c) => disks.push(c),
             Err(e) => {
                 eprintln!("partition: error: {e}");
@@ -437,8 +437,8 @@ fn launch(a: LaunchArgs) -> ExitCode {
     }
     let mut pci_devices = Vec::new();
     for d in &a.device {
-        match partition::machine::pci::parse(d) {
-            Ok(s) => match partition::machine::pci::conflict(&pci_devices, &s) {
+        match partition::board::pci::parse(d) {
+            Ok(s) => match partition::board::pci::conflict(&pci_devices, &s) {
                 Some(why) => {
                     eprintln!("partition: error: --device {d:?}: {why}");
                     return ExitCode::from(EXIT_USAGE);

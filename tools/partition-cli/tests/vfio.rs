@@ -304,7 +304,7 @@ fn the_nvme_check_fails_when_msix_never_reaches_the_guest() {
         return;
     };
     let mut cmd = partition();
-    cmd.env(partition::machine::pci::BREAK_MSI_ENV, "1").args([
+    cmd.env(partition::board::pci::BREAK_MSI_ENV, "1").args([
         "launch",
         "--cores",
         "1",

@@ -48,7 +48,7 @@ use crate::memory::GuestMemory;
 pub enum VfioError {
     /// The machine has no GSIs or memory slots left for it.
     #[error("--device vfio: {0}")]
-    Resources(#[from] crate::machine::resources::ResourceError),
+    Resources(#[from] crate::board::resources::ResourceError),
     /// The host cannot pass this function through (a usage error: exit 2).
     #[error("--device vfio={bdf}: {why}")]
     Refused {
@@ -511,7 +511,7 @@ pub struct Target<'a> {
     /// Its slot on the guest's bus 0.
     pub guest_slot: u8,
     /// The pools it takes its GSIs and KVM memory slots from.
-    pub resources: &'a mut crate::machine::resources::Resources,
+    pub resources: &'a mut crate::board::resources::Resources,
     /// The host cores its interrupts are steered to (the partition's).
     pub irq_cores: &'a [usize],
 }

@@ -1,44 +1,20 @@
-//! The local API of a running partition (docs/kubernetes.md): HTTP/1.1 and JSON on a Unix
-//! socket (`partition launch --api-socket PATH`), as Firecracker and Cloud Hypervisor serve
-//! theirs, for an orchestrator that must not parse stderr.
-//!
-//! | request | answer |
-//! |---|---|
-//! | `GET /partition` | what runs: cores, memory, kernel, command line, idle policy, CPU model, sandbox, pid |
-//! | `GET /state` | `{"state": "running" \| "paused" \| "stopping", "ran_for_s": ...}` |
-//! | `PUT /state` `{"state": "paused" \| "running"}` | pauses (every vCPU leaves the guest and waits) or resumes |
-//! | `GET /counters` | per vCPU: exits by reason, instruction assists, KVM's statistics |
-//! | `GET /idle` | the idle plan and what KVM reads back about it now |
-//! | `PUT /actions` `{"action": "stop"}` | a clean stop: the launcher tears down and exits 0 |
-//!
-//! One thread serves it, one connection at a time (`Connection: close`), under its own
-//! seccomp filter. It never takes a lock a vCPU holds: counters are atomics, KVM's
-//! statistics are read from their own descriptors, pausing sets a flag and pulls each vCPU
-//! out of `KVM_RUN`. Requests are bounded (8 KiB of head, 4 KiB of body, 2 s to arrive);
-//! anything malformed gets a 4xx with the reason and changes nothing. The socket is bound
-//! by the launcher while it is root, owned by the sandbox's user, mode 0600.
+//! The API's socket and its one serving thread: where the socket may be bound (nothing
+//! planted there is replaced), the bind, and the loop that reads requests within their
+//! bounds and answers each through [`super::routes`].
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::cpu::exits::ExitCounters;
-use crate::cpu::idle::IdlePlan;
-use crate::kvm::stats::Stats;
-use crate::kvm::vcpu::{Kicker, PauseControl};
+use super::http::{MAX_BODY, MAX_HEAD, Request, Response, err, parse_request, respond};
+use super::routes::ApiState;
 
-/// Longest request head (request line and headers).
-const MAX_HEAD: usize = 8 << 10;
-/// Longest request body.
-const MAX_BODY: usize = 4 << 10;
 /// How long a request may take to arrive.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -245,277 +221,6 @@ impl ApiSocket {
     }
 }
 
-/// One vCPU as the API sees it.
-pub struct ApiVcpu {
-    /// Index.
-    pub index: usize,
-    /// Host core.
-    pub core: usize,
-    /// Exit and assist counters.
-    pub counters: Arc<ExitCounters>,
-    /// To pull it out of the guest.
-    pub kicker: Arc<Kicker>,
-    /// KVM's statistics.
-    pub stats: Option<Arc<Stats>>,
-}
-
-/// What the API serves and controls.
-pub struct ApiState {
-    /// `GET /partition`.
-    pub description: Value,
-    /// The vCPUs.
-    pub vcpus: Vec<ApiVcpu>,
-    /// The idle plan in force.
-    pub idle: IdlePlan,
-    /// The CPUID KVM reported back for vCPU 0.
-    pub cpuid_back: Option<Vec<kvm_bindings::kvm_cpuid_entry2>>,
-    /// Pausing the vCPUs.
-    pub pause: Arc<PauseControl>,
-    /// Written to ask the launcher for a clean stop.
-    pub stop: Arc<EventFd>,
-    /// Set once the launcher is tearing down.
-    pub stopping: Arc<AtomicBool>,
-    /// When the vCPUs started.
-    pub started: Instant,
-}
-
-/// An HTTP answer.
-#[derive(Debug, PartialEq)]
-pub struct Response {
-    /// Status code.
-    pub code: u16,
-    /// JSON body.
-    pub body: Value,
-}
-
-fn reason(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        202 => "Accepted",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        413 => "Payload Too Large",
-        503 => "Service Unavailable",
-        _ => "Error",
-    }
-}
-
-fn err(code: u16, why: impl Into<String>) -> Response {
-    Response {
-        code,
-        body: json!({ "error": why.into() }),
-    }
-}
-
-/// The state `PUT /state` asks for: read by `FromStr`, as every value a user writes is
-/// (`crate::config::keyvalue`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wanted {
-    Paused,
-    Running,
-}
-
-impl std::str::FromStr for Wanted {
-    type Err = &'static str;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "paused" => Ok(Self::Paused),
-            "running" => Ok(Self::Running),
-            _ => Err("state must be \"paused\" or \"running\""),
-        }
-    }
-}
-
-impl ApiState {
-    fn state_name(&self) -> &'static str {
-        if self.stopping.load(Ordering::SeqCst) {
-            "stopping"
-        } else if self.pause.is_paused() {
-            "paused"
-        } else {
-            "running"
-        }
-    }
-
-    fn state(&self) -> Value {
-        json!({
-            "state": self.state_name(),
-            "ran_for_s": self.started.elapsed().as_secs_f64(),
-        })
-    }
-
-    fn kvm(&self, v: &ApiVcpu) -> std::collections::BTreeMap<String, u64> {
-        v.stats
-            .as_ref()
-            .map(|s| s.idle_counters())
-            .unwrap_or_default()
-    }
-
-    fn counters(&self) -> Value {
-        json!({
-            "updated_at": crate::host::ledger::now(),
-            "vcpus": self.vcpus.iter().map(|v| json!({
-                "vcpu": v.index,
-                "core": v.core,
-                "exits": v.counters.snapshot().iter().map(|(k, n)| (k.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-                "assists": v.counters.assist_snapshot().iter().map(|(k, n)| (k.to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-                "kvm": self.kvm(v),
-            })).collect::<Vec<_>>(),
-        })
-    }
-
-    fn idle(&self) -> Value {
-        let kvm: Vec<_> = self.vcpus.iter().map(|v| (v.index, self.kvm(v))).collect();
-        let rb = crate::cpu::readback::Readback::new(
-            &self.idle,
-            self.cpuid_back.as_deref(),
-            crate::cpu::cpuid::host_leaf5().is_some(),
-            kvm.iter().map(|(i, m)| (*i, m)),
-        );
-        json!({ "policy": self.idle.policy.name(), "reason": self.idle.reason, "readback": rb })
-    }
-
-    /// The answer to one parsed request.
-    pub fn handle(&self, method: &str, path: &str, body: &[u8]) -> Response {
-        let json_body = || -> Result<Value, Response> {
-            serde_json::from_slice::<Value>(body)
-                .map_err(|e| err(400, format!("the body is not JSON: {e}")))
-        };
-        let ok = |body| Response { code: 200, body };
-        match (method, path) {
-            ("GET", "/partition") => ok(self.description.clone()),
-            ("GET", "/state") => ok(self.state()),
-            ("GET", "/counters") => ok(self.counters()),
-            ("GET", "/idle") => ok(self.idle()),
-            ("PUT" | "PATCH", "/state") => {
-                let v = match json_body() {
-                    Ok(v) => v,
-                    Err(r) => return r,
-                };
-                if self.stopping.load(Ordering::SeqCst) {
-                    return err(400, "the partition is stopping");
-                }
-                match v
-                    .get("state")
-                    .and_then(Value::as_str)
-                    .map(str::parse::<Wanted>)
-                {
-                    Some(Ok(Wanted::Paused)) => {
-                        let kickers: Vec<_> = self.vcpus.iter().map(|v| v.kicker.clone()).collect();
-                        self.pause.pause(&kickers);
-                        ok(self.state())
-                    }
-                    Some(Ok(Wanted::Running)) => {
-                        self.pause.resume();
-                        ok(self.state())
-                    }
-                    Some(Err(why)) => err(400, why),
-                    None => err(400, "state must be \"paused\" or \"running\""),
-                }
-            }
-            ("PUT" | "POST", "/actions") => {
-                let v = match json_body() {
-                    Ok(v) => v,
-                    Err(r) => return r,
-                };
-                match v.get("action").and_then(Value::as_str) {
-                    Some("stop") => {
-                        self.pause.resume();
-                        let _ = self.stop.write(1);
-                        Response {
-                            code: 202,
-                            body: json!({ "state": "stopping" }),
-                        }
-                    }
-                    _ => err(400, "action must be \"stop\""),
-                }
-            }
-            (_, "/partition" | "/state" | "/counters" | "/idle" | "/actions") => {
-                err(405, format!("{method} {path} is not served"))
-            }
-            _ => err(404, format!("no resource {path}")),
-        }
-    }
-}
-
-/// A parsed request: method, path, body.
-#[derive(Debug, PartialEq)]
-pub struct Request {
-    /// Method.
-    pub method: String,
-    /// Path (without a query).
-    pub path: String,
-    /// Body.
-    pub body: Vec<u8>,
-}
-
-/// Parses a request head (up to and without the blank line) and says how long its body is.
-pub fn parse_head(head: &[u8]) -> Result<(String, String, usize), Response> {
-    let text = std::str::from_utf8(head).map_err(|_| err(400, "the request is not UTF-8"))?;
-    let mut lines = text.split("\r\n");
-    let line = lines.next().unwrap_or("");
-    let mut parts = line.split(' ');
-    let (Some(method), Some(target), Some(version), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(err(400, format!("not an HTTP request line: {line:?}")));
-    };
-    if !version.starts_with("HTTP/1.") {
-        return Err(err(400, format!("not HTTP/1.x: {version:?}")));
-    }
-    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
-        return Err(err(400, format!("not a method: {method:?}")));
-    }
-    let path = target.split('?').next().unwrap_or("").to_string();
-    if !path.starts_with('/') {
-        return Err(err(400, format!("not a path: {target:?}")));
-    }
-    let mut len = 0usize;
-    for h in lines {
-        let Some((k, v)) = h.split_once(':') else {
-            return Err(err(400, format!("not a header: {h:?}")));
-        };
-        if k.trim().eq_ignore_ascii_case("content-length") {
-            len = v
-                .trim()
-                .parse()
-                .map_err(|_| err(400, format!("Content-Length {:?}", v.trim())))?;
-        } else if k.trim().eq_ignore_ascii_case("transfer-encoding") {
-            return Err(err(400, "chunked bodies are not accepted"));
-        }
-    }
-    if len > MAX_BODY {
-        return Err(err(
-            413,
-            format!("a body of {len} bytes; at most {MAX_BODY}"),
-        ));
-    }
-    Ok((method.to_string(), path, len))
-}
-
-/// A whole request in `buf`, if it has arrived: Ok(None) while it is incomplete, the 4xx
-/// to answer when it breaks the limits or does not parse.
-pub fn parse_request(buf: &[u8]) -> Result<Option<Request>, Response> {
-    let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        if buf.len() > MAX_HEAD {
-            return Err(err(413, format!("a request head over {MAX_HEAD} bytes")));
-        }
-        return Ok(None);
-    };
-    let (method, path, len) = parse_head(&buf[..head_end])?;
-    let body = &buf[head_end + 4..];
-    if body.len() < len {
-        return Ok(None);
-    }
-    Ok(Some(Request {
-        method,
-        path,
-        body: body[..len].to_vec(),
-    }))
-}
-
 /// One client connection being read.
 struct Conn {
     stream: UnixStream,
@@ -550,19 +255,6 @@ impl Conn {
             }
         }
     }
-}
-
-fn respond(s: &mut UnixStream, r: &Response) {
-    let body = r.body.to_string();
-    let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        r.code,
-        reason(r.code),
-        body.len() + 1
-    );
-    let _ = s.write_all(head.as_bytes());
-    let _ = s.write_all(body.as_bytes());
-    let _ = s.write_all(b"\n");
 }
 
 /// A serving API thread; [`ApiServer::stop`] ends it.
@@ -748,82 +440,11 @@ fn accept_all(listener: &UnixListener, conns: &mut Vec<Conn>) {
 mod tests {
     use super::*;
     use crate::sys::api_client::request;
-
-    #[test]
-    fn request_heads_parse_or_get_4xx() {
-        assert_eq!(
-            parse_head(b"GET /state HTTP/1.1\r\nHost: x").unwrap(),
-            ("GET".into(), "/state".into(), 0)
-        );
-        assert_eq!(
-            parse_head(b"PUT /state?x=1 HTTP/1.0\r\ncontent-length: 20").unwrap(),
-            ("PUT".into(), "/state".into(), 20)
-        );
-        for (bad, code) in [
-            (&b"GET /state"[..], 400),
-            (b"get /state HTTP/1.1", 400),
-            (b"GET state HTTP/1.1", 400),
-            (b"GET /state SPDY/3", 400),
-            (b"GET /state HTTP/1.1\r\nContent-Length: -1", 400),
-            (b"GET /state HTTP/1.1\r\nContent-Length: 99999", 413),
-            (b"GET /state HTTP/1.1\r\nTransfer-Encoding: chunked", 400),
-            (b"GET /state HTTP/1.1\r\nno colon", 400),
-            (b"\xff\xfe", 400),
-        ] {
-            assert_eq!(parse_head(bad).unwrap_err().code, code, "{bad:?}");
-        }
-    }
+    use serde_json::json;
+    use std::io::Write;
 
     fn state() -> ApiState {
-        ApiState {
-            description: json!({"cores": [1]}),
-            vcpus: Vec::new(),
-            idle: crate::cpu::idle::resolve(
-                crate::cpu::idle::IdlePolicy::Shared,
-                &crate::cpu::idle::IdleCaps::default(),
-            )
-            .unwrap(),
-            cpuid_back: None,
-            pause: Arc::new(PauseControl::default()),
-            stop: Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap()),
-            stopping: Arc::new(AtomicBool::new(false)),
-            started: Instant::now(),
-        }
-    }
-
-    #[test]
-    fn resources_answer_and_bad_requests_change_nothing() {
-        let s = state();
-        assert_eq!(s.handle("GET", "/partition", b"").body["cores"], json!([1]));
-        assert_eq!(s.handle("GET", "/state", b"").body["state"], "running");
-        assert_eq!(s.handle("GET", "/counters", b"").code, 200);
-        assert_eq!(s.handle("GET", "/idle", b"").body["policy"], "shared");
-        assert_eq!(s.handle("GET", "/nothing", b"").code, 404);
-        assert_eq!(s.handle("DELETE", "/state", b"").code, 405);
-        assert_eq!(s.handle("PUT", "/state", b"{").code, 400);
-        assert_eq!(
-            s.handle("PUT", "/state", br#"{"state":"asleep"}"#).code,
-            400
-        );
-        assert_eq!(
-            s.handle("PUT", "/actions", br#"{"action":"explode"}"#).code,
-            400
-        );
-        assert!(!s.pause.is_paused() && s.stop.read().is_err());
-        assert_eq!(
-            s.handle("PUT", "/state", br#"{"state":"paused"}"#).body["state"],
-            "paused"
-        );
-        assert!(s.pause.is_paused());
-        assert_eq!(
-            s.handle("PUT", "/state", br#"{"state":"running"}"#).body["state"],
-            "running"
-        );
-        assert_eq!(
-            s.handle("PUT", "/actions", br#"{"action":"stop"}"#).code,
-            202
-        );
-        assert_eq!(s.stop.read().unwrap(), 1);
+        super::super::routes::tests::state()
     }
 
     #[test]

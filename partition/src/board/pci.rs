@@ -1,6 +1,6 @@
 //! A partition's PCI functions (`--device`): the host bridge at 00.0, the submission
 //! engine at 01.0 (`docs/pci.md`) and a passed-through host function at 02.0
-//! (`--device vfio=BDF`, `crate::machine::vfio`, `docs/passthrough.md`), and the KVM side of them
+//! (`--device vfio=BDF`, `crate::board::vfio`, `docs/passthrough.md`), and the KVM side of them
 //! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and the doorbell BAR's
 //! memory slot or ioeventfd and a passed-through BAR's memory slots, which follow the BAR
 //! when the guest moves it.
@@ -20,9 +20,9 @@ use devices::pci::submit::{
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::board::resources::{EnginePlace, MachinePlan};
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError, routing_table};
-use crate::machine::resources::{EnginePlace, MachinePlan};
 use crate::memory::GuestMemory;
 
 /// Errors parsing or attaching PCI devices.
@@ -49,7 +49,7 @@ pub enum PciError {
     Engine(#[from] devices::pci::submit::SubmitError),
     /// A function could not be passed through.
     #[error("{0}")]
-    Passthrough(#[from] crate::machine::vfio::VfioError),
+    Passthrough(#[from] crate::board::vfio::VfioError),
     /// The root refused a function.
     #[error("{0}")]
     Root(#[from] devices::pci::PciError),
@@ -85,7 +85,7 @@ impl PciError {
             self,
             Self::Spec { .. }
                 | Self::Vfio { .. }
-                | Self::Passthrough(crate::machine::vfio::VfioError::Refused { .. })
+                | Self::Passthrough(crate::board::vfio::VfioError::Refused { .. })
         )
     }
 }
@@ -98,7 +98,7 @@ pub enum DeviceSpec {
         /// How its doorbell page reaches it.
         doorbell: DoorbellMode,
     },
-    /// A host PCI function passed through with VFIO (`crate::machine::vfio`).
+    /// A host PCI function passed through with VFIO (`crate::board::vfio`).
     Vfio {
         /// Its address, DDDD:BB:DD.F.
         bdf: String,
@@ -134,7 +134,7 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
         None if spec.starts_with("vfio=") => {
             let bdf: PciAddress = kv.require("vfio")?;
             kv.finish(&["vfio"])?;
-            match crate::machine::vfio::missing(std::path::Path::new("/"), &bdf.0) {
+            match crate::board::vfio::missing(std::path::Path::new("/"), &bdf.0) {
                 Some(why) => Err(PciError::Vfio {
                     spec: spec.into(),
                     what: why,
@@ -266,7 +266,7 @@ pub struct KvmPciHost {
     /// Where the engine is, if there is one.
     engine: Option<EnginePlace>,
     /// (slot, BAR) -> the pieces of a passed-through BAR mapped as memory slots.
-    mapped: BTreeMap<(u8, usize), Vec<crate::machine::vfio::Piece>>,
+    mapped: BTreeMap<(u8, usize), Vec<crate::board::vfio::Piece>>,
 }
 
 /// Environment variable that makes the VMM install no MSI route for its PCI functions, so
@@ -374,7 +374,7 @@ pub fn attach(
 ) -> Result<
     (
         Option<AttachedEngine>,
-        Option<crate::machine::vfio::Passthrough>,
+        Option<crate::board::vfio::Passthrough>,
     ),
     PciError,
 > {
@@ -395,14 +395,13 @@ pub fn attach(
     // Passed-through functions, each where the plan put it, all in one container.
     let mut vfio = None;
     if !plan.vfio.is_empty() {
-        let mut pass =
-            crate::machine::vfio::Passthrough::new(crate::machine::vfio::Shared::open(vm)?);
+        let mut pass = crate::board::vfio::Passthrough::new(crate::board::vfio::Shared::open(vm)?);
         for place in plan.vfio.clone() {
             let slot = place.slot;
-            let (f, attached) = crate::machine::vfio::attach(
+            let (f, attached) = crate::board::vfio::attach(
                 vm,
                 memory,
-                crate::machine::vfio::Target {
+                crate::board::vfio::Target {
                     bdf: &place.bdf,
                     guest_slot: slot,
                     resources: &mut plan.resources,
@@ -583,7 +582,7 @@ mod tests {
                 assert!(e.is_usage(), "{e}");
                 assert!(matches!(e, PciError::Vfio { .. }), "{e}");
                 assert!(
-                    crate::machine::vfio::missing(std::path::Path::new("/"), "0000:41:00.0")
+                    crate::board::vfio::missing(std::path::Path::new("/"), "0000:41:00.0")
                         .is_some()
                 );
             }

@@ -349,7 +349,7 @@ pub struct EnginePlace {
 }
 
 /// Where a passed-through function goes; its GSIs and memory slots are taken when its
-/// vector count and BARs are known (`crate::machine::vfio::attach`).
+/// vector count and BARs are known (`crate::board::vfio::attach`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VfioPlace {
     /// The host function, `DDDD:BB:DD.F`.

@@ -22,7 +22,7 @@ use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
-/// Most disks (each takes an IOAPIC pin; `crate::machine::resources` has 19 free).
+/// Most disks (each takes an IOAPIC pin; `crate::board::resources` has 19 free).
 pub const MAX_DISKS: usize = 8;
 
 /// Errors parsing or attaching disks.
@@ -176,7 +176,7 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
 }
 
 /// The command-line words announcing the disks in `windows` (where
-/// `crate::machine::resources` placed them), for kernels built with
+/// `crate::board::resources` placed them), for kernels built with
 /// `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (stock distribution kernels find them in the ACPI
 /// DSDT, which describes the same windows).
 pub fn cmdline(windows: &[MmioDevice]) -> String {
@@ -273,7 +273,7 @@ mod tests {
         }
         assert_eq!(
             cmdline(
-                &crate::machine::resources::MachinePlan::new(1, 2, false, &[], 48)
+                &crate::board::resources::MachinePlan::new(1, 2, false, &[], 48)
                     .unwrap()
                     .disks
             ),
