@@ -4,7 +4,9 @@ die() { echo "error: $*" >&2; exit 1; }
 # Where cargo puts our binaries: .cargo/config.toml names the target (to link glibc
 # statically), so they are under target/TRIPLE/{debug,release}.
 TRIPLE=x86_64-unknown-linux-gnu
-say() { echo "==> $*" >&2; }
+# Each step says how far into the script it starts (bash's SECONDS), so a CI log shows
+# where its minutes went.
+say() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 need_root() {
     [ "$(id -u)" = 0 ] || die "run as root (KVM, hugepages and cpusets need it)"

@@ -105,6 +105,16 @@ pub enum DeviceSpec {
     },
 }
 
+impl std::fmt::Display for DeviceSpec {
+    /// As a user writes it after `--device`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Engine { doorbell } => write!(f, "engine,doorbell={}", doorbell.name()),
+            Self::Vfio { bdf } => write!(f, "vfio={bdf}"),
+        }
+    }
+}
+
 /// Why `new` cannot join the devices already asked for: a second engine, or a function
 /// asked for twice. Several passed-through functions are fine (each its own slot).
 pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {

@@ -115,6 +115,7 @@ pub(super) fn read_limited(
 /// Validates everything the user gave. Nothing is allocated, mapped or created, except
 /// that the console file is opened.
 pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
+    cfg.validate()?;
     let (cores, cores_from) = match &cfg.cores {
         CoreSelection::FromCgroup => {
             let (c, why) = crate::host::pod::cores_from_cgroup(cfg.kubelet_cpu_state.as_deref())?;

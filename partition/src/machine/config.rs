@@ -75,6 +75,42 @@ pub struct LaunchConfig {
     pub devices: Vec<crate::board::pci::DeviceSpec>,
 }
 
+/// A launch configuration that breaks a rule of its own, whoever built it (the CLI, a plan,
+/// the API): [`LaunchConfig::validate`] says which, before anything is looked at.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A kubelet checkpoint without cores taken from the cgroup.
+    #[error("--kubelet-cpu-state goes with --cores from-cgroup")]
+    KubeletStateWithoutCgroup,
+    /// Two PCI functions that cannot be in one partition.
+    #[error("--device {spec:?}: {why}")]
+    Devices {
+        /// The second of the two, as asked.
+        spec: String,
+        /// Why not.
+        why: String,
+    },
+}
+
+impl LaunchConfig {
+    /// The rules a configuration keeps by itself (the host is not looked at): checked first
+    /// by the launch's check, so every way of building a launch runs them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kubelet_cpu_state.is_some() && self.cores != CoreSelection::FromCgroup {
+            return Err(ConfigError::KubeletStateWithoutCgroup);
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            if let Some(why) = crate::board::pci::conflict(&self.devices[..i], d) {
+                return Err(ConfigError::Devices {
+                    spec: d.to_string(),
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `--no-sandbox`, or `--uid`/`--gid` (each a name or a number; default the `partition`
 /// user and its group).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,4 +145,64 @@ pub struct PoolRequest {
     pub name: String,
     /// Explicit extent offset in the pool; first fit if absent.
     pub offset: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::board::pci::DeviceSpec;
+
+    fn cfg() -> LaunchConfig {
+        LaunchConfig {
+            cores: CoreSelection::List(vec![1]),
+            memory: 16 << 20,
+            kernel: KernelSource::Path("k".into()),
+            initrd: None,
+            cmdline: String::new(),
+            console: Console::Stdout,
+            console_limit: 1 << 20,
+            protocol: BootProtocol::Linux64,
+            source: MemorySource::Anonymous(Backing::Anonymous),
+            state_dir: "/s".into(),
+            idle: IdlePolicy::Shared,
+            disks: Vec::new(),
+            ioeventfd: true,
+            cpu_model: CpuModelRequest::Auto,
+            sandbox: SandboxRequest::Off,
+            kubelet_cpu_state: None,
+            api_socket: None,
+            devices: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_configuration_keeps_its_own_rules_whoever_built_it() {
+        assert_eq!(cfg().validate(), Ok(()));
+        let mut c = cfg();
+        c.kubelet_cpu_state = Some("/var/lib/kubelet/cpu_manager_state".into());
+        assert_eq!(c.validate(), Err(ConfigError::KubeletStateWithoutCgroup));
+        c.cores = CoreSelection::FromCgroup;
+        assert_eq!(c.validate(), Ok(()));
+        let engine = |d| DeviceSpec::Engine { doorbell: d };
+        let vfio = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
+        let mut c = cfg();
+        c.devices = vec![vfio("0000:41:00.0"), vfio("0000:42:00.0")];
+        assert_eq!(c.validate(), Ok(()));
+        c.devices
+            .push(engine(devices::pci::submit::DoorbellMode::Mapped));
+        c.devices
+            .push(engine(devices::pci::submit::DoorbellMode::Trap));
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--device \"engine,doorbell=trap\": one submission engine per partition"
+        );
+        c.devices = vec![vfio("0000:41:00.0"), vfio("0000:41:00.0")];
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("asked for twice")
+        );
+    }
 }

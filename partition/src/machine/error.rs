@@ -133,6 +133,9 @@ pub enum LaunchError {
     /// The API socket cannot be set up.
     #[error("{0}")]
     Api(#[from] crate::api::ApiError),
+    /// The configuration breaks a rule of its own.
+    #[error(transparent)]
+    Config(#[from] super::config::ConfigError),
     /// OS-level failure (threads, signals, eventfds).
     #[error("{what}: {source}")]
     Os {
@@ -173,7 +176,8 @@ impl LaunchError {
             | Self::Kernel { .. }
             | Self::Idle(_)
             | Self::Resources(_)
-            | Self::Reservation(_) => true,
+            | Self::Reservation(_)
+            | Self::Config(_) => true,
             Self::Disk(d) => matches!(
                 d,
                 crate::board::disks::DiskError::Spec { .. }

@@ -413,12 +413,6 @@ impl Observer for Progress {
 }
 
 fn launch(a: LaunchArgs) -> ExitCode {
-    if a.kubelet_cpu_state.is_some()
-        && a.cores != partition::machine::config::CoreSelection::FromCgroup
-    {
-        eprintln!("partition: error: --kubelet-cpu-state goes with --cores from-cgroup");
-        return ExitCode::from(EXIT_USAGE);
-    }
     if a.memory.offset.is_some() && a.name.is_none() {
         eprintln!(
             "partition: error: --memory SIZE@OFFSET takes an extent of the pool: it needs --name"
@@ -438,13 +432,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
     let mut pci_devices = Vec::new();
     for d in &a.device {
         match partition::board::pci::parse(d) {
-            Ok(s) => match partition::board::pci::conflict(&pci_devices, &s) {
-                Some(why) => {
-                    eprintln!("partition: error: --device {d:?}: {why}");
-                    return ExitCode::from(EXIT_USAGE);
-                }
-                None => pci_devices.push(s),
-            },
+            Ok(s) => pci_devices.push(s),
             Err(e) => {
                 eprintln!("partition: error: {e}");
                 return ExitCode::from(EXIT_USAGE);

@@ -110,7 +110,11 @@ fn scripts_test_sh_says_what_it_runs() {
         ("cargo test --workspace", "every test"),
         ("scripts/rig-suite.sh", "rig-suite.sh"),
         ("PARTITION_LONG_TESTS=1", "--long"),
-        ("guest-image.sh", "our own kernel built first"),
+        ("guest-image.sh", "build our own guest kernel"),
+        (
+            "linux_kernel::our_guest_bzimage_on_two_cpus",
+            "SYSCALL repair",
+        ),
         ("validate-manifests.sh", "Kubernetes schemas"),
         ("PARTITION_MUST_RUN=cri", "containerd's CRI"),
         ("irqbalance_bin", "irqbalance"),
