@@ -103,7 +103,8 @@ fi
 run_machine() {
     local script="$target/rig/suite.sh" t name filter exe
     local files=(--partition "$target/$TRIPLE/debug/partition"
-        --file "$target/$TRIPLE/debug/partition:$target/$TRIPLE/debug/partition")
+        --file "$target/$TRIPLE/debug/partition:$target/$TRIPLE/debug/partition"
+        --file "$target/$TRIPLE/debug/partition-bench:$target/$TRIPLE/debug/partition-bench")
     {
         echo "mkdir -p '$target/$TRIPLE/tmp'"
         echo "fail=0"

@@ -209,6 +209,11 @@ extra="$run/root"
 mkdir -p "$extra/usr/bin" "$extra/rig"
 # Without its debug sections: the outer kernel unpacks the archive under TCG.
 strip --strip-debug -o "$extra/usr/bin/partition" "$bin" 2>/dev/null || cp "$bin" "$extra/usr/bin/partition"
+# The benchmarks' program, which `partition bench` runs from beside it.
+if [ -x "$(dirname "$bin")/partition-bench" ]; then
+    strip --strip-debug -o "$extra/usr/bin/partition-bench" "$(dirname "$bin")/partition-bench" 2>/dev/null ||
+        cp "$(dirname "$bin")/partition-bench" "$extra/usr/bin/partition-bench"
+fi
 libs_of() { # the shared libraries (and loader) a dynamic executable needs, into the rig
     local lib
     for lib in $(ldd "$1" 2>/dev/null | grep -o '/[^ ]*' || true); do

@@ -1,5 +1,5 @@
-//! `partition bench`: run benchmark sections, merge them into the results file, and write
-//! the report beside it.
+//! `partition bench` (run by `partition-bench`): run benchmark sections, merge them into the
+//! results file, and write the report beside it.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -239,7 +239,10 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         };
     };
     let env = benchmarks::Env {
-        partition: std::env::current_exe().unwrap_or_else(|_| "partition".into()),
+        // The VMM the benchmarks launch: `partition`, beside this program.
+        partition: std::env::current_exe()
+            .map(|p| p.with_file_name("partition"))
+            .unwrap_or_else(|_| "partition".into()),
         work: work.clone(),
         repo: cwd.join(".git").exists().then_some(cwd.clone()),
         qemu: benchmarks::host::on_path("qemu-system-x86_64"),

@@ -10,7 +10,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-mod bench;
 mod verbs;
 use partition::machine::check::Checked;
 use partition::machine::launch;
@@ -19,8 +18,6 @@ use partition::{Console, KernelSource, LaunchConfig, MemorySource, PoolRequest};
 
 /// The probe guest, built from tools/probe-guest by build.rs.
 static PROBE_GUEST: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/probe-guest.elf"));
-/// The hotpaths benchmark (benchmarks/hotpaths), a static binary, built by build.rs.
-pub static HOTPATHS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/hotpaths"));
 
 use partition::machine::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERROR};
 
@@ -106,7 +103,7 @@ enum Cmd {
     /// memory come from the reservation (see `reserve`); without it the memory is
     /// anonymous and reserved cores are refused. The guest's serial port (COM1) goes to
     /// stdout, or to --console. Ctrl-C stops the guest and tears down.
-    Launch(LaunchArgs),
+    Launch(Box<LaunchArgs>),
     /// Take the ELF vmlinux out of a bzImage (find and decompress its payload).
     ExtractVmlinux {
         /// The bzImage.
@@ -124,7 +121,15 @@ enum Cmd {
     /// Benchmarks
     /// use state directories, pools and hugepages of their own and give them back;
     /// `--quick` prints a minute's look instead of storing anything.
-    Bench(bench::BenchArgs),
+    ///
+    /// Run by `partition-bench`, installed beside `partition` (the VMM binary carries no
+    /// benchmark code): `partition bench --help` shows its options.
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The benchmark's options (`partition bench --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// What this host's KVM offers for idle policies, which policies it can give, and the
     /// host settings that cost the reserved cores latency: cpufreq governor and EPP, the
     /// pstate mode, idle states, SMT siblings, isolcpus/nohz_full/rcu_nocbs/irqaffinity,
@@ -147,11 +152,13 @@ enum Cmd {
         output: PathBuf,
     },
     /// Write the built-in hotpaths benchmark (a static binary) to a file: for a guest
-    /// image (scripts/guest-image.sh), or to run by hand (`hotpaths --help`).
+    /// image (scripts/guest-image.sh), or to run by hand (`hotpaths --help`). Run by
+    /// `partition-bench`, as `bench` is.
+    #[command(disable_help_flag = true)]
     HotpathsBinary {
-        /// Where to write it (made executable).
-        #[arg(short, long)]
-        output: PathBuf,
+        /// `-o FILE`: where to write it (made executable).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -572,13 +579,31 @@ fn main() -> ExitCode {
         } => verbs::api_status(&sock, json),
         Cmd::Status { json, state, .. } => verbs::status(&state.state_dir, json),
         Cmd::Release { name, grace, state } => verbs::release(&state.state_dir, &name, grace),
-        Cmd::Launch(a) => launch(a),
-        Cmd::Bench(a) => bench::bench(a),
+        Cmd::Launch(a) => launch(*a),
+        Cmd::Bench { args } => bench_program("bench", &args),
         Cmd::Caps { json, cores, state } => verbs::caps(json, cores.as_deref(), &state.state_dir),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
         Cmd::ProbeImage { output } => write_out(&output, PROBE_GUEST, 0o644),
-        Cmd::HotpathsBinary { output } => write_out(&output, HOTPATHS, 0o755),
+        Cmd::HotpathsBinary { args } => bench_program("hotpaths-binary", &args),
     }
+}
+
+/// Replaces this process with `partition-bench SUBCOMMAND ARGS...`, the program beside this
+/// one that holds the benchmarks (the VMM binary carries none). Returns only if it cannot.
+fn bench_program(sub: &str, args: &[std::ffi::OsString]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().unwrap_or_else(|_| "partition".into());
+    let program = me.with_file_name("partition-bench");
+    let e = std::process::Command::new(&program)
+        .arg(sub)
+        .args(args)
+        .exec();
+    eprintln!(
+        "partition: error: {sub} is run by {}: {e} (it is built and installed beside \
+         partition: cargo build -p partition-cli)",
+        program.display()
+    );
+    ExitCode::from(EXIT_VMM_ERROR)
 }
 
 /// Writes an embedded program to `path` with `mode` (opened by descriptor, following no
@@ -593,30 +618,6 @@ fn write_out(path: &std::path::Path, bytes: &[u8], mode: u32) -> ExitCode {
             } else {
                 EXIT_VMM_ERROR
             })
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::CommandFactory;
-
-    #[test]
-    fn bench_help_names_every_section() {
-        let mut cmd = super::Cli::command();
-        let help = cmd
-            .find_subcommand_mut("bench")
-            .expect("a bench subcommand")
-            .render_long_help()
-            .to_string();
-        // Whole words: "submit-vfio" does not name "submit".
-        let words: Vec<&str> = help
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-            .collect();
-        for s in benchmarks::sections::ALL {
-            for (name, _) in s.names() {
-                assert!(words.contains(name), "`bench --help` does not name {name}");
-            }
         }
     }
 }

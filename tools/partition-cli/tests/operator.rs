@@ -429,3 +429,31 @@ fn a_results_file_that_is_not_one_is_refused_at_once() {
         assert!(out.stderr.contains(want), "{}: {}", p.display(), out.stderr);
     }
 }
+
+/// The VMM binary carries no benchmark code: the benchmarks crate and the embedded hotpaths
+/// program are in `partition-bench` (which `partition bench` runs), and not in `partition`.
+/// Read from the binaries' symbols (Rust's mangled names start with the crate's length and
+/// name), which the test build keeps.
+#[test]
+fn the_vmm_binary_carries_no_benchmark_code() {
+    // Searched as text (std's search, optimized even in a test build).
+    let read = |p| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    let vmm = read(env!("CARGO_BIN_EXE_partition"));
+    let bench = read(env!("CARGO_BIN_EXE_partition-bench"));
+    let has = |bin: &str, what: &str| bin.contains(what);
+    for what in ["_ZN10benchmarks", "_ZN8hotpaths"] {
+        assert!(
+            has(&bench, what),
+            "partition-bench lacks {what}: the check would prove nothing"
+        );
+        assert!(!has(&vmm, what), "the partition binary carries {what}");
+    }
+    // And `partition bench` reaches it.
+    let out = partition().args(["bench", "--list"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("memsetup"));
+}
