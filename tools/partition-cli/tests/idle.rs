@@ -52,18 +52,12 @@ fn ipi_rounds_each_rang_once(
             .unwrap_or_else(|| panic!("{what}: no {k}= in {line}"))
     };
     assert_eq!(num("rounds"), rounds, "{what}: {line}");
-    let doubled = num("ping_irqs").saturating_sub(rounds) + num("pong_irqs").saturating_sub(rounds);
-    if doubled > 0 && under_qemu_tcg() {
-        println!(
-            "NOTE {what}: QEMU TCG delivered {doubled} of the ping-pong's interrupts twice \
-             ({line}); the round words kept the rounds"
-        );
-    } else {
-        assert_eq!(
-            doubled, 0,
-            "{what}: an IPI vector taken more often than sent: {line}"
-        );
-    }
+    // More IPIs taken than sent: the round words keep the rounds even then.
+    doubled_interrupts(
+        &format!("{what}'s ping-pong IPIs"),
+        num("ping_irqs").saturating_sub(rounds) + num("pong_irqs").saturating_sub(rounds),
+        line,
+    );
     f
 }
 

@@ -201,17 +201,11 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
         // delivered twice: QEMU TCG, the rig's outer machine, does that now and then (one
         // injection by KVM, the guest's handler run twice, docs/testing.md); anywhere else
         // it fails here. Each such second run is one more EOI that KVM emulates.
-        let doubled = irqs.saturating_sub(host);
-        if doubled > 0 {
-            assert!(
-                under_qemu_tcg(),
-                "the guest took {irqs} MSI-X interrupts, the device raised {host}:\n{out}"
-            );
-            println!(
-                "NOTE vfio nvme: QEMU TCG delivered {doubled} MSI-X interrupts twice (the guest \
-                 took {irqs}, the device raised {host})"
-            );
-        }
+        let doubled = doubled_interrupts(
+            "vfio nvme's MSI-X",
+            irqs.saturating_sub(host),
+            &format!("the guest took {irqs}, the device raised {host}:\n{out}"),
+        );
         // Counted by KVM itself between the probe's marks (1-2: the polled reads, 3-4: the
         // reads waited for by MSI-X), less what a mark alone costs (5-6, nothing between):
         // no port or MMIO exit and no emulated instruction in either loop.

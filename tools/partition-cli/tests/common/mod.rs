@@ -89,6 +89,23 @@ pub fn under_qemu_tcg() -> bool {
     &sig == b"TCGTCGTCGTCG"
 }
 
+/// Checks `extra`, the interrupts a guest took beyond those raised (`what` names them,
+/// `context` is shown with a failure): none is right, but QEMU TCG's SVM emulation now and
+/// then delivers an interrupt to its L2 guest twice with no VM exit between
+/// (docs/testing.md, "A doubled interrupt, found"), so under TCG they are allowed and said
+/// in a NOTE; anywhere else they fail the test. Returns `extra`, for bounds that must
+/// allow for them.
+pub fn doubled_interrupts(what: &str, extra: u64, context: &str) -> u64 {
+    if extra > 0 {
+        assert!(
+            under_qemu_tcg(),
+            "{what}: {extra} interrupt(s) taken more often than raised: {context}"
+        );
+        println!("NOTE {what}: QEMU TCG delivered {extra} interrupt(s) twice ({context})");
+    }
+    extra
+}
+
 /// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
 pub fn nested_pvm() -> bool {
     Path::new("/sys/module/kvm_pvm").exists()
