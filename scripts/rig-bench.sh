@@ -45,8 +45,10 @@ for l in sys.stdin:
     [ -x "$exe" ] || die "could not build tests/linux_kernel.rs"
     "$exe" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules --quiet >/dev/null
     assets=${CARGO_TARGET_DIR:-target}/$TRIPLE/tmp/assets
-    [ -s "$assets/vmlinux" ] && [ -s "$assets/debian-userspace-8.cpio" ] || die "no Debian assets in $assets"
-    files+=(--file "$assets/vmlinux:/rig/exits/vmlinux" --file "$assets/debian-userspace-8.cpio:/rig/exits/base.cpio")
+    # rig.list's second line names the Debian userspace initramfs (its name hashes its inputs).
+    initramfs=$(sed -n 2p "$assets/rig.list" 2>/dev/null || true)
+    [ -s "$assets/vmlinux" ] && [ -n "$initramfs" ] && [ -s "$assets/$initramfs" ] || die "no Debian assets in $assets"
+    files+=(--file "$assets/vmlinux:/rig/exits/vmlinux" --file "$assets/$initramfs:/rig/exits/base.cpio")
     extra=(--exits-guest /rig/exits)
 fi
 

@@ -569,10 +569,36 @@ fn marker<'a>(log: &'a str, key: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// FNV-1a over `parts`, at compile time.
+const fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut p = 0;
+    while p < parts.len() {
+        let mut i = 0;
+        while i < parts[p].len() {
+            h ^= parts[p][i] as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+            i += 1;
+        }
+        p += 1;
+    }
+    h
+}
+
+/// What of the userspace initramfs lives in this repository (its init and the stress's
+/// source): its hash names the cached archives, so a change to either builds new ones
+/// instead of booting a stale one.
+const INITRAMFS_INPUTS: u64 = fnv1a(&[INIT.as_bytes(), include_bytes!("guest/syscall-stress.c")]);
+
 /// The userspace initramfs's name in the assets directory.
-const DEBIAN_INITRAMFS: &str = "debian-userspace-8.cpio";
+fn debian_initramfs() -> String {
+    format!("debian-userspace-{INITRAMFS_INPUTS:016x}.cpio")
+}
+
 /// The userspace initramfs for our own kernel (its virtio drivers built in: no modules).
-const OWN_INITRAMFS: &str = "own-kernel-userspace-8.cpio";
+fn own_initramfs() -> String {
+    format!("own-kernel-userspace-{INITRAMFS_INPUTS:016x}.cpio")
+}
 
 /// Debian's vmlinux and an initramfs with the virtio-mmio and virtio-blk modules of its
 /// package (those not built in). Once both are cached nothing else is read (the rig gets
@@ -581,14 +607,14 @@ fn debian_assets() -> (PathBuf, PathBuf) {
     let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
     let (vmlinux, initrd) = (
         assets_dir().join("vmlinux"),
-        assets_dir().join(DEBIAN_INITRAMFS),
+        assets_dir().join(debian_initramfs()),
     );
     if vmlinux.exists() && initrd.exists() {
         return (vmlinux, initrd);
     }
     let vmlinux = debian_vmlinux(&debian_bzimage());
     let mods = modules_to_load(&modules_dir(), &["virtio_mmio", "virtio_blk"]);
-    (vmlinux, userspace_initramfs(DEBIAN_INITRAMFS, &mods))
+    (vmlinux, userspace_initramfs(&debian_initramfs(), &mods))
 }
 
 /// The names in a newc cpio archive, in order.
@@ -644,10 +670,12 @@ fn the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules() {
     let bz = bz.strip_prefix(assets_dir()).unwrap();
     {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs(OWN_INITRAMFS, &[]);
+        userspace_initramfs(&own_initramfs(), &[]);
     }
     let list = format!(
-        "vmlinux\n{DEBIAN_INITRAMFS}\n{OWN_INITRAMFS}\nlinux-image/.done\n{}\n",
+        "vmlinux\n{}\n{}\nlinux-image/.done\n{}\n",
+        debian_initramfs(),
+        own_initramfs(),
         bz.display()
     );
     std::fs::write(assets_dir().join("rig.list"), list).unwrap();
@@ -1040,7 +1068,7 @@ impl Drop for HostNvme {
 /// bzImage (LZ4), on two vCPUs: its decompressor, SMP bring-up and the same userspace
 /// checks; its virtio drivers are built in. The smallest Linux boot that runs the SYSCALL
 /// repair under a real userspace, so it runs in every CI run on the nested host too (about
-/// 3 minutes there with [`SHORT_STRESS`]; `scripts/test.sh` builds the kernel first and
+/// 2 minutes there with [`SHORT_STRESS`]; `scripts/test.sh` builds the kernel first and
 /// makes this test one that must run, as `scripts/rig-suite.sh` does in the rig).
 #[test]
 fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
@@ -1071,7 +1099,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
     }
     let initrd = {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
-        userspace_initramfs(OWN_INITRAMFS, &[])
+        userspace_initramfs(&own_initramfs(), &[])
     };
     userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
 }
