@@ -390,11 +390,9 @@ fn is_dev_null(m: &std::fs::Metadata) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::cpumodel::CpuModelRequest;
     use crate::cpu::idle::IdlePolicy;
     use crate::host::claim::ClaimError;
-    use crate::machine::config::{Console, KernelSource, PoolRequest, SandboxRequest};
-    use boot::regs::BootProtocol;
+    use crate::machine::config::{KernelSource, PoolRequest};
     use pool::Backing;
 
     fn config(source: MemorySource, memory: u64) -> LaunchConfig {
@@ -405,21 +403,11 @@ mod tests {
                 name: "not-a-kernel",
                 bytes: b"nothing",
             },
-            initrd: None,
-            cmdline: String::new(),
-            console: Console::Stdout,
             console_limit: crate::board::console::DEFAULT_LIMIT,
-            protocol: BootProtocol::Linux64,
             source,
             state_dir: std::env::temp_dir().join("partition-launch-unit-no-ledger"),
             idle: IdlePolicy::Auto,
-            disks: Vec::new(),
-            ioeventfd: true,
-            cpu_model: CpuModelRequest::Auto,
-            sandbox: SandboxRequest::Off,
-            kubelet_cpu_state: None,
-            api_socket: None,
-            devices: Vec::new(),
+            ..crate::machine::config::tests::cfg()
         }
     }
 

@@ -148,11 +148,12 @@ pub struct PoolRequest {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::board::pci::DeviceSpec;
 
-    fn cfg() -> LaunchConfig {
+    /// A configuration that keeps every rule, for tests to change one field of.
+    pub(crate) fn cfg() -> LaunchConfig {
         LaunchConfig {
             cores: CoreSelection::List(vec![1]),
             memory: 16 << 20,

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod embedded;
 
 use partition::machine::outcome::status::{USAGE as EXIT_USAGE, VMM_ERROR as EXIT_VMM_ERROR};
 
@@ -54,19 +55,7 @@ fn main() -> ExitCode {
         .init();
     match Cli::parse().cmd {
         Cmd::Bench(a) => bench::bench(*a),
-        Cmd::HotpathsBinary { output } => {
-            match partition::sys::files::write_new(&output, HOTPATHS, 0o755) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("partition: error: {}: {e}", output.display());
-                    ExitCode::from(if e.is_refusal() {
-                        EXIT_USAGE
-                    } else {
-                        EXIT_VMM_ERROR
-                    })
-                }
-            }
-        }
+        Cmd::HotpathsBinary { output } => embedded::write_out(&output, HOTPATHS, 0o755),
     }
 }
 

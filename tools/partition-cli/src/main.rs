@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod embedded;
 mod verbs;
 use partition::machine::check::Checked;
 use partition::machine::launch;
@@ -583,7 +584,7 @@ fn main() -> ExitCode {
         Cmd::Bench { args } => bench_program("bench", &args),
         Cmd::Caps { json, cores, state } => verbs::caps(json, cores.as_deref(), &state.state_dir),
         Cmd::ExtractVmlinux { bzimage, output } => extract(bzimage, output),
-        Cmd::ProbeImage { output } => write_out(&output, PROBE_GUEST, 0o644),
+        Cmd::ProbeImage { output } => embedded::write_out(&output, PROBE_GUEST, 0o644),
         Cmd::HotpathsBinary { args } => bench_program("hotpaths-binary", &args),
     }
 }
@@ -604,20 +605,4 @@ fn bench_program(sub: &str, args: &[std::ffi::OsString]) -> ExitCode {
         program.display()
     );
     ExitCode::from(EXIT_VMM_ERROR)
-}
-
-/// Writes an embedded program to `path` with `mode` (opened by descriptor, following no
-/// link a user planted: `partition::sys::files`).
-fn write_out(path: &std::path::Path, bytes: &[u8], mode: u32) -> ExitCode {
-    match partition::sys::files::write_new(path, bytes, mode) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("partition: error: {}: {e}", path.display());
-            ExitCode::from(if e.is_refusal() {
-                EXIT_USAGE
-            } else {
-                EXIT_VMM_ERROR
-            })
-        }
-    }
 }
