@@ -1,7 +1,10 @@
 //! The launch's first step: every piece of user input validated (cores, memory size,
 //! kernel, initrd, command line, console, partition name, idle policy, CPU model, disks,
-//! devices) into [`Checked`] before anything is allocated or KVM is opened. Its errors are
-//! the pipeline's one type, [`LaunchError`] (`machine/error.rs`).
+//! devices) into [`Checked`] before guest memory is taken or a VM is made. It is not yet
+//! the pure plan it should be: it reads the kernel and initrd, opens the disks, the
+//! console, the API socket's directory and /dev/kvm (for the idle capabilities and the
+//! guest's address width) and reads host facts (cores, memory, the ledger, sysfs BARs).
+//! Its errors are the pipeline's one type, [`LaunchError`] (`machine/error.rs`).
 
 use std::borrow::Cow;
 use std::io::Write;
