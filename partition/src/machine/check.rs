@@ -115,8 +115,8 @@ pub(super) fn read_limited(
     })
 }
 
-/// Validates everything the user gave. Nothing is allocated, mapped or created, except
-/// that the console file is opened.
+/// Validates everything the user gave. No guest memory is mapped and no VM is made; the
+/// files and devices the module doc names are opened or read here.
 pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
     cfg.validate()?;
     let (cores, cores_from) = match &cfg.cores {
