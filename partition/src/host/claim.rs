@@ -74,37 +74,54 @@ pub fn check_name(name: &str) -> Result<(), ClaimError> {
     }
 }
 
-/// Refuses a launch outside the reservation on cores a reservation holds: this state
-/// directory's, or any other's on the host (the claims in
-/// [`crate::host::reserve::CORE_CLAIMS`]).
-pub fn check_not_reserved(state_dir: &Path, cores: &[usize]) -> Result<(), ClaimError> {
-    check_not_claimed(Path::new(crate::host::reserve::CORE_CLAIMS), cores)?;
-    if !state_dir.join("ledger.json").exists() {
-        return Ok(());
-    }
-    let lock = LedgerLock::shared(state_dir)?;
-    if let Some(l) = lock.load()? {
-        if let Some(c) = cores.iter().find(|c| l.cores.reserved.contains(c)) {
-            return Err(ClaimError::Refused(format!(
-                "core {c} is reserved for partitions (see `partition status`): launch with --name to use it"
-            )));
-        }
-    }
-    Ok(())
+/// Who holds a core that a launch outside the reservation asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CoreHolder {
+    /// This state directory's reservation (its ledger).
+    Ledger,
+    /// Another reservation on the host, by its state directory (the claims in
+    /// [`crate::host::reserve::CORE_CLAIMS`]).
+    Reservation(PathBuf),
 }
 
-/// Refuses `cores` when a reservation holds one host-wide (`claims`, normally
-/// [`crate::host::reserve::CORE_CLAIMS`]), naming the reservation.
-pub fn check_not_claimed(claims: &Path, cores: &[usize]) -> Result<(), ClaimError> {
-    match crate::host::reserve::claimed_by(claims, cores) {
-        Some((c, by)) => Err(ClaimError::Refused(format!(
-            "core {c} is reserved for partitions by the reservation in {} (see `partition \
-             status --state-dir {}`): launch with --name and that --state-dir to use it",
-            by.display(),
-            by.display()
-        ))),
-        None => Ok(()),
+impl CoreHolder {
+    /// The refusal of a launch outside the reservation on `core`, naming the holder.
+    pub fn refusal(&self, core: usize) -> ClaimError {
+        ClaimError::Refused(match self {
+            CoreHolder::Ledger => format!(
+                "core {core} is reserved for partitions (see `partition status`): launch with --name to use it"
+            ),
+            CoreHolder::Reservation(by) => format!(
+                "core {core} is reserved for partitions by the reservation in {} (see `partition \
+                 status --state-dir {}`): launch with --name and that --state-dir to use it",
+                by.display(),
+                by.display()
+            ),
+        })
     }
+}
+
+/// The first of `cores` a reservation holds, and which: any reservation on the host (the
+/// claims in [`crate::host::reserve::CORE_CLAIMS`]) first, then this state directory's
+/// ledger. Read only; the launch's check refuses ([`CoreHolder::refusal`]).
+pub fn reserved_core(
+    state_dir: &Path,
+    cores: &[usize],
+) -> Result<Option<(usize, CoreHolder)>, ClaimError> {
+    let claims = Path::new(crate::host::reserve::CORE_CLAIMS);
+    if let Some((c, by)) = crate::host::reserve::claimed_by(claims, cores) {
+        return Ok(Some((c, CoreHolder::Reservation(by))));
+    }
+    if !state_dir.join("ledger.json").exists() {
+        return Ok(None);
+    }
+    let lock = LedgerLock::shared(state_dir)?;
+    Ok(lock.load()?.and_then(|l| {
+        cores
+            .iter()
+            .find(|c| l.cores.reserved.contains(c))
+            .map(|&c| (c, CoreHolder::Ledger))
+    }))
 }
 
 /// What a claim asks for.

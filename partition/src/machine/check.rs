@@ -1,16 +1,15 @@
-//! The launch's first step: every piece of user input validated (cores, memory size,
-//! kernel, initrd, command line, console, partition name, idle policy, CPU model, disks,
-//! devices) into [`Checked`] before guest memory is taken or a VM is made. It is not yet
-//! the pure plan it should be: it reads the kernel and initrd, opens the disks, the
-//! console, the API socket's directory and /dev/kvm (for the idle capabilities and the
-//! guest's address width) and reads host facts (cores, memory, the ledger, sysfs BARs).
-//! Its errors are the pipeline's one type, [`LaunchError`] (`machine/error.rs`).
+//! The launch's plan: every piece of user input validated and every choice made (the
+//! cores, the memory layout, the idle plan, the CPU model, where each device goes, the
+//! guest's command line, the sandbox's user) from the configuration and the host's facts
+//! ([`HostFacts`], read before) alone. Nothing is opened or read here: the kernel, the
+//! initrd, the disks, the console and the API socket's directory are what the plan names,
+//! and opening them is the next step's (`machine/open.rs`). A unit test hands [`check`] a
+//! made-up host. Its errors are the pipeline's one type, [`LaunchError`]
+//! (`machine/error.rs`).
 
-use std::borrow::Cow;
-use std::io::Write;
+use std::path::PathBuf;
 
 use boot::BootError;
-use boot::kernel::{KernelError, KernelImage};
 use boot::layout::MemoryLayout;
 use boot::regs::BootProtocol;
 use pool::Backing;
@@ -19,52 +18,55 @@ use super::config::{
     Console, CoreSelection, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
 };
 use super::error::LaunchError;
-use crate::board::resources::{MachinePlan, PassthroughAsk};
+use super::facts::{HostFacts, HostMemory};
+use crate::board::pci::DeviceSpec;
+use crate::board::resources::MachinePlan;
 use crate::config::cores;
 use crate::cpu::cpumodel::CpuModel;
 use crate::cpu::idle::IdlePlan;
 use crate::sys::sandbox::Sandbox;
 
-/// Largest initrd accepted.
-pub(super) const MAX_INITRD: u64 = 1 << 30;
-
-/// A launch that passed [`check`].
-pub struct Checked {
-    pub(super) disks: Vec<devices::virtio::block::VirtioBlock>,
+/// A launch planned: typed values only, every one checked. What the later steps need of
+/// the launch they take from here, never from the configuration.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// vCPU i runs on `cores[i]`.
+    pub(super) cores: Vec<usize>,
+    /// With `--cores from-cgroup`: why the cgroup's cores count as exclusive.
+    pub(super) cores_from: Option<String>,
+    /// Guest memory's layout (its size among it).
+    pub(super) layout: MemoryLayout,
+    /// Where guest memory comes from.
+    pub(super) source: MemorySource,
+    /// The ledger's directory.
+    pub(super) state_dir: PathBuf,
     pub(super) idle: IdlePlan,
     pub(super) cpu_model: CpuModel,
+    /// The guest's command line, with what the CPU model, the idle policy and the disks
+    /// add (the kernel's own limit is checked when it is opened).
     pub(super) cmdline: String,
-    pub(super) cores: Vec<usize>,
-    pub(super) layout: MemoryLayout,
     /// Where every device goes.
-    pub(super) plan: MachinePlan,
-    pub(super) kernel: KernelImage,
-    pub(super) kernel_name: String,
-    pub(super) initrd: Option<Vec<u8>>,
-    pub(super) console: Box<dyn Write + Send>,
-    /// Where the API socket goes, its directory held open.
-    pub(super) api_place: Option<crate::api::ApiPlace>,
+    pub(super) machine: MachinePlan,
     pub(super) sandbox: Sandbox,
-    pub(super) cores_from: Option<String>,
-    pub(super) cfg: LaunchConfig,
+    pub(super) kernel: KernelSource,
+    pub(super) initrd: Option<PathBuf>,
+    pub(super) protocol: BootProtocol,
+    pub(super) console: Console,
+    pub(super) console_limit: u64,
+    pub(super) disks: Vec<devices::virtio::block::BlockConfig>,
+    pub(super) ioeventfd: bool,
+    pub(super) devices: Vec<DeviceSpec>,
+    pub(super) api_socket: Option<PathBuf>,
 }
 
-impl Checked {
+impl Plan {
     /// Guest memory size.
     pub fn memory(&self) -> u64 {
         self.layout.size()
     }
-    /// The launch configuration.
-    pub fn config(&self) -> &LaunchConfig {
-        &self.cfg
-    }
     /// vCPU → core assignment.
     pub fn cores(&self) -> &[usize] {
         &self.cores
-    }
-    /// The kernel's name for messages.
-    pub fn kernel_name(&self) -> &str {
-        &self.kernel_name
     }
     /// The idle plan in force.
     pub fn idle(&self) -> &IdlePlan {
@@ -87,53 +89,36 @@ impl Checked {
     pub fn cores_from(&self) -> Option<&str> {
         self.cores_from.as_deref()
     }
-}
-
-/// The contents of regular file `path` (argument `what`), opened once by
-/// [`crate::sys::files::open`] and read through a bound of `limit` bytes.
-pub(super) fn read_limited(
-    what: &'static str,
-    path: &std::path::Path,
-    limit: u64,
-) -> Result<Vec<u8>, LaunchError> {
-    use crate::sys::files::{self, FileError, How};
-    let refused = |source| LaunchError::Path {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
-    let f = files::open(path, How::READ).map_err(refused)?;
-    let size = f.metadata().map(|m| m.len()).ok();
-    files::read_file_limited(f, limit).map_err(|e| match e {
-        FileError::TooLarge { limit } => LaunchError::TooLarge {
-            what,
-            path: path.to_path_buf(),
-            size: size.unwrap_or(limit + 1),
-            limit,
-        },
-        e => refused(e),
-    })
-}
-
-/// Validates everything the user gave. No guest memory is mapped and no VM is made; the
-/// files and devices the module doc names are opened or read here.
-pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
-    cfg.validate()?;
-    let (cores, cores_from) = match &cfg.cores {
-        CoreSelection::FromCgroup => {
-            let (c, why) = crate::host::pod::cores_from_cgroup(cfg.kubelet_cpu_state.as_deref())?;
-            (c, Some(why))
+    /// Where the local API's socket goes, if anywhere.
+    pub fn api_socket(&self) -> Option<&std::path::Path> {
+        self.api_socket.as_deref()
+    }
+    /// The partition's name, for a launch from the reservation.
+    pub fn name(&self) -> Option<&str> {
+        match &self.source {
+            MemorySource::Pool(req) => Some(&req.name),
+            _ => None,
         }
-        CoreSelection::List(list) => (list.clone(), None),
+    }
+}
+
+/// Validates everything the user gave against itself and the host's facts, and plans
+/// the launch. Opens and reads nothing.
+pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
+    cfg.validate()?;
+    let (cores, cores_from) = match (&cfg.cores, &host.cgroup_cores) {
+        (CoreSelection::List(list), _) => (list.clone(), None),
+        (CoreSelection::FromCgroup, Some((c, why))) => (c.clone(), Some(why.clone())),
+        (CoreSelection::FromCgroup, None) => return Err(LaunchError::Facts("no cgroup cores")),
     };
     cores::check_distinct(&cores)?;
-    cores::check_available(&cores, &cores::available())?;
-    let sandbox = match &cfg.sandbox {
-        SandboxRequest::Off => Sandbox::Off,
-        SandboxRequest::On { uid, gid } => Sandbox::On(crate::sys::sandbox::resolve(
-            uid.as_deref(),
-            gid.as_deref(),
-        )?),
+    cores::check_available(&cores, &host.online)?;
+    let sandbox = match (&cfg.sandbox, &host.identity) {
+        (SandboxRequest::Off, _) => Sandbox::Off,
+        (SandboxRequest::On { .. }, Some(who)) => Sandbox::On(who.clone()),
+        (SandboxRequest::On { .. }, None) => {
+            return Err(LaunchError::Facts("no sandbox user"));
+        }
     };
     if cores.len() > boot::mptable::MAX_CPUS {
         return Err(BootError::Tables(format!(
@@ -154,12 +139,16 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
                     backing: *backing,
                 });
             }
-            crate::host::claim::check_not_reserved(&cfg.state_dir, &cores)?;
-            check_host_memory(cfg.memory, *backing)?;
+            if let Some((core, holder)) = &host.reserved {
+                return Err(holder.refusal(*core).into());
+            }
+            check_host_memory(cfg.memory, *backing, &host.memory)?;
         }
         MemorySource::Pool(req) => crate::host::claim::check_name(&req.name)?,
         MemorySource::Volume(dir) => {
-            let page = crate::host::pod::volume_page_size(dir)?;
+            let page = host
+                .volume_page
+                .ok_or(LaunchError::Facts("no volume page size"))?;
             if cfg.memory % page != 0 {
                 return Err(crate::host::pod::PodError::PageMultiple {
                     size: cfg.memory,
@@ -168,125 +157,52 @@ pub fn check(cfg: LaunchConfig) -> Result<Checked, LaunchError> {
                 }
                 .into());
             }
-            crate::host::claim::check_not_reserved(&cfg.state_dir, &cores)?;
+            if let Some((core, holder)) = &host.reserved {
+                return Err(holder.refusal(*core).into());
+            }
         }
     }
-    let (bytes, kernel_name) = match &cfg.kernel {
-        KernelSource::Path(p) => (
-            Cow::Owned(read_limited("--kernel", p, layout.size())?),
-            p.display().to_string(),
-        ),
-        KernelSource::Builtin { name, bytes } => (Cow::Borrowed(*bytes), name.to_string()),
-    };
-    let kernel = KernelImage::from_bytes(bytes).map_err(|source| LaunchError::Kernel {
-        path: kernel_name.clone(),
-        source,
-    })?;
-    kernel
-        .check_fits(&layout)
-        .map_err(|source| LaunchError::Kernel {
-            path: kernel_name.clone(),
-            source,
-        })?;
-    if cfg.protocol == BootProtocol::Pvh && !kernel.has_pvh() {
-        return Err(LaunchError::Kernel {
-            path: kernel_name,
-            source: KernelError::NoPvhEntry,
-        });
-    }
-    let idle = crate::cpu::idle::resolve(cfg.idle, &crate::kvm::idle_caps()?)?;
-    let api_place = match &cfg.api_socket {
-        Some(p) => Some(crate::api::ApiPlace::check(p)?),
-        None => None,
-    };
-    let disks = crate::board::disks::open(&cfg.disks)?;
-    let has = |engine: bool| {
-        cfg.devices
-            .iter()
-            .any(|d| matches!(d, crate::board::pci::DeviceSpec::Engine { .. }) == engine)
-    };
-    // Passed-through functions' BARs from sysfs, so the windows are planned before any
-    // device is opened; the guest's address width bounds the 64-bit window.
-    let passthrough = cfg
+    let idle = crate::cpu::idle::resolve(cfg.idle, &host.idle_caps)?;
+    let engine = cfg
         .devices
         .iter()
-        .filter_map(|d| match d {
-            crate::board::pci::DeviceSpec::Vfio { bdf } => Some(bdf),
-            crate::board::pci::DeviceSpec::Engine { .. } => None,
-        })
-        .map(|bdf| {
-            Ok(PassthroughAsk {
-                bdf: bdf.clone(),
-                bars: crate::board::vfio::sysfs_bars(std::path::Path::new("/"), bdf)
-                    .map_err(crate::board::pci::PciError::from)?,
-            })
-        })
-        .collect::<Result<Vec<_>, LaunchError>>()?;
-    let phys_bits = match has(true) || has(false) {
-        true => crate::kvm::vm::guest_phys_bits()?,
-        false => 0,
-    };
-    let plan = MachinePlan::new(
+        .any(|d| matches!(d, DeviceSpec::Engine { .. }));
+    let machine = MachinePlan::new(
         layout.ram_ranges().len(),
-        disks.len(),
-        has(true),
-        &passthrough,
-        phys_bits,
+        cfg.disks.len(),
+        engine,
+        &host.passthrough,
+        host.phys_bits,
     )?;
-    let cpu_model =
-        crate::cpu::cpumodel::resolve(cfg.cpu_model, crate::cpu::cpumodel::host_is_kvm_pvm());
+    let cpu_model = crate::cpu::cpumodel::resolve(cfg.cpu_model, host.kvm_pvm);
     // The CPU model's words go first, so the user's own can override them (see
-    // `cpumodel::command_line` for `clearcpuid=`).
+    // `cpumodel::command_line` for `clearcpuid=`). The longest line any kernel takes
+    // bounds it here; the kernel's own bound is checked once it is read.
     let cmdline = boot::compose_cmdline(
         &crate::cpu::cpumodel::command_line(&cpu_model, &cfg.cmdline),
-        &[idle.cmdline, &crate::board::disks::cmdline(&plan.disks)],
-        kernel.cmdline_max(),
+        &[idle.cmdline, &crate::board::disks::cmdline(&machine.disks)],
+        boot::layout::CMDLINE_MAX - 1,
     )?;
-    let initrd = match &cfg.initrd {
-        Some(p) => {
-            let rd = read_limited("--initrd", p, MAX_INITRD.min(layout.size()))?;
-            let (_, kernel_end) = kernel.footprint();
-            boot::place_initrd(&layout, kernel_end, rd.len() as u64, u64::MAX)?;
-            Some(rd)
-        }
-        None => None,
-    };
-    let console: Box<dyn Write + Send> = match &cfg.console {
-        Console::Stdout => Box::new(std::io::stdout()),
-        Console::File(p) => Box::new(std::io::LineWriter::new(open_console(p)?)),
-    };
-    Ok(Checked {
-        api_place,
-        disks,
-        plan,
+    Ok(Plan {
+        cores,
+        cores_from,
+        layout,
+        source: cfg.source,
+        state_dir: cfg.state_dir,
         idle,
         cpu_model,
         cmdline,
-        cores,
-        layout,
-        kernel,
-        kernel_name,
-        initrd,
-        console,
+        machine,
         sandbox,
-        cores_from,
-        cfg,
-    })
-}
-
-/// `/proc/meminfo`'s `key` in bytes (its kB, or a count of hugepages times their size).
-fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-    };
-    let v = field(key)?;
-    Some(if key.starts_with("HugePages_") {
-        v * field("Hugepagesize")? * 1024
-    } else {
-        v * 1024
+        kernel: cfg.kernel,
+        initrd: cfg.initrd,
+        protocol: cfg.protocol,
+        console: cfg.console,
+        console_limit: cfg.console_limit,
+        disks: cfg.disks,
+        ioeventfd: cfg.ioeventfd,
+        devices: cfg.devices,
+        api_socket: cfg.api_socket,
     })
 }
 
@@ -294,12 +210,12 @@ fn meminfo(key: &str) -> Option<u64> {
 /// host's memory (or, made up front, more than is available now), more than this process's
 /// memory cgroup allows (the kernel would kill the VMM as the guest touched it), or with
 /// `--backing hugetlb` more than the kernel's free hugepages.
-fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
+fn check_host_memory(size: u64, backing: Backing, host: &HostMemory) -> Result<(), LaunchError> {
     use crate::config::size::format;
     let refuse = |why: String| Err(LaunchError::HostMemory(why));
     match backing {
         Backing::Hugetlb => {
-            if let Some(free) = meminfo("HugePages_Free") {
+            if let Some(free) = host.hugepages_free {
                 if size > free {
                     return refuse(format!(
                         "{} of hugepages asked for, the kernel has {} free (--backing \
@@ -313,7 +229,7 @@ fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
             return Ok(());
         }
         Backing::AnonymousPopulated => {
-            if let Some(avail) = meminfo("MemAvailable") {
+            if let Some(avail) = host.available {
                 if size > avail {
                     return refuse(format!(
                         "{} made up front (--backing prefault) is more than the {} this host \
@@ -326,7 +242,7 @@ fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
         }
         Backing::Anonymous => {}
     }
-    if let Some(total) = meminfo("MemTotal") {
+    if let Some(total) = host.total {
         if size > total {
             return refuse(format!(
                 "{} is more than this host's {} of memory",
@@ -335,13 +251,13 @@ fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
             ));
         }
     }
-    if let Some((limit, cg)) = crate::host::pod::memory_limit() {
-        if size > limit {
+    if let Some((limit, cg)) = &host.cgroup_limit {
+        if size > *limit {
             return refuse(format!(
                 "{} is more than the {} this process's memory cgroup ({}) allows: the \
                  kernel would kill the VMM as the guest touched it",
                 format(size),
-                format(limit),
+                format(*limit),
                 cg.display()
             ));
         }
@@ -349,109 +265,282 @@ fn check_host_memory(size: u64, backing: Backing) -> Result<(), LaunchError> {
     Ok(())
 }
 
-/// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a
-/// reader came), once, by [`crate::sys::files::open`]: a regular file (created, or
-/// truncated once it is known to be one), `/dev/null` or a terminal; anything else is
-/// refused.
-pub(super) fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
-    use crate::sys::files::{self, FileError, How};
-    use std::os::unix::fs::FileTypeExt;
-    let refused = |source| LaunchError::Path {
-        what: "--console",
-        path: p.to_path_buf(),
-        source,
-    };
-    let not_regular = || {
-        refused(FileError::Io(std::io::Error::other(
-            "not a regular file, /dev/null or a terminal",
-        )))
-    };
-    let f = files::open(p, How::CREATE_WRITE).map_err(|e| {
-        match e.io().and_then(|e| e.raw_os_error()) {
-            // A FIFO without a reader: O_NONBLOCK refuses it at once.
-            Some(libc::ENXIO) => not_regular(),
-            _ => refused(e),
-        }
-    })?;
-    let m = f.metadata().map_err(|e| refused(e.into()))?;
-    if m.is_file() {
-        f.set_len(0).map_err(|e| refused(e.into()))?;
-        return Ok(f);
-    }
-    if m.file_type().is_char_device() && (is_dev_null(&m) || std::io::IsTerminal::is_terminal(&f)) {
-        return Ok(f);
-    }
-    Err(not_regular())
-}
-
-/// Whether `m` is the null device (character device 1:3).
-fn is_dev_null(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    libc::major(m.rdev()) == 1 && libc::minor(m.rdev()) == 3
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::idle::IdlePolicy;
-    use crate::host::claim::ClaimError;
-    use crate::machine::config::{KernelSource, PoolRequest};
-    use pool::Backing;
+    use crate::board::resources::PassthroughAsk;
+    use crate::cpu::idle::{DisableExits, IdleCaps, IdlePolicy};
+    use crate::host::claim::{ClaimError, CoreHolder};
+    use crate::machine::config::PoolRequest;
+    use devices::pci::passthrough::PhysicalBar;
+    use devices::virtio::block::BlockConfig;
 
-    fn config(source: MemorySource, memory: u64) -> LaunchConfig {
-        LaunchConfig {
-            cores: CoreSelection::List(vec![0]),
-            memory,
-            kernel: KernelSource::Builtin {
-                name: "not-a-kernel",
-                bytes: b"nothing",
+    /// A made-up host: 4 cores, 8 GiB (4 available, 64 MiB of free hugepages), KVM offering
+    /// every idle exit off, not nested.
+    fn host() -> HostFacts {
+        HostFacts {
+            online: vec![0, 1, 2, 3],
+            cgroup_cores: None,
+            identity: None,
+            memory: HostMemory {
+                total: Some(8 << 30),
+                available: Some(4 << 30),
+                hugepages_free: Some(64 << 20),
+                cgroup_limit: None,
             },
-            console_limit: crate::board::console::DEFAULT_LIMIT,
-            source,
-            state_dir: std::env::temp_dir().join("partition-launch-unit-no-ledger"),
+            reserved: None,
+            volume_page: None,
+            idle_caps: IdleCaps {
+                disable_exits: DisableExits::all(),
+                halt_poll: true,
+                host_mwait: true,
+                host_halt_poll_ns: Some(200_000),
+            },
+            kvm_pvm: false,
+            phys_bits: 48,
+            passthrough: Vec::new(),
+        }
+    }
+
+    /// Names a kernel, an initrd, a disk and a console that do not exist: the plan opens
+    /// none of them.
+    fn config() -> LaunchConfig {
+        LaunchConfig {
+            cores: CoreSelection::List(vec![2, 3]),
+            memory: 64 << 20,
+            kernel: KernelSource::Path("/nonexistent/vmlinux".into()),
+            initrd: Some("/nonexistent/initrd".into()),
+            console: Console::File("/nonexistent/dir/console.log".into()),
             idle: IdlePolicy::Auto,
+            disks: vec![BlockConfig::new(
+                "/nonexistent/disk.img".into(),
+                "d0".into(),
+            )],
             ..crate::machine::config::tests::cfg()
         }
     }
 
-    fn refused(cfg: LaunchConfig) -> LaunchError {
-        match check(cfg) {
+    fn refused(cfg: LaunchConfig, host: &HostFacts) -> LaunchError {
+        match check(cfg, host) {
             Ok(_) => panic!("check accepted it"),
             Err(e) => e,
         }
     }
 
     #[test]
-    fn check_refuses_bad_input_before_anything_is_allocated() {
+    fn a_plan_is_made_from_the_configuration_and_the_facts_alone() {
+        let plan = check(config(), &host()).unwrap();
+        assert_eq!(plan.cores(), &[2, 3]);
+        assert_eq!(plan.memory(), 64 << 20);
+        assert_eq!(plan.idle().policy, IdlePolicy::Mwait);
+        assert_eq!(plan.cpu_model().name, "host");
+        assert_eq!(plan.machine.disks.len(), 1);
+        assert!(
+            plan.cmdline()
+                .contains(&crate::board::disks::cmdline(&plan.machine.disks)),
+            "{}",
+            plan.cmdline()
+        );
+        // The next step opens what it names, and there the missing kernel is found.
+        let e = match super::super::open::open(plan) {
+            Ok(_) => panic!("a kernel that does not exist was opened"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(
+                e,
+                LaunchError::Path {
+                    what: "--kernel",
+                    ..
+                }
+            ) && e.is_usage(),
+            "{e}"
+        );
+        // The same configuration on the nested host: the nested-safe CPU model.
+        let nested = HostFacts {
+            kvm_pvm: true,
+            ..host()
+        };
+        assert_eq!(
+            check(config(), &nested).unwrap().cpu_model().name,
+            "nested-safe"
+        );
+    }
+
+    #[test]
+    fn the_plan_refuses_what_the_host_cannot_give() {
+        let e = refused(
+            LaunchConfig {
+                cores: CoreSelection::List(vec![3, 9]),
+                ..config()
+            },
+            &host(),
+        );
+        assert!(
+            matches!(e, LaunchError::Cores(_)) && e.to_string().contains("9"),
+            "{e}"
+        );
+        let e = refused(
+            LaunchConfig {
+                cores: CoreSelection::List(vec![1, 1]),
+                ..config()
+            },
+            &host(),
+        );
+        assert!(matches!(e, LaunchError::Cores(_)) && e.is_usage(), "{e}");
         // 9 MiB of 2 MiB pages.
-        let e = refused(config(MemorySource::Anonymous(Backing::Hugetlb), 9 << 20));
-        assert!(matches!(e, LaunchError::PageMultiple { .. }), "{e}");
-        assert!(e.is_usage());
-        let e = refused(LaunchConfig {
-            cores: CoreSelection::List(vec![0, 0]),
-            ..config(MemorySource::Anonymous(Backing::Anonymous), 64 << 20)
-        });
-        assert!(matches!(e, LaunchError::Cores(_)), "{e}");
+        let e = refused(
+            LaunchConfig {
+                memory: 9 << 20,
+                source: MemorySource::Anonymous(Backing::Hugetlb),
+                ..config()
+            },
+            &host(),
+        );
+        assert!(
+            matches!(e, LaunchError::PageMultiple { .. }) && e.is_usage(),
+            "{e}"
+        );
+        // More hugepages than are free; more than the host has; more than the cgroup allows.
+        let e = refused(
+            LaunchConfig {
+                memory: 128 << 20,
+                source: MemorySource::Anonymous(Backing::Hugetlb),
+                ..config()
+            },
+            &host(),
+        );
+        assert!(
+            matches!(&e, LaunchError::HostMemory(w) if w.contains("64 MiB free")),
+            "{e}"
+        );
+        let e = refused(
+            LaunchConfig {
+                memory: 16 << 30,
+                ..config()
+            },
+            &host(),
+        );
+        assert!(
+            matches!(e, LaunchError::HostMemory(_)) && e.is_usage(),
+            "{e}"
+        );
+        let mut capped = host();
+        capped.memory.cgroup_limit = Some((32 << 20, "/sys/fs/cgroup/pod".into()));
+        let e = refused(config(), &capped);
+        assert!(e.to_string().contains("/sys/fs/cgroup/pod"), "{e}");
+        // A core a reservation holds, outside the reservation.
+        let mut held = host();
+        held.reserved = Some((3, CoreHolder::Ledger));
+        let e = refused(config(), &held);
+        assert!(
+            matches!(&e, LaunchError::Reservation(w) if w.contains("core 3")),
+            "{e}"
+        );
+        // The mwait policy where KVM cannot disable MWAIT exits.
+        let mut no_mwait = host();
+        no_mwait.idle_caps.disable_exits = DisableExits::HLT;
+        let e = refused(
+            LaunchConfig {
+                idle: IdlePolicy::Mwait,
+                ..config()
+            },
+            &no_mwait,
+        );
+        assert!(matches!(e, LaunchError::Idle(_)) && e.is_usage(), "{e}");
+        // A 512 GiB BAR past a 39-bit guest address width.
+        let gpu = PassthroughAsk {
+            bdf: "0000:41:00.0".into(),
+            bars: vec![PhysicalBar {
+                index: 2,
+                size: 512 << 30,
+                io: false,
+                is64: true,
+                prefetchable: true,
+                mmap: true,
+            }],
+        };
+        let narrow = HostFacts {
+            passthrough: vec![gpu],
+            phys_bits: 39,
+            ..host()
+        };
+        let e = refused(
+            LaunchConfig {
+                devices: vec![crate::board::pci::DeviceSpec::Vfio {
+                    bdf: "0000:41:00.0".into(),
+                }],
+                ..config()
+            },
+            &narrow,
+        );
+        assert!(
+            matches!(e, LaunchError::Resources(_)) && e.to_string().contains("0000:41:00.0"),
+            "{e}"
+        );
         // A pool launch's name is checked with the rest of the input.
-        let e = refused(config(
-            MemorySource::Pool(PoolRequest {
-                name: "-bad".into(),
-                offset: None,
-            }),
-            64 << 20,
-        ));
+        let e = refused(
+            LaunchConfig {
+                source: MemorySource::Pool(PoolRequest {
+                    name: "-bad".into(),
+                    offset: None,
+                }),
+                ..config()
+            },
+            &host(),
+        );
         assert!(
             matches!(e, LaunchError::Reservation(_)) && e.is_usage(),
             "{e}"
         );
-        // A kernel that is not one.
-        let e = refused(config(
-            MemorySource::Anonymous(Backing::Anonymous),
-            64 << 20,
-        ));
-        assert!(
-            matches!(e, LaunchError::Kernel { .. } | LaunchError::Vm(_)),
-            "{e}"
+        // A command line no kernel takes.
+        let e = refused(
+            LaunchConfig {
+                cmdline: "x".repeat(boot::layout::CMDLINE_MAX),
+                ..config()
+            },
+            &host(),
+        );
+        assert!(matches!(e, LaunchError::Boot(_)) && e.is_usage(), "{e}");
+    }
+
+    #[test]
+    fn facts_read_for_another_configuration_are_the_callers_fault() {
+        let e = refused(
+            LaunchConfig {
+                cores: CoreSelection::FromCgroup,
+                ..config()
+            },
+            &host(),
+        );
+        assert!(matches!(e, LaunchError::Facts(_)) && !e.is_usage(), "{e}");
+        let e = refused(
+            LaunchConfig {
+                sandbox: SandboxRequest::On {
+                    uid: None,
+                    gid: None,
+                },
+                ..config()
+            },
+            &host(),
+        );
+        assert!(matches!(e, LaunchError::Facts(_)), "{e}");
+        // From the cgroup, with facts that have its cores: planned on them.
+        let pod = HostFacts {
+            cgroup_cores: Some((vec![1], "the kubelet's checkpoint".into())),
+            ..host()
+        };
+        let plan = check(
+            LaunchConfig {
+                cores: CoreSelection::FromCgroup,
+                ..config()
+            },
+            &pod,
+        )
+        .unwrap();
+        assert_eq!(
+            (plan.cores(), plan.cores_from()),
+            (&[1][..], Some("the kubelet's checkpoint"))
         );
     }
 

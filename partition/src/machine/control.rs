@@ -1,9 +1,8 @@
 //! Controlling a running partition from outside its vCPUs: the stop and pause state shared
 //! by the launcher, the vCPU threads and the local API, and starting the API thread.
 
-use super::check::Checked;
-use super::config::MemorySource;
 use super::error::LaunchError;
+use super::open::Checked;
 use super::outcome::MemoryReport;
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,18 +51,15 @@ pub(super) fn start_api(
 ) -> Result<crate::api::ApiServer, LaunchError> {
     let description = crate::api::PartitionDoc {
         pid: std::process::id(),
-        name: match &checked.cfg.source {
-            MemorySource::Pool(p) => Some(p.name.clone()),
-            _ => None,
-        },
-        cores: checked.cores.clone(),
-        cores_exclusive_by: checked.cores_from.clone(),
+        name: checked.plan.name().map(str::to_string),
+        cores: checked.plan.cores.clone(),
+        cores_exclusive_by: checked.plan.cores_from.clone(),
         memory: serde_json::to_value(memory).unwrap_or_default(),
         kernel: checked.kernel_name.clone(),
-        cmdline: checked.cmdline.clone(),
-        idle_policy: checked.idle.policy.name().to_string(),
-        cpu_model: checked.cpu_model.name.to_string(),
-        sandbox: match &checked.sandbox {
+        cmdline: checked.plan.cmdline.clone(),
+        idle_policy: checked.plan.idle.policy.name().to_string(),
+        cpu_model: checked.plan.cpu_model.name.to_string(),
+        sandbox: match &checked.plan.sandbox {
             Sandbox::On(who) => serde_json::to_value(who).unwrap_or_default(),
             Sandbox::Off => serde_json::Value::Null,
         },
@@ -80,7 +76,7 @@ pub(super) fn start_api(
                 stats: h.stats.clone(),
             })
             .collect(),
-        idle: checked.idle.clone(),
+        idle: checked.plan.idle.clone(),
         cpuid_back: cpuid_back.map(|c| c.as_slice().to_vec()),
         pause: control.pause.clone(),
         stop: control.stop.clone(),

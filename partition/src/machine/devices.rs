@@ -16,9 +16,9 @@ use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 use crate::sys::seccomp::Role;
 
-use super::check::Checked;
 use super::confine::Filters;
 use super::error::LaunchError;
+use super::open::Checked;
 use super::outcome::DiskReport;
 
 /// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
@@ -155,7 +155,7 @@ pub(super) fn attach_devices(
         inner: Box::new(crate::board::console::FaultWatch::new(
             Box::new(crate::board::console::Capped::new(
                 console,
-                checked.cfg.console_limit,
+                checked.plan.console_limit,
             )),
             guest_faults.clone(),
         )),
@@ -190,21 +190,21 @@ pub(super) fn attach_devices(
         memory,
         &mut pio,
         &mut mmio,
-        &checked.cfg.devices,
-        &mut checked.plan,
-        &checked.cores,
+        &checked.plan.devices,
+        &mut checked.plan.machine,
+        &checked.plan.cores,
     )?;
     // Queue workers go to a core the partition does not use, when there is one.
     let worker_core = crate::config::cores::available()
         .into_iter()
-        .find(|c| !checked.cores.contains(c));
+        .find(|c| !checked.plan.cores.contains(c));
     let disks = crate::board::disks::attach(
         vm,
         memory,
         &mut mmio,
         std::mem::take(&mut checked.disks),
-        &checked.plan.disks,
-        checked.cfg.ioeventfd,
+        &checked.plan.machine.disks,
+        checked.plan.ioeventfd,
         worker_core,
     )?;
     Ok(Devices {

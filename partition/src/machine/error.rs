@@ -136,6 +136,10 @@ pub enum LaunchError {
     /// The configuration breaks a rule of its own.
     #[error(transparent)]
     Config(#[from] super::config::ConfigError),
+    /// The host's facts lack what the configuration needs: they were read for another one
+    /// (a bug of the caller, not the user's input).
+    #[error("the host's facts were read for another configuration: {0}")]
+    Facts(&'static str),
     /// OS-level failure (threads, signals, eventfds).
     #[error("{what}: {source}")]
     Os {

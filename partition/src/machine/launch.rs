@@ -1,11 +1,14 @@
 //! Launching a partition: one straight pipeline, [`launch`], read top to bottom.
 //!
-//! 1. [`check`]: every piece of user input is validated (cores, memory size, kernel, initrd,
-//!    command line, console, partition name) before anything is allocated or KVM is
-//!    touched.
-//! 2. [`acquire`]: guest memory, [`Acquired`]: anonymous memory, or a pool extent whose
+//! 1. [`HostFacts::read`]: what the host is (cores online, memory, KVM's capabilities, a
+//!    reservation's cores, passed-through functions' BARs), read and nothing more.
+//! 2. [`check`]: every piece of user input validated and the launch planned from the
+//!    configuration and those facts alone; nothing is opened.
+//! 3. [`open`]: the kernel, initrd, disks, console and API directory the plan names, opened
+//!    and read, before anything is allocated or a VM is made.
+//! 4. [`acquire`]: guest memory, [`Acquired`]: anonymous memory, or a pool extent whose
 //!    claim ([`crate::host::claim::ExtentClaim`]) scrubs and frees it when it ends.
-//! 3. [`run`]: create the VM, write the boot structures, attach the devices, start one
+//! 5. [`run`]: create the VM, write the boot structures, attach the devices, start one
 //!    pinned thread per vCPU, wait for the guest, a fault or a signal, tear down, report.
 
 use std::sync::Arc;
@@ -15,12 +18,14 @@ use boot::{BootConfig, BootInfo};
 use devices::power::ACPI_PM_BASE;
 use pool::RamSource;
 
-use super::check::{Checked, check};
+use super::check::check;
 use super::config::{LaunchConfig, MemorySource};
 use super::confine::{Descriptors, VfioReturn, confine, raw};
 use super::control::{Control, start_api};
 use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
 use super::error::LaunchError;
+use super::facts::HostFacts;
+use super::open::{Checked, open};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
 use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
 use crate::cpu::readback::Readback;
@@ -47,22 +52,22 @@ pub enum Acquired {
 
 /// Takes the memory a checked launch asks for.
 pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
-    let cfg = &checked.cfg;
-    match &cfg.source {
+    let plan = &checked.plan;
+    match &plan.source {
         MemorySource::Anonymous(backing) => Ok(Acquired::Unclaimed(RamSource::Anonymous(*backing))),
         MemorySource::Volume(dir) => Ok(Acquired::Unclaimed(RamSource::Extent(
-            crate::host::pod::volume_memory(dir, checked.memory())?,
+            crate::host::pod::volume_memory(dir, checked.plan.memory())?,
         ))),
         MemorySource::Pool(req) => {
             let claim = ExtentClaim::take(&ClaimRequest {
-                state_dir: &cfg.state_dir,
+                state_dir: &plan.state_dir,
                 name: &req.name,
                 offset: req.offset,
-                size: checked.memory(),
-                cores: &checked.cores,
-                idle: checked.idle.policy.name(),
+                size: checked.plan.memory(),
+                cores: &checked.plan.cores,
+                idle: checked.plan.idle.policy.name(),
                 kernel: &checked.kernel_name,
-                api_socket: cfg.api_socket.as_deref(),
+                api_socket: plan.api_socket.as_deref(),
             })?;
             match claim.extent_file() {
                 Ok(ram) => Ok(Acquired::Extent {
@@ -115,7 +120,7 @@ pub fn run(
     // Confined, the VMM gets a mount namespace of its own while it is one thread (the
     // keeper, forked before, stays in the host's), so that every thread it starts shares
     // the empty root it moves to before giving up root (`confine`).
-    if let Sandbox::On(_) = checked.sandbox {
+    if let Sandbox::On(_) = checked.plan.sandbox {
         if let crate::sys::sandbox::PrivateRoot::NotMade(why) =
             crate::sys::sandbox::private_mounts()?
         {
@@ -125,10 +130,10 @@ pub fn run(
     }
     // The vCPU threads first: they take their cores while the VM is built. Every other
     // thread, this one first, keeps off those cores.
-    let seats = Seats::start(&checked.cores, cpuset)?;
-    super::vcpus::keep_off(&checked.cores);
-    let memory = Arc::new(GuestMemory::new(&ram, checked.layout)?);
-    let memory_report = MemoryReport::of(&ram, &checked.cfg.source, checked.layout.size());
+    let seats = Seats::start(&checked.plan.cores, cpuset)?;
+    super::vcpus::keep_off(&checked.plan.cores);
+    let memory = Arc::new(GuestMemory::new(&ram, checked.plan.layout)?);
+    let memory_report = MemoryReport::of(&ram, &checked.plan.source, checked.plan.layout.size());
     // Mapped, the pool file is let go: the VMM keeps its own extent's mapping and no
     // descriptor through which another partition's extent could be mapped.
     ram.release_file().map_err(|e| LaunchError::Os {
@@ -162,7 +167,7 @@ pub fn run(
     let api_socket = match checked.api_place.take() {
         Some(p) => Some(crate::api::ApiSocket::bind(
             p,
-            match &checked.sandbox {
+            match &checked.plan.sandbox {
                 Sandbox::On(who) => Some((who.uid, who.gid)),
                 Sandbox::Off => None,
             },
@@ -194,11 +199,11 @@ pub fn run(
         pci: devices.engine.is_some() || devices.vfio.is_some(),
         vfio: devices.vfio.as_ref().map(|v| v.quiet().fds()),
     };
-    let filters = confine(&checked.sandbox, &fds)?;
+    let filters = confine(&checked.plan.sandbox, &fds)?;
     let control = Control::new()?;
     for (i, t) in vcpus.threads.iter_mut().enumerate() {
         t.policy.filter = filters.as_ref().map(|f| f.vcpu[i].clone());
-        t.policy.uid = match &checked.sandbox {
+        t.policy.uid = match &checked.plan.sandbox {
             Sandbox::On(who) => Some(who.uid),
             Sandbox::Off => None,
         };
@@ -265,7 +270,7 @@ pub fn run(
         .and_then(|t| crate::sys::timeline::phases(*t));
     let vcpu_reports = reports(&vcpus.handles);
     let idle_readback = Readback::new(
-        &checked.idle,
+        &checked.plan.idle,
         vcpus.cpuid_back.as_ref().map(|c| c.as_slice()),
         crate::cpu::cpuid::host_leaf5().is_some(),
         vcpu_reports
@@ -275,16 +280,16 @@ pub fn run(
     let cpu_model_shown_anyway = vcpus
         .cpuid_back
         .as_ref()
-        .map(|c| checked.cpu_model.shown_anyway(c.as_slice()))
+        .map(|c| checked.plan.cpu_model.shown_anyway(c.as_slice()))
         .unwrap_or_default();
     Ok(LaunchReport {
-        idle: checked.idle.clone(),
+        idle: checked.plan.idle.clone(),
         idle_readback,
-        cpu_model: checked.cpu_model.clone(),
+        cpu_model: checked.plan.cpu_model.clone(),
         cpu_model_shown_anyway,
         ending,
         boot,
-        cmdline: checked.cmdline.clone(),
+        cmdline: checked.plan.cmdline.clone(),
         memory: memory_report,
         ran_for,
         vcpus: vcpu_reports,
@@ -305,14 +310,14 @@ pub fn run(
             .as_ref()
             .map(|e| e.report(devices.worker_core)),
         passthrough,
-        pci_window64: match checked.cfg.devices.is_empty() {
+        pci_window64: match checked.plan.devices.is_empty() {
             true => None,
-            false => checked.plan.window64,
+            false => checked.plan.machine.window64,
         },
         guest_fault_lines: devices
             .guest_faults
             .load(std::sync::atomic::Ordering::Relaxed),
-        sandbox: match &checked.sandbox {
+        sandbox: match &checked.plan.sandbox {
             Sandbox::On(who) => Some(who.clone()),
             Sandbox::Off => None,
         },
@@ -387,17 +392,21 @@ pub(super) fn build_vm(
     memory: &Arc<GuestMemory>,
 ) -> Result<(Arc<Vm>, VmWaits), LaunchError> {
     let vm = Arc::new(Vm::new()?);
-    vm.apply_idle(&checked.idle)?;
+    vm.apply_idle(&checked.plan.idle)?;
     vm.report_emulation_failures()?;
     crate::sys::timeline::mark("vm_caps");
     let mut waits = VmWaits(Vec::new());
-    if checked.cpu_model.syscall_repair {
+    if checked.plan.cpu_model.syscall_repair {
         let vm = vm.clone();
         waits.start("msr-filter", "installing the MSR filter", move || {
             vm.trap_lstar_writes()
         })?;
     }
-    let (v, m, first) = (vm.clone(), memory.clone(), checked.plan.first_ram_slot);
+    let (v, m, first) = (
+        vm.clone(),
+        memory.clone(),
+        checked.plan.machine.first_ram_slot,
+    );
     waits.start(
         "mem-slots",
         "registering guest memory with KVM",
@@ -410,17 +419,17 @@ pub(super) fn build_vm(
 pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<BootInfo, LaunchError> {
     Ok(boot::setup(
         memory.mem(),
-        &checked.layout,
+        &checked.plan.layout,
         &BootConfig {
             kernel: &checked.kernel,
             initrd: checked.initrd.as_deref(),
-            cmdline: &checked.cmdline,
-            cpus: checked.cores.len(),
-            protocol: checked.cfg.protocol,
-            virtio_mmio: &checked.plan.disks,
+            cmdline: &checked.plan.cmdline,
+            cpus: checked.plan.cores.len(),
+            protocol: checked.plan.protocol,
+            virtio_mmio: &checked.plan.machine.disks,
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
-            pci: crate::board::pci::host_bridge(&checked.cfg.devices, &checked.plan),
+            pci: crate::board::pci::host_bridge(&checked.plan.devices, &checked.plan.machine),
             // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed
             // from the kernel, a pool extent was scrubbed when it was given back
             // (docs/pool.md), and a partition stops on reset instead of booting again.
@@ -432,7 +441,11 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
 /// The whole launch: check, acquire memory, run, give the memory back.
 pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport, LaunchError> {
     crate::sys::timeline::mark("args");
-    let checked = check(cfg)?;
+    // The configuration's own rules first: a request that breaks one is refused before
+    // the host is looked at.
+    cfg.validate()?;
+    let host = HostFacts::read(&cfg)?;
+    let checked = open(check(cfg, &host)?)?;
     crate::sys::timeline::mark("check");
     let started = Instant::now();
     let acquired = acquire(&checked)?;
@@ -444,7 +457,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
             let cpuset = GuestsCpuset::open(&claim.isolation())?;
             // The keeper takes the claim over: it records the partition while it runs and
             // gives it back, scrubbed, however the launcher ends.
-            let mode = match checked.sandbox {
+            let mode = match checked.plan.sandbox {
                 Sandbox::On(_) => KeeperMode::Confined,
                 Sandbox::Off => KeeperMode::Unconfined,
             };

@@ -9,6 +9,8 @@ pub mod confine;
 pub mod control;
 pub mod devices;
 pub mod error;
+pub mod facts;
 pub mod launch;
+pub mod open;
 pub mod outcome;
 pub mod vcpus;

@@ -2,7 +2,7 @@
 //! report as a document a program reads instead of the VMM's sentences ([`document`],
 //! printed by `partition launch --json`).
 
-use super::check::Checked;
+use super::open::Checked;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! the VM), creating each vCPU with its CPUID, the thread's confinement before its first
 //! `KVM_RUN`, and waiting for the first stop, kicking and joining the rest.
 
-use super::check::Checked;
 use super::error::LaunchError;
+use super::open::Checked;
 use super::outcome::{Ending, Observer, VcpuReport};
 use crate::cpu::exits::VcpuCounters;
 use std::sync::{Arc, Mutex};
@@ -213,20 +213,26 @@ pub(super) fn create_vcpus(
     memory: &Arc<GuestMemory>,
 ) -> Result<Vcpus, LaunchError> {
     let supported = vm.supported_cpuid()?;
-    let n = checked.cores.len();
+    let n = checked.plan.cores.len();
     let idle_cpuid = IdleCpuid {
-        mwait: checked.idle.expose_mwait,
-        hints_realtime: checked.idle.hints_realtime,
+        mwait: checked.plan.idle.expose_mwait,
+        hints_realtime: checked.plan.idle.hints_realtime,
     };
     let mut out = Vcpus {
         threads: Vec::with_capacity(n),
         handles: Vec::with_capacity(n),
         cpuid_back: None,
     };
-    for (index, &core) in checked.cores.iter().enumerate() {
+    for (index, &core) in checked.plan.cores.iter().enumerate() {
         let entry = (index == 0).then_some(&boot.entry);
-        let (fd, back) =
-            vm.create_vcpu(index, n, &supported, entry, idle_cpuid, &checked.cpu_model)?;
+        let (fd, back) = vm.create_vcpu(
+            index,
+            n,
+            &supported,
+            entry,
+            idle_cpuid,
+            &checked.plan.cpu_model,
+        )?;
         if index == 0 {
             out.cpuid_back = back;
         }
@@ -242,7 +248,7 @@ pub(super) fn create_vcpus(
             counters,
             kicker,
             pause: Arc::default(),
-            syscall: SyscallRepair::new(checked.cpu_model.syscall_repair),
+            syscall: SyscallRepair::new(checked.plan.cpu_model.syscall_repair),
             guest_faults: devices.guest_faults.clone(),
             stats: h.stats.clone(),
         };

@@ -12,8 +12,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod embedded;
 mod verbs;
-use partition::machine::check::Checked;
 use partition::machine::launch;
+use partition::machine::open::Checked;
 use partition::machine::outcome::Observer;
 use partition::{Console, KernelSource, LaunchConfig, MemorySource, PoolRequest};
 
@@ -376,7 +376,7 @@ impl Observer for Progress {
     /// before the first KVM_RUN, counted with strace, where one does).
     fn booting(&self, checked: &Checked, boot: &boot::BootInfo, memory: &str) {
         use std::fmt::Write as _;
-        let cores = checked.cores();
+        let cores = checked.plan.cores();
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -390,19 +390,19 @@ impl Observer for Progress {
             partition::config::size::format(boot::e820::memory(&boot.e820)),
             memory,
         );
-        let _ = writeln!(s, "partition: {}", checked.idle().describe());
-        let _ = writeln!(s, "partition: {}", checked.cpu_model().describe(&[]));
-        let _ = writeln!(s, "partition: command line: {}", checked.cmdline());
-        if let Some(why) = checked.cores_from() {
+        let _ = writeln!(s, "partition: {}", checked.plan.idle().describe());
+        let _ = writeln!(s, "partition: {}", checked.plan.cpu_model().describe(&[]));
+        let _ = writeln!(s, "partition: command line: {}", checked.plan.cmdline());
+        if let Some(why) = checked.plan.cores_from() {
             let _ = writeln!(
                 s,
                 "partition: cores from this process's cgroup, exclusive by {why}"
             );
         }
-        if let Some(p) = &checked.config().api_socket {
+        if let Some(p) = checked.plan.api_socket() {
             let _ = writeln!(s, "partition: local API on {}", p.display());
         }
-        let _ = match checked.sandbox() {
+        let _ = match checked.plan.sandbox() {
             partition::sys::sandbox::Sandbox::On(who) => writeln!(
                 s,
                 "partition: sandbox: once set up the VMM runs as {} (uid {}, gid {}) with no \

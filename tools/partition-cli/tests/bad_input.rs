@@ -230,6 +230,15 @@ fn every_bad_input_exits_2_with_a_clear_message_and_leaves_nothing_behind() {
             "one submission engine per partition",
         ),
         (
+            "a kubelet checkpoint without cores from the cgroup",
+            [
+                &PROBE_16M[..],
+                &["--kubelet-cpu-state", "/var/lib/kubelet/cpu_manager_state"],
+            ]
+            .concat(),
+            "--kubelet-cpu-state goes with --cores from-cgroup",
+        ),
+        (
             "a plan whose memory is not a size",
             vec!["reserve", "--plan", &plan_bad_size],
             "\"lots\" is not a size",
