@@ -8,6 +8,24 @@ TRIPLE=x86_64-unknown-linux-gnu
 # where its minutes went.
 say() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
+# test_exe NAME: the path of tools/partition-cli/tests/NAME.rs's test binary, as `cargo test
+# --workspace` builds it (the same binary, not a second build with other features); built
+# here if it is not yet. Read from cargo's JSON messages, read once a script (TEST_EXES).
+test_exe() {
+    [ -n "${TEST_EXES:-}" ] || TEST_EXES=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    t = m.get("target", {})
+    if (m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and m.get("executable")
+            and "tools/partition-cli" in m.get("manifest_path", "")):
+        print(t["name"], m["executable"])')
+    awk -v n="$1" '$1 == n { print $2 }' <<< "$TEST_EXES"
+}
+
 need_root() {
     [ "$(id -u)" = 0 ] || die "run as root (KVM, hugepages and cpusets need it)"
 }

@@ -35,13 +35,7 @@ mapfile -t -O 2 files < <(rig_qemu_files)
 extra=()
 if [ "$section" = exits ]; then
     say "rig bench: Debian's kernel and the userspace initramfs (tests/linux_kernel.rs)"
-    exe=$(cargo test -p partition-cli --test linux_kernel --no-run --message-format=json --quiet 2>/dev/null |
-        python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m = json.loads(l)
-    except ValueError: continue
-    t = m.get("target", {})
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and t.get("kind") == ["test"] and t.get("name") == "linux_kernel": print(m["executable"])' | tail -n 1)
+    exe=$(test_exe linux_kernel)
     [ -x "$exe" ] || die "could not build tests/linux_kernel.rs"
     "$exe" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules --quiet >/dev/null
     assets=${CARGO_TARGET_DIR:-target}/$TRIPLE/tmp/assets

@@ -39,23 +39,8 @@ suite=(idle assist teardown pool vfio linux_kernel)
 
 say "rig suite: building the test binaries"
 # The workspace's build, as `cargo test --workspace` (scripts/test.sh) makes it: the same
-# binaries, not a second build with other features.
-json=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null)
-exe_of() {
-    python3 -c '
-import json, sys
-name = sys.argv[1]
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    t = m.get("target", {})
-    if (m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and t.get("name") == name
-            and m.get("executable") and "tools/partition-cli" in m.get("manifest_path", "")):
-        print(m["executable"])
-' "$1" <<< "$json"
-}
+# binaries, not a second build with other features (lib.sh's test_exe, read once here).
+test_exe idle >/dev/null
 
 root=$(pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
@@ -73,7 +58,7 @@ allowed_skips=(
 asset_files=()
 if printf '%s\n' "${suite[@]}" | grep -q '^linux_kernel'; then
     say "rig suite: Debian's kernel and the userspace initramfs (tests/linux_kernel.rs)"
-    "$(exe_of linux_kernel)" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules \
+    "$(test_exe linux_kernel)" --exact the_debian_assets_hold_an_elf_kernel_busybox_init_and_the_virtio_modules \
         --quiet >/dev/null
     assets="$target/$TRIPLE/tmp/assets"
     while read -r f; do
@@ -113,7 +98,7 @@ run_machine() {
         name=${t%%=*}
         filter=""
         [ "$name" != "$t" ] && filter=${t#*=}
-        exe=$(exe_of "$name")
+        exe=$(test_exe "$name")
         [ -n "$exe" ] || die "no test binary named $name (tools/partition-cli/tests/$name.rs)"
         files+=(--file "$exe:$exe")
         {

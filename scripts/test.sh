@@ -80,12 +80,7 @@ cargo test --workspace -- --show-output --skip "$own_kernel_test"
 
 say "our own kernel on this host, in the background (log: target/own-kernel-test.log)"
 # The test binary cargo built above, run directly: no cargo beside rig-suite.sh's build.
-linux_kernel_exe=$(cargo test -p partition-cli --test linux_kernel --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "linux_kernel":
-        print(m["executable"])')
+linux_kernel_exe=$(test_exe linux_kernel)
 [ -x "$linux_kernel_exe" ] || die "no tests/linux_kernel.rs binary"
 (cd tools/partition-cli && "$linux_kernel_exe" --exact "$own_kernel_test" --show-output) \
     > target/own-kernel-test.log 2>&1 &
