@@ -17,41 +17,102 @@ use crate::cpu::readback::Readback;
 use crate::kvm::stats::Stats;
 use crate::kvm::vcpu::{Kicker, PauseControl};
 
-/// One route: its path and, per method, the status of a good answer and the schema of its
-/// body (names in `openapi.json`'s `components.schemas`).
+/// One route: its path and the methods it serves.
 pub struct Route {
     /// The path.
     pub path: &'static str,
-    /// (method, status, response schema) for each method served.
-    pub methods: &'static [(&'static str, u16, &'static str)],
+    /// Each method served on it.
+    pub methods: &'static [Method],
 }
 
-/// Every route the API serves. A method not listed on a listed path gets 405; any other
-/// path 404; a bad request 400 (all with the `Error` schema).
+/// One method of a route: the status of a good answer, the schema of its body (a name in
+/// `openapi.json`'s `components.schemas`) and what serves it, given the request's body.
+pub struct Method {
+    /// `GET`, `PUT`...
+    pub name: &'static str,
+    /// The status of a good answer.
+    pub status: u16,
+    /// The good answer's schema.
+    pub schema: &'static str,
+    /// The answer's body, or the error answer.
+    pub serve: fn(&ApiState, &[u8]) -> Result<Value, Response>,
+}
+
+/// A body served as JSON.
+fn json(body: &impl Serialize) -> Result<Value, Response> {
+    serde_json::to_value(body).map_err(|e| err(500, format!("the answer did not serialize: {e}")))
+}
+
+/// Every route the API serves, and the router: [`ApiState::handle`] answers from this list
+/// alone. A method not listed on a listed path gets 405; any other path 404; a bad request
+/// 400 (all with the `Error` schema).
 pub const ROUTES: &[Route] = &[
     Route {
         path: "/partition",
-        methods: &[("GET", 200, "Partition")],
+        methods: &[Method {
+            name: "GET",
+            status: 200,
+            schema: "Partition",
+            serve: |s, _| json(&s.description),
+        }],
     },
     Route {
         path: "/state",
         methods: &[
-            ("GET", 200, "State"),
-            ("PUT", 200, "State"),
-            ("PATCH", 200, "State"),
+            Method {
+                name: "GET",
+                status: 200,
+                schema: "State",
+                serve: |s, _| json(&s.state()),
+            },
+            Method {
+                name: "PUT",
+                status: 200,
+                schema: "State",
+                serve: |s, b| json(&s.put_state(b)?),
+            },
+            Method {
+                name: "PATCH",
+                status: 200,
+                schema: "State",
+                serve: |s, b| json(&s.put_state(b)?),
+            },
         ],
     },
     Route {
         path: "/counters",
-        methods: &[("GET", 200, "Counters")],
+        methods: &[Method {
+            name: "GET",
+            status: 200,
+            schema: "Counters",
+            serve: |s, _| json(&s.counters()),
+        }],
     },
     Route {
         path: "/idle",
-        methods: &[("GET", 200, "Idle")],
+        methods: &[Method {
+            name: "GET",
+            status: 200,
+            schema: "Idle",
+            serve: |s, _| json(&s.idle()),
+        }],
     },
     Route {
         path: "/actions",
-        methods: &[("PUT", 202, "State"), ("POST", 202, "State")],
+        methods: &[
+            Method {
+                name: "PUT",
+                status: 202,
+                schema: "State",
+                serve: |s, b| json(&s.action(b)?),
+            },
+            Method {
+                name: "POST",
+                status: 202,
+                schema: "State",
+                serve: |s, b| json(&s.action(b)?),
+            },
+        ],
     },
 ];
 
@@ -262,23 +323,20 @@ impl ApiState {
         }
     }
 
-    /// The answer to one parsed request: the router [`ROUTES`] describes.
+    /// The answer to one parsed request, from [`ROUTES`].
     pub fn handle(&self, method: &str, path: &str, bytes: &[u8]) -> Response {
-        let answer = |code, r: Result<StateDoc, Response>| match r {
-            Ok(doc) => Response::ok(code, &doc),
-            Err(r) => r,
+        let Some(route) = ROUTES.iter().find(|r| r.path == path) else {
+            return err(404, format!("no resource {path}"));
         };
-        match (method, path) {
-            ("GET", "/partition") => Response::ok(200, &self.description),
-            ("GET", "/state") => Response::ok(200, &self.state()),
-            ("GET", "/counters") => Response::ok(200, &self.counters()),
-            ("GET", "/idle") => Response::ok(200, &self.idle()),
-            ("PUT" | "PATCH", "/state") => answer(200, self.put_state(bytes)),
-            ("PUT" | "POST", "/actions") => answer(202, self.action(bytes)),
-            _ if ROUTES.iter().any(|r| r.path == path) => {
-                err(405, format!("{method} {path} is not served"))
-            }
-            _ => err(404, format!("no resource {path}")),
+        match route.methods.iter().find(|m| m.name == method) {
+            Some(m) => match (m.serve)(self, bytes) {
+                Ok(body) => Response {
+                    code: m.status,
+                    body,
+                },
+                Err(r) => r,
+            },
+            None => err(405, format!("{method} {path} is not served")),
         }
     }
 }

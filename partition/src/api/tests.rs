@@ -115,17 +115,19 @@ fn the_openapi_document_describes_exactly_the_routes_served() {
     for route in ROUTES {
         let item = paths[route.path].as_object().unwrap();
         let ops: BTreeSet<String> = item.keys().map(|m| m.to_uppercase()).collect();
-        let listed: BTreeSet<String> = route
-            .methods
-            .iter()
-            .map(|(m, _, _)| m.to_string())
-            .collect();
+        let listed: BTreeSet<String> = route.methods.iter().map(|m| m.name.to_string()).collect();
         assert_eq!(
             ops, listed,
             "{}: methods described against served",
             route.path
         );
-        for (method, code, schema) in route.methods {
+        for &super::routes::Method {
+            name: method,
+            status: code,
+            schema,
+            ..
+        } in route.methods
+        {
             let op = &item[&method.to_lowercase()];
             let ok: Vec<&String> = op["responses"]
                 .as_object()
@@ -158,11 +160,15 @@ fn every_route_answers_as_the_openapi_document_says() {
     for route in ROUTES {
         for method in METHODS {
             let s = state();
-            match route.methods.iter().find(|(m, _, _)| *m == method) {
-                Some((_, code, schema)) => {
+            match route.methods.iter().find(|m| m.name == method) {
+                Some(&super::routes::Method {
+                    status: code,
+                    schema,
+                    ..
+                }) => {
                     let op = &spec["paths"][route.path][method.to_lowercase()];
                     let r = s.handle(method, route.path, &good_body(&spec, op));
-                    assert_eq!(r.code, *code, "{method} {}: {}", route.path, r.body);
+                    assert_eq!(r.code, code, "{method} {}: {}", route.path, r.body);
                     let want = json!({ "$ref": format!("#/components/schemas/{schema}") });
                     if let Some(m) =
                         misfit(&spec, &want, &r.body, &format!("{method} {}", route.path))
