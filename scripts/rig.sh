@@ -22,10 +22,12 @@
 # without them). RIG_TCG_THREAD=single|multi picks QEMU's TCG threading (default multi;
 # docs/testing.md, "Which QEMU"). RIG_VRAM=SIZE: ivshmem's BAR (default 256G, a sparse file;
 # 512G does not fit the outer machine's 40-bit physical address width). RIG_SILENCE=SECS: a machine silent that long on the
-# command's line is hung, stopped and reported as a death (exit 125; default 420). Before
-# the command runs, the machine checks it is what it must be: kvm_amd loaded, /dev/kvm,
-# IOMMU groups, vfio-pci; anything missing stops it with RIG-NOT-READY and exit status 3,
-# the console's module lines printed.
+# command's line is hung, stopped and reported as a death (exit 125; default 420).
+# RIG_STALL=SECS: a machine whose heartbeat (a console line every 10 s of its own clock)
+# stops that long is poked once through QEMU's monitor, and hung if it stays silent as
+# long again (default 60). Before the command runs, the machine checks it is what it must
+# be: kvm_amd loaded, /dev/kvm, IOMMU groups, vfio-pci; anything missing stops it with
+# RIG-NOT-READY and exit status 3, the console's module lines printed.
 #
 # Inside: busybox, /dev/kvm (kvm_amd), vfio-pci loaded, IOMMU groups, cgroup v2 mounted at
 # /sys/fs/cgroup with +cpuset, the `partition` user, our binary as /usr/bin/partition and
@@ -38,7 +40,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 
 bin=""
 files=()
@@ -148,6 +150,9 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo +cpuset > /sys/fs/cgroup/cgroup.subtree_control
+# A heartbeat on the console every 10 s of this machine's own clock: scripts/rig.sh reads a
+# machine whose heartbeat stops as one whose timers stopped firing (docs/testing.md).
+(while :; do sleep 10; echo "rig-alive $(cut -d' ' -f1 /proc/uptime)" > /dev/ttyS0; done) &
 ip link set lo up 2>/dev/null
 for m in $(cat /lib/modules/load); do
     if grep -qx "$m" /rig/omit-modules 2>/dev/null; then
@@ -267,6 +272,7 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel "tcg,thread=$t
     -object "memory-backend-file,id=vram,size=$vram,mem-path=$run/vram.img,share=on"
     -device ivshmem-plain,memdev=vram,addr=05.0
     -device e1000e,addr=06.0
+    -qmp "unix:$run/qmp.sock,server=on,wait=off"
     -d cpu_reset -D "$log.resets")
 # QEMU's own warnings (TCG lacks some of EPYC's features) go to a file beside the log.
 "${qemu[@]}" 2> "$log.qemu" &
@@ -274,22 +280,67 @@ qpid=$!
 tail -f --pid=$qpid "$out" | sed -u 's/\r$//' &
 tpid=$!
 deadline=$((SECONDS + timeout))
-# A machine that says nothing on the command's line for RIG_SILENCE seconds (default 420:
-# longer than any test's own deadline inside, 300 s) is hung: its own timers no longer
-# fire (docs/testing.md, "Which QEMU": QEMU TCG lost the outer machine's timer wake-up).
-# It is treated as a death (exit 125), its console kept.
+# Two watchdogs. The machine's heartbeat (a console line every 10 s of its own clock, from
+# the first on): when none has come for RIG_STALL seconds (default 60), the machine's timers have stopped firing
+# (docs/testing.md, "Which QEMU": QEMU TCG lost the outer machine's timer wake-up). QEMU is
+# then poked once through its monitor (a QMP query, which wakes its main loop); a
+# heartbeat within RIG_STALL more seconds means the poke woke it, and the run goes on,
+# said on stderr; none means it is hung: stopped, reported as a death (exit 125), its
+# console kept. And a machine that says nothing on the command's line for RIG_SILENCE
+# seconds (default 420: longer than any test's own deadline inside, 300 s) is hung too.
 silence=${RIG_SILENCE:-420}
+stall=${RIG_STALL:-60}
+qmp_poke() { # one QMP query-status; prints QEMU's run state, or "no answer"
+    python3 - "$run/qmp.sock" <<'PY' 2>/dev/null || echo "no answer"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.readline()
+for cmd in ("qmp_capabilities", "query-status"):
+    f.write(json.dumps({"execute": cmd}) + "\n")
+    f.flush()
+    answer = f.readline()
+print(json.loads(answer).get("return", {}).get("status", "?"))
+PY
+}
 said=0
 quiet_since=$SECONDS
+beat=0
+beat_since=$SECONDS
+poked_at=""
 hung=0
 while kill -0 $qpid 2>/dev/null; do
     now_said=$(stat -c %s "$out" 2>/dev/null || echo 0)
+    now_beat=$(grep -c '^rig-alive' "$log" 2>/dev/null || true)
     if [ "$now_said" != "$said" ]; then
         said=$now_said
         quiet_since=$SECONDS
-    elif [ $((SECONDS - quiet_since)) -ge "$silence" ]; then
+    fi
+    if [ "${now_beat:-0}" != "$beat" ]; then
+        beat=${now_beat:-0}
+        beat_since=$SECONDS
+        if [ -n "$poked_at" ]; then
+            echo "rig: NOTE the outer machine's heartbeat stopped for $((SECONDS - poked_at + stall)) s and came back after a QMP poke (its timers stalled: docs/testing.md)" >&2
+            poked_at=""
+        fi
+    elif [ "$beat" = 0 ]; then
+        : # Booting: the heartbeat has not begun (RIG_SILENCE and the timeout guard this).
+    elif [ -z "$poked_at" ] && [ $((SECONDS - beat_since)) -ge "$stall" ]; then
+        poked_at=$SECONDS
+        echo "rig: the outer machine's heartbeat stopped ${stall} s ago (QEMU CPU $(ps -o time= -p $qpid | tr -d ' ')): poking QEMU's monitor: $(qmp_poke)" >&2
+    elif [ -n "$poked_at" ] && [ $((SECONDS - poked_at)) -ge "$stall" ]; then
+        echo "error: the outer machine's heartbeat stopped $((SECONDS - beat_since)) s ago and a QMP poke did not bring it back: hung, stopped" >&2
+        hung=1
+        hung_why="no heartbeat for $((SECONDS - beat_since)) s, a QMP poke did not help"
+    fi
+    if [ "$hung" = 0 ] && [ $((SECONDS - quiet_since)) -ge "$silence" ]; then
         echo "error: the outer machine said nothing for ${silence} s (RIG_SILENCE): hung, stopped" >&2
         hung=1
+        hung_why="nothing on the command's line for ${silence} s"
+    fi
+    if [ "$hung" = 1 ]; then
         kill $qpid 2>/dev/null || true
         wait $qpid 2>/dev/null || true
         break
@@ -324,7 +375,7 @@ if [ -z "$rc" ] || [ "$hung" = 1 ]; then
         grep -v "TCG doesn't support" "$log.qemu"
         echo "---- QEMU's last CPU resets (-d cpu_reset)"
         tail -n 80 "$log.resets"
-        [ "$hung" = 1 ] && echo "---- hung: nothing on the command's line for ${silence} s"
+        [ "$hung" = 1 ] && echo "---- hung: $hung_why"
     } > "$kept" 2>/dev/null || true
     echo "error: the outer machine stopped before the command ended (its whole console: $kept); its end:" >&2
     tail -n 40 "$log" >&2 || true
