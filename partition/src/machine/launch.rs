@@ -56,16 +56,16 @@ pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
     match &plan.source {
         MemorySource::Anonymous(backing) => Ok(Acquired::Unclaimed(RamSource::Anonymous(*backing))),
         MemorySource::Volume(dir) => Ok(Acquired::Unclaimed(RamSource::Extent(
-            crate::host::pod::volume_memory(dir, checked.plan.memory())?,
+            crate::host::pod::volume_memory(dir, plan.memory())?,
         ))),
         MemorySource::Pool(req) => {
             let claim = ExtentClaim::take(&ClaimRequest {
                 state_dir: &plan.state_dir,
                 name: &req.name,
                 offset: req.offset,
-                size: checked.plan.memory(),
-                cores: &checked.plan.cores,
-                idle: checked.plan.idle.policy.name(),
+                size: plan.memory(),
+                cores: &plan.cores,
+                idle: plan.idle.policy.name(),
                 kernel: &checked.kernel_name,
                 api_socket: plan.api_socket.as_deref(),
             })?;
