@@ -18,6 +18,7 @@ pub mod lookup;
 pub mod memsetup;
 pub mod noise;
 pub mod nvmecore;
+pub mod peers;
 pub mod probe;
 pub mod provenance;
 pub use provenance::now_utc;
@@ -50,6 +51,10 @@ pub struct Env {
     pub repo: Option<PathBuf>,
     /// `qemu-system-x86_64`, if installed.
     pub qemu: Option<PathBuf>,
+    /// Cloud Hypervisor's binary, if given or on PATH (a peer: [`peers`]).
+    pub cloud_hypervisor: Option<PathBuf>,
+    /// Firecracker's binary, if given or on PATH (a peer: [`peers`]).
+    pub firecracker: Option<PathBuf>,
     /// Measured runs per configuration.
     pub runs: usize,
     /// The core partitions run on (reserved by the benchmark).
@@ -557,6 +562,8 @@ mod tests {
             work: "/w".into(),
             repo: None,
             qemu: None,
+            cloud_hypervisor: None,
+            firecracker: None,
             runs: 1,
             core: 1,
             host_core: 0,
@@ -645,6 +652,8 @@ mod tests {
             work: "/nonexistent".into(),
             repo: None,
             qemu: Some("/opt/q".into()),
+            cloud_hypervisor: None,
+            firecracker: None,
             runs: 1,
             core: 1,
             host_core: 0,

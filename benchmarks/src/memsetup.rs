@@ -12,7 +12,11 @@
 //! - `qemu-hugetlbfs`: the strongest QEMU setup for the same job, guest memory from
 //!   preallocated 2 MiB hugepages (`-object memory-backend-file,mem-path=<hugetlbfs
 //!   mount>,prealloc=on`; the pages are taken from the kernel before and given back after
-//!   each run, outside the timed part, as for `hugetlb`).
+//!   each run, outside the timed part, as for `hugetlb`);
+//! - `cloud-hypervisor`, `cloud-hypervisor-hugepages`: Cloud Hypervisor (`--memory
+//!   size=..,prefault=on`, and `hugepages=on`), when given ([`crate::peers`]);
+//! - `firecracker`, `firecracker-hugepages`: Firecracker (`--no-api --config-file`, and
+//!   `"huge_pages": "2M"`), when given. Both boot the probe through its PVH note.
 //!
 //! Time to first byte is measured from `spawn` to the first byte on the VMM's stdout;
 //! the memory part comes from our VMM's own report (`--json` timings; QEMU has no such
@@ -34,11 +38,22 @@ use crate::doc::memsetup::{
     MemSetupChecks, MemSetupParams, MemSetupRow, MemSetupSection, PoolPreallocation,
 };
 use crate::head::Head;
+use crate::peers::{Peer, PeerBoot};
 use crate::stats::summary;
 use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 
 /// The memory sources compared.
-pub const SOURCES: [&str; 5] = ["pool", "anon-prefault", "hugetlb", "qemu", "qemu-hugetlbfs"];
+pub const SOURCES: [&str; 9] = [
+    "pool",
+    "anon-prefault",
+    "hugetlb",
+    "qemu",
+    "qemu-hugetlbfs",
+    "cloud-hypervisor",
+    "cloud-hypervisor-hugepages",
+    "firecracker",
+    "firecracker-hugepages",
+];
 const HUGEPAGE: u64 = 2 << 20;
 
 /// Sizes measured.
@@ -48,7 +63,16 @@ pub fn default_sizes() -> Vec<u64> {
 
 /// Whether `source` takes its pages from the kernel's free hugepages for each run.
 fn takes_hugepages(source: &str) -> bool {
-    matches!(source, "hugetlb" | "qemu-hugetlbfs")
+    matches!(source, "hugetlb" | "qemu-hugetlbfs") || source.ends_with("-hugepages")
+}
+
+/// The peer a source runs, if it is a peer's.
+fn peer_of(source: &str) -> Option<Peer> {
+    Peer::ALL.into_iter().find(|p| {
+        source
+            .strip_prefix(p.name())
+            .is_some_and(|r| r.is_empty() || r == "-hugepages")
+    })
 }
 
 fn launch_cmd(
@@ -58,9 +82,21 @@ fn launch_cmd(
     size: u64,
     probe: &Path,
     hugetlbfs: &Path,
-) -> Command {
+) -> Option<Command> {
     let mb = (size >> 20).to_string();
-    match source {
+    if let Some(peer) = peer_of(source) {
+        return PeerBoot {
+            peer,
+            pin: Some(env.host_core.to_string()),
+            vcpus: 1,
+            mb: size >> 20,
+            hugepages: takes_hugepages(source),
+            probe,
+            cmdline: "probe.memtest=0",
+        }
+        .command(env, &env.work);
+    }
+    Some(match source {
         "qemu" | "qemu-hugetlbfs" => {
             let hugepages = source == "qemu-hugetlbfs";
             let mut c = Microvm {
@@ -99,13 +135,14 @@ fn launch_cmd(
             };
             l.probe().cmdline("probe.memtest=0").json().command()
         }
-    }
+    })
 }
 
 fn ok(source: &str, status: std::process::ExitStatus) -> bool {
     match source {
         // isa-debug-exit: status s exits with (s << 1) | 1.
         "qemu" | "qemu-hugetlbfs" => status.code() == Some(1),
+        // Ours, and the peers, which exit 0 when the probe powers off.
         _ => status.success(),
     }
 }
@@ -129,6 +166,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         pool_preallocation: None,
         qemu_note: None,
         qemu_hugetlbfs_note: None,
+        peers: crate::peers::infos(env),
         rows: None,
         checks: None,
         failures: None,
@@ -178,6 +216,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         .iter()
         .copied()
         .filter(|s| !s.starts_with("qemu") || env.qemu.is_some())
+        .filter(|s| peer_of(s).is_none_or(|p| p.binary(env).is_some()))
         .collect();
     if env.qemu.is_none() {
         section.qemu_note = Some("qemu-system-x86_64 not found: no peer rows".into());
@@ -201,6 +240,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
     if !mounted {
         sources.retain(|s| *s != "qemu-hugetlbfs");
     }
+    section.params.sources = sources.iter().map(|s| s.to_string()).collect();
     let base = HugepageCount::read();
     // Puts the count back to `base` (the pool's own pages) however the loop ends; it must
     // go before unreserve, which gives the pool's pages back.
@@ -225,8 +265,12 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                         continue;
                     }
                 }
-                let mut cmd = launch_cmd(env, &state, source, size, &probe, &hugetlbfs);
-                if !source.starts_with("qemu") {
+                let Some(mut cmd) = launch_cmd(env, &state, source, size, &probe, &hugetlbfs)
+                else {
+                    HugepageCount::set(base);
+                    continue;
+                };
+                if !source.starts_with("qemu") && peer_of(source).is_none() {
                     // The timeline then starts at the spawn: exec and loading are a phase.
                     cmd.env(
                         partition::sys::timeline::EXEC_ENV,
@@ -411,6 +455,8 @@ mod tests {
             work: "/w".into(),
             repo: None,
             qemu: Some("/bin/qemu".into()),
+            cloud_hypervisor: None,
+            firecracker: None,
             runs: 1,
             core: 1,
             host_core: 0,
@@ -428,7 +474,8 @@ mod tests {
             256 << 20,
             Path::new("/p"),
             dir,
-        );
+        )
+        .unwrap();
         let args: Vec<String> = c
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
@@ -450,7 +497,8 @@ mod tests {
             256 << 20,
             Path::new("/p"),
             dir,
-        );
+        )
+        .unwrap();
         let args: Vec<String> = plain
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
@@ -460,5 +508,24 @@ mod tests {
         );
         assert!(takes_hugepages("qemu-hugetlbfs") && takes_hugepages("hugetlb"));
         assert!(!takes_hugepages("pool"));
+        // The peers' sources: hugepages by name; a peer not given has no command.
+        assert!(takes_hugepages("firecracker-hugepages") && !takes_hugepages("firecracker"));
+        assert_eq!(
+            peer_of("cloud-hypervisor-hugepages"),
+            Some(Peer::CloudHypervisor)
+        );
+        assert_eq!(peer_of("firecracker"), Some(Peer::Firecracker));
+        assert_eq!(peer_of("qemu"), None);
+        assert!(
+            launch_cmd(
+                &env,
+                Path::new("/s"),
+                "firecracker",
+                256 << 20,
+                Path::new("/p"),
+                dir
+            )
+            .is_none()
+        );
     }
 }

@@ -546,6 +546,19 @@ fn memsetup(o: &mut String, m: &MemSetupSection) {
             med(&r.vmm_hugetlb_kib_at_first_byte, 1024.0, 0),
         );
     }
+    for p in &m.peers {
+        let _ = match (&p.note, &p.binary) {
+            (Some(note), _) => writeln!(o, "\n{note}."),
+            (None, Some(bin)) => writeln!(
+                o,
+                "\n{}: {} ({}).",
+                p.name,
+                bin.display(),
+                p.version.as_deref().unwrap_or("version unknown")
+            ),
+            (None, None) => Ok(()),
+        };
+    }
     memsetup_timeline(o, rows);
 }
 

@@ -25,6 +25,9 @@ pub struct MemSetupSection {
     /// Why there is no QEMU hugetlbfs row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qemu_hugetlbfs_note: Option<String>,
+    /// The Rust peers: each one's binary and version, or why it has no rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<crate::peers::PeerInfo>,
     /// One per (source, size).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<Vec<MemSetupRow>>,

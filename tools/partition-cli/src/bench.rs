@@ -58,6 +58,14 @@ pub struct BenchArgs {
     /// the partition, the bare host and QEMU drive it in turn.
     #[arg(long, value_name = "BDF")]
     vfio: Option<String>,
+    /// Cloud Hypervisor's binary, a peer in `memsetup` (default: `cloud-hypervisor` on PATH;
+    /// none: its rows say so). docs/benchmarks.md says how to build it.
+    #[arg(long, value_name = "PATH", env = "PARTITION_CLOUD_HYPERVISOR")]
+    cloud_hypervisor: Option<PathBuf>,
+    /// Firecracker's binary, a peer in `memsetup` (default: `firecracker` on PATH; none:
+    /// its rows say so). docs/benchmarks.md says how to build it.
+    #[arg(long, value_name = "PATH", env = "PARTITION_FIRECRACKER")]
+    firecracker: Option<PathBuf>,
     /// The Linux guest of the `exits` section: a directory with Debian's `vmlinux` and the
     /// initramfs `base.cpio` the Linux tests boot (scripts/rig-bench.sh exits makes it).
     #[arg(long, value_name = "DIR")]
@@ -246,6 +254,12 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         work: work.clone(),
         repo: cwd.join(".git").exists().then_some(cwd.clone()),
         qemu: benchmarks::host::on_path("qemu-system-x86_64"),
+        cloud_hypervisor: a
+            .cloud_hypervisor
+            .or_else(|| benchmarks::host::on_path("cloud-hypervisor")),
+        firecracker: a
+            .firecracker
+            .or_else(|| benchmarks::host::on_path("firecracker")),
         runs: a.runs,
         core: *cores.last().unwrap_or(&1),
         host_core: cores[0],

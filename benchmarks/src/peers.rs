@@ -1,0 +1,295 @@
+//! The Rust peers: Cloud Hypervisor and Firecracker, each booting the same probe guest
+//! ELF through its PVH note, when the benchmark is given their binaries
+//! (`--cloud-hypervisor PATH`, `--firecracker PATH`, or found on PATH). The project builds
+//! and ships neither: docs/benchmarks.md says how to build them by hand. A peer not given
+//! is a row that says so.
+//!
+//! Both write the guest's serial port to their stdout, and both end when the probe powers
+//! off (Cloud Hypervisor on the ACPI sleep control register its FADT names, Firecracker on
+//! the i8042 reset), exiting 0.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::Env;
+
+/// A peer VMM the benchmark can run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// Cloud Hypervisor.
+    CloudHypervisor,
+    /// Firecracker.
+    Firecracker,
+}
+
+impl Peer {
+    /// Both, in the order rows show them.
+    pub const ALL: [Peer; 2] = [Peer::CloudHypervisor, Peer::Firecracker];
+
+    /// Its binary's usual name (and the source name its rows carry).
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::CloudHypervisor => "cloud-hypervisor",
+            Peer::Firecracker => "firecracker",
+        }
+    }
+
+    /// Its binary, as the benchmark was given it.
+    pub fn binary(self, env: &Env) -> Option<&Path> {
+        match self {
+            Peer::CloudHypervisor => env.cloud_hypervisor.as_deref(),
+            Peer::Firecracker => env.firecracker.as_deref(),
+        }
+    }
+
+    /// The option that gives it.
+    pub fn option(self) -> &'static str {
+        match self {
+            Peer::CloudHypervisor => "--cloud-hypervisor",
+            Peer::Firecracker => "--firecracker",
+        }
+    }
+}
+
+/// A peer as the results record it: its binary and what it says its version is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    /// `cloud-hypervisor` or `firecracker`.
+    pub name: String,
+    /// The binary run, if given.
+    pub binary: Option<PathBuf>,
+    /// Its `--version` line, or why there are no rows of it.
+    pub version: Option<String>,
+    /// Why it has no rows, when it has none.
+    pub note: Option<String>,
+}
+
+/// Each peer's binary and version, or the note that says why it has no rows.
+pub fn infos(env: &Env) -> Vec<PeerInfo> {
+    Peer::ALL
+        .iter()
+        .map(|&p| match p.binary(env) {
+            Some(bin) => PeerInfo {
+                name: p.name().into(),
+                binary: Some(bin.to_path_buf()),
+                version: version(bin),
+                note: None,
+            },
+            None => PeerInfo {
+                name: p.name().into(),
+                binary: None,
+                version: None,
+                note: Some(format!(
+                    "{} not given ({} PATH, or on PATH): no rows",
+                    p.name(),
+                    p.option()
+                )),
+            },
+        })
+        .collect()
+}
+
+/// The first line `BIN --version` prints.
+fn version(bin: &Path) -> Option<String> {
+    let out = Command::new(bin).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .next()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+}
+
+/// One boot of the probe by a peer.
+pub struct PeerBoot<'a> {
+    /// Which.
+    pub peer: Peer,
+    /// A `taskset -c` list to start it under, if any.
+    pub pin: Option<String>,
+    /// vCPUs.
+    pub vcpus: usize,
+    /// Memory, MiB.
+    pub mb: u64,
+    /// Guest memory on 2 MiB hugepages (the kernel's free pool), made up front.
+    pub hugepages: bool,
+    /// The probe guest ELF.
+    pub probe: &'a Path,
+    /// Its command line.
+    pub cmdline: &'a str,
+}
+
+impl PeerBoot<'_> {
+    /// The command; Firecracker's configuration file goes in `dir` (which must exist).
+    /// None when the peer was not given.
+    pub fn command(&self, env: &Env, dir: &Path) -> Option<Command> {
+        let bin = self.peer.binary(env)?;
+        let mut c = match &self.pin {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        match self.peer {
+            Peer::CloudHypervisor => {
+                // Its strongest memory setup: every page made before the guest runs
+                // (prefault), from hugepages when asked.
+                let memory = format!(
+                    "size={}M,prefault=on{}",
+                    self.mb,
+                    if self.hugepages { ",hugepages=on" } else { "" }
+                );
+                c.arg("--kernel")
+                    .arg(self.probe)
+                    .args(["--cmdline", self.cmdline])
+                    .args(["--cpus", &format!("boot={}", self.vcpus)])
+                    .args(["--memory", &memory])
+                    .args(["--serial", "tty", "--console", "off"]);
+            }
+            Peer::Firecracker => {
+                let config = dir.join(format!(
+                    "firecracker-{}-{}{}.json",
+                    self.vcpus,
+                    self.mb,
+                    if self.hugepages { "-2M" } else { "" }
+                ));
+                let _ = std::fs::write(&config, self.firecracker_config().to_string());
+                c.args(["--no-api", "--level", "Warning", "--config-file"])
+                    .arg(config);
+            }
+        }
+        Some(c)
+    }
+
+    /// Firecracker's configuration (its `--config-file`).
+    pub fn firecracker_config(&self) -> serde_json::Value {
+        let mut machine = serde_json::json!({
+            "vcpu_count": self.vcpus,
+            "mem_size_mib": self.mb,
+        });
+        if self.hugepages {
+            machine["huge_pages"] = "2M".into();
+        }
+        serde_json::json!({
+            "boot-source": {
+                "kernel_image_path": self.probe,
+                "boot_args": self.cmdline,
+            },
+            "drives": [],
+            "machine-config": machine,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(ch: Option<&str>, fc: Option<&str>) -> Env {
+        Env {
+            partition: "/bin/partition".into(),
+            work: std::env::temp_dir(),
+            repo: None,
+            qemu: None,
+            cloud_hypervisor: ch.map(PathBuf::from),
+            firecracker: fc.map(PathBuf::from),
+            runs: 1,
+            core: 1,
+            host_core: 0,
+            guest_image: None,
+            lmbench: None,
+            baseline: None,
+            vfio: None,
+            exits_guest: None,
+        }
+    }
+
+    fn args(c: &Command) -> Vec<String> {
+        std::iter::once(c.get_program())
+            .chain(c.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_peer_not_given_has_no_command_and_a_note() {
+        let e = env(None, Some("/opt/fc/firecracker"));
+        let boot = |peer| PeerBoot {
+            peer,
+            pin: None,
+            vcpus: 1,
+            mb: 256,
+            hugepages: false,
+            probe: Path::new("/w/probe.elf"),
+            cmdline: "probe.memtest=0",
+        };
+        assert!(boot(Peer::CloudHypervisor).command(&e, &e.work).is_none());
+        assert!(boot(Peer::Firecracker).command(&e, &e.work).is_some());
+        let i = infos(&e);
+        assert_eq!(i[0].name, "cloud-hypervisor");
+        assert_eq!(
+            i[0].note.as_deref(),
+            Some("cloud-hypervisor not given (--cloud-hypervisor PATH, or on PATH): no rows")
+        );
+        // A binary that does not run has no version, and still rows (they fail, and say so).
+        assert_eq!(
+            (i[1].version.as_deref(), i[1].note.as_deref()),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn each_peer_boots_the_probe_with_its_strongest_memory_setup() {
+        let dir = std::env::temp_dir().join(format!("peers-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = env(
+            Some("/opt/ch/cloud-hypervisor"),
+            Some("/opt/fc/firecracker"),
+        );
+        let ch = PeerBoot {
+            peer: Peer::CloudHypervisor,
+            pin: Some("0".into()),
+            vcpus: 2,
+            mb: 1024,
+            hugepages: true,
+            probe: Path::new("/w/probe.elf"),
+            cmdline: "probe.memtest=0",
+        };
+        assert_eq!(
+            args(&ch.command(&e, &dir).unwrap()).join(" "),
+            "taskset -c 0 /opt/ch/cloud-hypervisor --kernel /w/probe.elf --cmdline \
+             probe.memtest=0 --cpus boot=2 --memory size=1024M,prefault=on,hugepages=on \
+             --serial tty --console off"
+        );
+        let fc = PeerBoot {
+            peer: Peer::Firecracker,
+            pin: None,
+            vcpus: 1,
+            mb: 256,
+            hugepages: true,
+            probe: Path::new("/w/probe.elf"),
+            cmdline: "probe.memtest=0",
+        };
+        let c = fc.command(&e, &dir).unwrap();
+        let a = args(&c);
+        assert_eq!(
+            &a[..5],
+            [
+                "/opt/fc/firecracker",
+                "--no-api",
+                "--level",
+                "Warning",
+                "--config-file"
+            ]
+        );
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&a[5]).unwrap()).unwrap();
+        assert_eq!(written["machine-config"]["huge_pages"], "2M");
+        assert_eq!(written["machine-config"]["mem_size_mib"], 256);
+        assert_eq!(written["boot-source"]["kernel_image_path"], "/w/probe.elf");
+        assert_eq!(written["boot-source"]["boot_args"], "probe.memtest=0");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
