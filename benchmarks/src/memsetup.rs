@@ -14,7 +14,7 @@
 //!   mount>,prealloc=on`; the pages are taken from the kernel before and given back after
 //!   each run, outside the timed part, as for `hugetlb`);
 //! - `cloud-hypervisor`, `cloud-hypervisor-hugepages`: Cloud Hypervisor (`--memory
-//!   size=..,prefault=on`, and `hugepages=on`), when given ([`crate::peers`]);
+//!   size=..,prefault=on`, and `hugepages=on,hugepage_size=2M`), when given ([`crate::peers`]);
 //! - `firecracker`, `firecracker-hugepages`: Firecracker (`--no-api --config-file`, and
 //!   `"huge_pages": "2M"`), when given. Both boot the probe through its PVH note.
 //!

@@ -135,11 +135,17 @@ impl PeerBoot<'_> {
         match self.peer {
             Peer::CloudHypervisor => {
                 // Its strongest memory setup: every page made before the guest runs
-                // (prefault), from hugepages when asked.
+                // (prefault), from 2 MiB hugepages when asked (the size named: without it
+                // Cloud Hypervisor reads it from a hugetlbfs at /dev/hugepages, which a host
+                // need not mount).
                 let memory = format!(
                     "size={}M,prefault=on{}",
                     self.mb,
-                    if self.hugepages { ",hugepages=on" } else { "" }
+                    if self.hugepages {
+                        ",hugepages=on,hugepage_size=2M"
+                    } else {
+                        ""
+                    }
                 );
                 c.arg("--kernel")
                     .arg(self.probe)
@@ -260,7 +266,7 @@ mod tests {
         assert_eq!(
             args(&ch.command(&e, &dir).unwrap()).join(" "),
             "taskset -c 0 /opt/ch/cloud-hypervisor --kernel /w/probe.elf --cmdline \
-             probe.memtest=0 --cpus boot=2 --memory size=1024M,prefault=on,hugepages=on \
+             probe.memtest=0 --cpus boot=2 --memory size=1024M,prefault=on,hugepages=on,hugepage_size=2M \
              --serial tty --console off"
         );
         let fc = PeerBoot {

@@ -8,7 +8,8 @@
 //! Host cost: the busy share of the two cores (from /proc/stat) while the guest sits idle
 //! (`probe.bench=idle`) for a fixed window, and package energy from RAPL where exposed.
 //! Peers: the same probe under `qemu-system-x86_64 -M microvm`, default and with
-//! `-overcommit cpu-pm=on`.
+//! `-overcommit cpu-pm=on`, and under Cloud Hypervisor and Firecracker when given
+//! ([`crate::peers`]), their vCPU threads on the same two cores.
 //!
 //! Every round runs the host side, each policy and each peer, in an order rotated per
 //! round; the per-run medians are summarised as a median with min-max spread.
@@ -26,6 +27,7 @@ use serde_json::Value;
 use crate::doc::wake::{PolicyRow, WakeHost, WakeMetric, WakeParams, WakeRow, WakeSection};
 use crate::head::{Head, Ordering as Claim};
 use crate::host::{futex_wait, futex_wake, pin};
+use crate::peers::{Peer, PeerBoot};
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm};
 
@@ -388,11 +390,17 @@ pub fn run(env: &Env) -> WakeSection {
             refused.insert(p.to_string(), msg);
         }
     }
-    let peers = if env.qemu.is_some() {
+    let mut peers = if env.qemu.is_some() {
         vec!["qemu-default", "qemu-cpu-pm"]
     } else {
         vec![]
     };
+    peers.extend(
+        Peer::ALL
+            .iter()
+            .filter(|p| p.binary(env).is_some())
+            .map(|p| p.name()),
+    );
     let mut peer_series: BTreeMap<String, Series> = BTreeMap::new();
     let mut baseline_busy = Vec::new();
 
@@ -433,6 +441,26 @@ pub fn run(env: &Env) -> WakeSection {
                         false,
                         Duration::from_secs(60),
                     );
+                }
+                peer if Peer::ALL.iter().any(|p| p.name() == peer) => {
+                    let p = Peer::ALL.into_iter().find(|p| p.name() == peer);
+                    let boot = |cmdline: &str| {
+                        PeerBoot {
+                            peer: p?,
+                            pin: Some(format!("{},{}", env.host_core, env.core)),
+                            vcpus: 2,
+                            mb: 64,
+                            hugepages: false,
+                            probe: &probe,
+                            cmdline,
+                        }
+                        .command(env, &env.work)
+                    };
+                    let s = peer_series.entry(peer.to_string()).or_default();
+                    if let (Some(wake), Some(idle)) = (boot(&wake_cmdline()), boot(&idle_cmdline()))
+                    {
+                        measure_guest(s, wake, idle, &cores, false, Duration::from_secs(60));
+                    }
                 }
                 peer => {
                     let cpu_pm = peer == "qemu-cpu-pm";
