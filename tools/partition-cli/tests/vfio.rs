@@ -242,10 +242,23 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
                     "{what}: {d:?} (a mark: {mark_cost:?})"
                 );
             } else {
+                // A doubled delivery on either vector (the watchdog's too): the guest's
+                // handlers ran more often between the marks than KVM injected there.
+                let (marked, injected) = (count("marked"), k("irq_injections"));
+                let twice = doubled_interrupts(
+                    "vfio nvme's interrupts (MSI-X or the watchdog's)",
+                    marked.saturating_sub(injected),
+                    &format!("{marked} handler runs between the marks, {injected} injections"),
+                );
+                let doubled = doubled.max(twice);
+                let line = out
+                    .lines()
+                    .find(|l| l.contains("probe: nvme submitted="))
+                    .unwrap_or("");
                 assert!(
-                    k("insn_emulation") <= 2 * (k("irq_injections") + doubled),
+                    k("insn_emulation") <= 2 * (injected + doubled),
                     "{what}: more emulated instructions than two an interrupt \
-                     ({doubled} delivered twice): {d:?}"
+                     ({doubled} delivered twice): {d:?}; a mark alone: {mark_cost:?}; {line}"
                 );
             }
             let vmm = vmm_between(&r, from, to);
