@@ -162,7 +162,9 @@ impl PeerBoot<'_> {
                     if self.hugepages { "-2M" } else { "" }
                 ));
                 let _ = std::fs::write(&config, self.firecracker_config().to_string());
-                c.args(["--no-api", "--level", "Warning", "--config-file"])
+                // Its logger writes to stdout, the serial port's stream: at level Warning
+                // a line comes before the guest's first byte, so only errors are logged.
+                c.args(["--no-api", "--level", "Error", "--config-file"])
                     .arg(config);
             }
         }
@@ -286,7 +288,7 @@ mod tests {
                 "/opt/fc/firecracker",
                 "--no-api",
                 "--level",
-                "Warning",
+                "Error",
                 "--config-file"
             ]
         );
