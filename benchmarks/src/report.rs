@@ -355,6 +355,17 @@ fn wake(o: &mut String, w: &WakeSection) {
             num(timer, 0),
         );
     }
+    // The peers, each in its own mode (QEMU's default and cpu-pm, Cloud Hypervisor,
+    // Firecracker), on the same two cores.
+    for r in w.peers.iter().flatten() {
+        let _ = writeln!(
+            o,
+            "| peer: {} | {} | {} |",
+            r.name,
+            num(r.ipi_round_trip.as_ref().map(|m| m.median_ns), 0),
+            num(r.timer_lateness.as_ref().map(|m| m.median_ns), 0),
+        );
+    }
 }
 
 /// Exits per operation on real KVM: ours and QEMU's by reason, beside the minimum.
@@ -971,6 +982,20 @@ mod tests {
             md.contains("| null syscall | us | 0.190 | 0.200 (lat_syscall null) | 0.95 | yes |")
         );
         assert!(md.contains("![ratios](box-ratios.svg)"));
+        // Every wake peer has its row beside the policies.
+        assert!(md.contains("| peer: qemu-cpu-pm | "), "{md}");
+        assert!(md.contains("| peer: qemu-default | "), "{md}");
+        // A memsetup peer not given says so under the table.
+        let d = doc_with(|s| {
+            ratios_fixture(s);
+            s["memsetup"]["peers"] = json!([{"name": "firecracker", "binary": null,
+                "version": null, "note": "firecracker not given (--firecracker PATH, or on PATH): no rows"}]);
+        });
+        let md = markdown(&d, "box", "x.svg");
+        assert!(
+            md.contains("firecracker not given (--firecracker PATH, or on PATH): no rows."),
+            "{md}"
+        );
         // A guest that did not run says why instead of inventing columns.
         let d = doc_with(|s| {
             ratios_fixture(s);
