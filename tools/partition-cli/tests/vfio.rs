@@ -234,7 +234,10 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
             // Emulated instructions come with interrupts, never with submissions: none in
             // the polled loop; by MSI-X at most two an injected interrupt (its EOI, an xAPIC
             // page write, and the instruction its window opens on, which KVM emulates on an
-            // AMD CPU without AVIC or NRIPS, as QEMU's TCG SVM is).
+            // AMD CPU without AVIC or NRIPS, as QEMU's TCG SVM is), and two more for the
+            // loop's two ends, which do not grow with the reads: in 11 rig runs of 20 and
+            // 220 reads the count was 2 an interrupt less 2 to plus 2 (docs/testing.md). An
+            // emulated instruction per submission would add 20 or 220.
             if from == 1 {
                 assert_eq!(
                     k("insn_emulation"),
@@ -256,8 +259,8 @@ fn the_probes_nvme_driver_submits_through_a_passed_through_controller_without_ex
                     .find(|l| l.contains("probe: nvme submitted="))
                     .unwrap_or("");
                 assert!(
-                    k("insn_emulation") <= 2 * (injected + doubled),
-                    "{what}: more emulated instructions than two an interrupt \
+                    k("insn_emulation") <= 2 * (injected + doubled) + 2,
+                    "{what}: more emulated instructions than two an interrupt and two \
                      ({doubled} delivered twice): {d:?}; a mark alone: {mark_cost:?}; {line}"
                 );
             }
