@@ -101,6 +101,13 @@ fn version(bin: &Path) -> Option<String> {
         .filter(|l| !l.is_empty())
 }
 
+/// FNV-1a, 64-bit: a name for a configuration file from its contents.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// One boot of the probe by a peer.
 pub struct PeerBoot<'a> {
     /// Which.
@@ -155,11 +162,11 @@ impl PeerBoot<'_> {
                     .args(["--serial", "tty", "--console", "off"]);
             }
             Peer::Firecracker => {
+                // One file per configuration: two commands made before either runs (a
+                // section's wake and idle boots) must not share one.
                 let config = dir.join(format!(
-                    "firecracker-{}-{}{}.json",
-                    self.vcpus,
-                    self.mb,
-                    if self.hugepages { "-2M" } else { "" }
+                    "firecracker-{:016x}.json",
+                    fnv1a(self.firecracker_config().to_string().as_bytes())
                 ));
                 let _ = std::fs::write(&config, self.firecracker_config().to_string());
                 // Its logger writes to stdout, the serial port's stream: at level Warning
@@ -298,6 +305,16 @@ mod tests {
         assert_eq!(written["machine-config"]["mem_size_mib"], 256);
         assert_eq!(written["boot-source"]["kernel_image_path"], "/w/probe.elf");
         assert_eq!(written["boot-source"]["boot_args"], "probe.memtest=0");
+        // Another command line, made before the first runs, has a file of its own.
+        let other = PeerBoot {
+            cmdline: "probe.memtest=0 probe.bench=idle",
+            ..fc
+        };
+        let b = args(&other.command(&e, &dir).unwrap());
+        assert_ne!(a[5], b[5]);
+        let first: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&a[5]).unwrap()).unwrap();
+        assert_eq!(first["boot-source"]["boot_args"], "probe.memtest=0");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -585,7 +585,13 @@ fn measure_guest(
     };
     match crate::timed_run(wake, limit) {
         Ok(r) if ok(r.status) => {
-            for (test, (m, p, mode)) in parse_wake(&r.stdout) {
+            let lines = parse_wake(&r.stdout);
+            if lines.is_empty() {
+                s.failures
+                    .push("exit 0 without a wake line: the guest ran something else".into());
+                return;
+            }
+            for (test, (m, p, mode)) in lines {
                 s.add(&test, m, p);
                 s.modes.insert(test, mode);
             }
