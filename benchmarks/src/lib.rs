@@ -73,6 +73,29 @@ pub struct Env {
     pub exits_guest: Option<PathBuf>,
 }
 
+impl Env {
+    /// An environment for unit tests: nothing found, one run, cores 0 and 1.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Env {
+        Env {
+            partition: "/bin/partition".into(),
+            work: "/w".into(),
+            repo: None,
+            qemu: None,
+            cloud_hypervisor: None,
+            firecracker: None,
+            runs: 1,
+            core: 1,
+            host_core: 0,
+            guest_image: None,
+            lmbench: None,
+            baseline: None,
+            vfio: None,
+            exits_guest: None,
+        }
+    }
+}
+
 /// A baseline build of `partition`.
 #[derive(Clone, Debug)]
 pub struct Baseline {
@@ -187,6 +210,18 @@ pub struct Microvm<'a> {
     pub cmdline: &'a str,
 }
 
+/// `bin`, started under `taskset -c PIN` when `pin` is given.
+pub fn pinned(bin: &Path, pin: Option<&str>) -> Command {
+    match pin {
+        Some(cpus) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", cpus]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
 impl Microvm<'_> {
     /// The command line, ready for the caller's additions.
     pub fn command(&self, env: &Env) -> Command {
@@ -194,14 +229,7 @@ impl Microvm<'_> {
             .qemu
             .clone()
             .unwrap_or_else(|| "qemu-system-x86_64".into());
-        let mut c = match &self.pin {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus]).arg(qemu);
-                c
-            }
-            None => Command::new(qemu),
-        };
+        let mut c = pinned(&qemu, self.pin.as_deref());
         let machine = if self.acpi {
             "microvm"
         } else {
@@ -557,22 +585,7 @@ mod tests {
 
     #[test]
     fn the_launch_builder_writes_what_a_person_would_type() {
-        let env = Env {
-            partition: "/bin/partition".into(),
-            work: "/w".into(),
-            repo: None,
-            qemu: None,
-            cloud_hypervisor: None,
-            firecracker: None,
-            runs: 1,
-            core: 1,
-            host_core: 0,
-            guest_image: None,
-            lmbench: None,
-            baseline: None,
-            vfio: None,
-            exits_guest: None,
-        };
+        let env = Env::for_tests();
         let c = Launch::new(&env, Path::new("/w/s"), "1,0", "64M")
             .probe()
             .backing("hugetlb")
@@ -650,18 +663,8 @@ mod tests {
         let env = Env {
             partition: "partition".into(),
             work: "/nonexistent".into(),
-            repo: None,
             qemu: Some("/opt/q".into()),
-            cloud_hypervisor: None,
-            firecracker: None,
-            runs: 1,
-            core: 1,
-            host_core: 0,
-            guest_image: None,
-            lmbench: None,
-            baseline: None,
-            vfio: None,
-            exits_guest: None,
+            ..Env::for_tests()
         };
         let probe = Path::new("/p.elf");
         let args = |c: &Command| {

@@ -451,20 +451,8 @@ mod tests {
     #[test]
     fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {
         let env = crate::Env {
-            partition: "/bin/partition".into(),
-            work: "/w".into(),
-            repo: None,
             qemu: Some("/bin/qemu".into()),
-            cloud_hypervisor: None,
-            firecracker: None,
-            runs: 1,
-            core: 1,
-            host_core: 0,
-            guest_image: None,
-            lmbench: None,
-            baseline: None,
-            vfio: None,
-            exits_guest: None,
+            ..crate::Env::for_tests()
         };
         let dir = Path::new("/mnt/h");
         let c = launch_cmd(

@@ -130,15 +130,7 @@ impl PeerBoot<'_> {
     /// The command; Firecracker's configuration file goes in `dir` (which must exist).
     /// None when the peer was not given.
     pub fn command(&self, env: &Env, dir: &Path) -> Option<Command> {
-        let bin = self.peer.binary(env)?;
-        let mut c = match &self.pin {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus]).arg(bin);
-                c
-            }
-            None => Command::new(bin),
-        };
+        let mut c = crate::pinned(self.peer.binary(env)?, self.pin.as_deref());
         match self.peer {
             Peer::CloudHypervisor => {
                 // Its strongest memory setup: every page made before the guest runs
@@ -204,20 +196,10 @@ mod tests {
 
     fn env(ch: Option<&str>, fc: Option<&str>) -> Env {
         Env {
-            partition: "/bin/partition".into(),
             work: std::env::temp_dir(),
-            repo: None,
-            qemu: None,
             cloud_hypervisor: ch.map(PathBuf::from),
             firecracker: fc.map(PathBuf::from),
-            runs: 1,
-            core: 1,
-            host_core: 0,
-            guest_image: None,
-            lmbench: None,
-            baseline: None,
-            vfio: None,
-            exits_guest: None,
+            ..Env::for_tests()
         }
     }
 
