@@ -194,9 +194,26 @@ impl PeerBoot<'_> {
 mod tests {
     use super::*;
 
-    fn env(ch: Option<&str>, fc: Option<&str>) -> Env {
+    /// A scratch directory of the test's own, gone when the test ends, passing or not.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let p = std::env::temp_dir().join(format!("peers-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&p).unwrap();
+            Scratch(p)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn env(ch: Option<&str>, fc: Option<&str>, work: &Scratch) -> Env {
         Env {
-            work: std::env::temp_dir(),
+            work: work.0.clone(),
             cloud_hypervisor: ch.map(PathBuf::from),
             firecracker: fc.map(PathBuf::from),
             ..Env::for_tests()
@@ -212,7 +229,8 @@ mod tests {
 
     #[test]
     fn a_peer_not_given_has_no_command_and_a_note() {
-        let e = env(None, Some("/opt/fc/firecracker"));
+        let dir = Scratch::new("not-given");
+        let e = env(None, Some("/opt/fc/firecracker"), &dir);
         let boot = |peer| PeerBoot {
             peer,
             pin: None,
@@ -239,11 +257,12 @@ mod tests {
 
     #[test]
     fn each_peer_boots_the_probe_with_its_strongest_memory_setup() {
-        let dir = std::env::temp_dir().join(format!("peers-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = Scratch::new("boots");
+        let dir = scratch.0.clone();
         let e = env(
             Some("/opt/ch/cloud-hypervisor"),
             Some("/opt/fc/firecracker"),
+            &scratch,
         );
         let ch = PeerBoot {
             peer: Peer::CloudHypervisor,
@@ -297,6 +316,5 @@ mod tests {
         let first: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&a[5]).unwrap()).unwrap();
         assert_eq!(first["boot-source"]["boot_args"], "probe.memtest=0");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
