@@ -177,7 +177,12 @@ pub fn wake(doc: &Results) -> Vec<Panel> {
         return Vec::new();
     };
     let who = |name: &str| {
-        if name.starts_with("qemu") { 2 } else { 0 }
+        // Ours are the idle policies; every other row is a peer VMM's.
+        if crate::wake::POLICIES.contains(&name) {
+            0
+        } else {
+            2
+        }
     };
     let measured: Vec<&WakeRow> = w
         .policies
@@ -246,7 +251,7 @@ pub fn wake(doc: &Results) -> Vec<Panel> {
     vec![panel(
         "Wakeups, median",
         Unit::Nanos,
-        &[("ours", BLUE), ("bare host", GREY), ("QEMU peer", ORANGE)],
+        &[("ours", BLUE), ("bare host", GREY), ("peer VMMs", ORANGE)],
         groups,
     )]
 }
@@ -370,7 +375,13 @@ pub fn memsetup(doc: &Results) -> Vec<Panel> {
                     .filter(|r| r.size_bytes == size)
                     .filter_map(|r| {
                         let v = key(r).as_ref()?.median;
-                        let slot = if r.source.starts_with("qemu") { 1 } else { 0 };
+                        // Ours are the three memory sources of `partition launch`; every
+                        // other row is a peer VMM's (QEMU, Cloud Hypervisor, Firecracker).
+                        let slot = if crate::memsetup::OURS.contains(&r.source.as_str()) {
+                            0
+                        } else {
+                            1
+                        };
                         let mut values = vec![None, None];
                         values[slot] = Some(v);
                         Some(Row {
@@ -382,7 +393,7 @@ pub fn memsetup(doc: &Results) -> Vec<Panel> {
             })
             .collect()
     };
-    let s = [("ours", BLUE), ("QEMU microvm", ORANGE)];
+    let s = [("ours", BLUE), ("peer VMMs", ORANGE)];
     vec![
         panel(
             "Launch to the guest's first serial byte, median",

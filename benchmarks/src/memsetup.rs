@@ -42,6 +42,9 @@ use crate::peers::{Peer, PeerBoot};
 use crate::stats::summary;
 use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 
+/// The sources that are `partition launch`'s own (the rest are peer VMMs').
+pub const OURS: [&str; 3] = ["pool", "anon-prefault", "hugetlb"];
+
 /// The memory sources compared.
 pub const SOURCES: [&str; 9] = [
     "pool",
