@@ -262,10 +262,7 @@ impl ApiState {
     }
 
     fn kvm(&self, v: &ApiVcpu) -> std::collections::BTreeMap<String, u64> {
-        v.stats
-            .as_ref()
-            .map(|s| s.idle_counters())
-            .unwrap_or_default()
+        crate::kvm::stats::idle_counters_of(v.stats.as_deref())
     }
 
     fn counters(&self) -> PartitionCounters {

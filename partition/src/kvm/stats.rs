@@ -90,6 +90,12 @@ impl Header {
     }
 }
 
+/// A vCPU's idle counters where its statistics may be missing (a KVM without the binary
+/// stats descriptor): none then. The report, the ledger and the API read them so.
+pub fn idle_counters_of(stats: Option<&Stats>) -> BTreeMap<String, u64> {
+    stats.map(Stats::idle_counters).unwrap_or_default()
+}
+
 impl Stats {
     /// Its descriptor (what a confined thread's filter lets it pread).
     pub fn raw_fd(&self) -> std::os::fd::RawFd {

@@ -326,10 +326,7 @@ pub(super) fn reports(handles: &[VcpuHandle]) -> Vec<VcpuReport> {
                 h.index,
                 h.core,
                 &h.counters,
-                h.stats
-                    .as_ref()
-                    .map(|s| s.idle_counters())
-                    .unwrap_or_default(),
+                crate::kvm::stats::idle_counters_of(h.stats.as_deref()),
             ),
             marks: h.counters.marks(),
         })
