@@ -8,11 +8,14 @@ TRIPLE=x86_64-unknown-linux-gnu
 # where its minutes went.
 say() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
-# test_exe NAME: the path of tools/partition-cli/tests/NAME.rs's test binary, as `cargo test
-# --workspace` builds it (the same binary, not a second build with other features); built
-# here if it is not yet. Read from cargo's JSON messages, read once a script (TEST_EXES).
-test_exe() {
-    [ -n "${TEST_EXES:-}" ] || TEST_EXES=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null |
+# load_test_exes: builds the workspace's tests as `cargo test --workspace` does (the same
+# binaries, not a second build with other features) and keeps each binary's name and path
+# of tools/partition-cli/tests in TEST_EXES, read from cargo's JSON messages. Call it in the
+# script's own shell (not inside `$(...)`, whose variables are lost) before several
+# test_exe calls, so the build and the reading happen once.
+load_test_exes() {
+    [ -n "${TEST_EXES:-}" ] && return 0
+    TEST_EXES=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null |
         python3 -c 'import json, sys
 for line in sys.stdin:
     try:
@@ -23,6 +26,12 @@ for line in sys.stdin:
     if (m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and m.get("executable")
             and "tools/partition-cli" in m.get("manifest_path", "")):
         print(t["name"], m["executable"])')
+}
+
+# test_exe NAME: the path of tools/partition-cli/tests/NAME.rs's test binary (load_test_exes
+# first if nothing is loaded yet).
+test_exe() {
+    load_test_exes
     awk -v n="$1" '$1 == n { print $2 }' <<< "$TEST_EXES"
 }
 

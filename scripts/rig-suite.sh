@@ -39,8 +39,8 @@ suite=(idle assist teardown pool vfio linux_kernel)
 
 say "rig suite: building the test binaries"
 # The workspace's build, as `cargo test --workspace` (scripts/test.sh) makes it: the same
-# binaries, not a second build with other features (lib.sh's test_exe, read once here).
-test_exe idle >/dev/null
+# binaries, not a second build with other features.
+load_test_exes
 
 root=$(pwd)
 target=${CARGO_TARGET_DIR:-$root/target}

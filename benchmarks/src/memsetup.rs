@@ -69,15 +69,6 @@ fn takes_hugepages(source: &str) -> bool {
     matches!(source, "hugetlb" | "qemu-hugetlbfs") || source.ends_with("-hugepages")
 }
 
-/// The peer a source runs, if it is a peer's.
-fn peer_of(source: &str) -> Option<Peer> {
-    Peer::ALL.into_iter().find(|p| {
-        source
-            .strip_prefix(p.name())
-            .is_some_and(|r| r.is_empty() || r == "-hugepages")
-    })
-}
-
 fn launch_cmd(
     env: &Env,
     state: &Path,
@@ -87,7 +78,7 @@ fn launch_cmd(
     hugetlbfs: &Path,
 ) -> Option<Command> {
     let mb = (size >> 20).to_string();
-    if let Some(peer) = peer_of(source) {
+    if let Some(peer) = Peer::from_source(source) {
         return PeerBoot {
             peer,
             pin: Some(env.host_core.to_string()),
@@ -219,7 +210,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         .iter()
         .copied()
         .filter(|s| !s.starts_with("qemu") || env.qemu.is_some())
-        .filter(|s| peer_of(s).is_none_or(|p| p.binary(env).is_some()))
+        .filter(|s| Peer::from_source(s).is_none_or(|p| p.binary(env).is_some()))
         .collect();
     if env.qemu.is_none() {
         section.qemu_note = Some("qemu-system-x86_64 not found: no peer rows".into());
@@ -273,7 +264,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                     HugepageCount::set(base);
                     continue;
                 };
-                if !source.starts_with("qemu") && peer_of(source).is_none() {
+                if !source.starts_with("qemu") && Peer::from_source(source).is_none() {
                     // The timeline then starts at the spawn: exec and loading are a phase.
                     cmd.env(
                         partition::sys::timeline::EXEC_ENV,
@@ -502,11 +493,11 @@ mod tests {
         // The peers' sources: hugepages by name; a peer not given has no command.
         assert!(takes_hugepages("firecracker-hugepages") && !takes_hugepages("firecracker"));
         assert_eq!(
-            peer_of("cloud-hypervisor-hugepages"),
+            Peer::from_source("cloud-hypervisor-hugepages"),
             Some(Peer::CloudHypervisor)
         );
-        assert_eq!(peer_of("firecracker"), Some(Peer::Firecracker));
-        assert_eq!(peer_of("qemu"), None);
+        assert_eq!(Peer::from_source("firecracker"), Some(Peer::Firecracker));
+        assert_eq!(Peer::from_source("qemu"), None);
         assert!(
             launch_cmd(
                 &env,

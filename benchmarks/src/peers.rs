@@ -36,6 +36,16 @@ impl Peer {
         }
     }
 
+    /// The peer a row's source names: its name, or its name with `-hugepages` (the
+    /// strongest memory setup it offers); `None` for ours and QEMU's sources.
+    pub fn from_source(source: &str) -> Option<Peer> {
+        Peer::ALL.into_iter().find(|p| {
+            source
+                .strip_prefix(p.name())
+                .is_some_and(|rest| rest.is_empty() || rest == "-hugepages")
+        })
+    }
+
     /// Its binary, as the benchmark was given it.
     pub fn binary(self, env: &Env) -> Option<&Path> {
         match self {

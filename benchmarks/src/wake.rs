@@ -442,11 +442,10 @@ pub fn run(env: &Env) -> WakeSection {
                         Duration::from_secs(60),
                     );
                 }
-                peer if Peer::ALL.iter().any(|p| p.name() == peer) => {
-                    let p = Peer::ALL.into_iter().find(|p| p.name() == peer);
+                peer if let Some(p) = Peer::from_source(peer) => {
                     let boot = |cmdline: &str| {
                         PeerBoot {
-                            peer: p?,
+                            peer: p,
                             pin: Some(format!("{},{}", env.host_core, env.core)),
                             vcpus: 2,
                             mb: 64,
