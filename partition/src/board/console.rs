@@ -1,7 +1,83 @@
-//! The guest's serial output on its way to stdout or `--console FILE`: capped, so a guest
-//! that prints without end cannot fill the host's disk.
+//! The console: the guest's COM1 and its output on the way to stdout or `--console FILE`,
+//! capped (a guest that prints without end cannot fill the host's disk), watched for the
+//! lines of a guest's fault, its first byte stamped (the launch's "first output").
 
 use std::io::Write;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use devices::Bus;
+use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
+
+use crate::kvm::{Vm, VmError};
+use crate::sys::timeline::Stamp;
+
+/// Why the console could not be wired.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// KVM refused its interrupt line.
+    #[error("{0}")]
+    Vm(#[from] VmError),
+    /// The bus refused its ports.
+    #[error("{0}")]
+    Bus(#[from] devices::BusError),
+}
+
+/// The console's parts the launch keeps.
+pub struct AttachedConsole {
+    /// COM1 (the vCPUs reach it through the port bus; the launch flushes it at the end).
+    pub serial: Arc<Mutex<SerialPort>>,
+    /// When the guest's first byte went by.
+    pub first_byte: Arc<OnceLock<Stamp>>,
+    /// Lines of the guest's console that report a fatal signal or an Oops
+    /// ([`FAULT_LINES`]).
+    pub guest_faults: Arc<AtomicU64>,
+}
+
+/// COM1 on `pio` with its interrupt, writing to `out` at most `limit` bytes.
+pub fn attach(
+    vm: &Vm,
+    pio: &mut Bus,
+    out: Box<dyn Write + Send>,
+    limit: u64,
+) -> Result<AttachedConsole, ConsoleError> {
+    let irq = vm.irq_line(COM1_IRQ)?;
+    let first_byte = Arc::new(OnceLock::new());
+    let guest_faults = Arc::new(AtomicU64::new(0));
+    let out = Box::new(FirstByte {
+        inner: Box::new(FaultWatch::new(
+            Box::new(Capped::new(out, limit)),
+            guest_faults.clone(),
+        )),
+        at: first_byte.clone(),
+    });
+    let serial = Arc::new(Mutex::new(SerialPort::new(Box::new(irq), out)));
+    pio.insert("serial", COM1_PORT, COM1_LEN, serial.clone())?;
+    Ok(AttachedConsole {
+        serial,
+        first_byte,
+        guest_faults,
+    })
+}
+
+/// Passes output through and notes when the first byte went by.
+struct FirstByte {
+    inner: Box<dyn Write + Send>,
+    at: Arc<OnceLock<Stamp>>,
+}
+
+impl Write for FirstByte {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        // One stamp (a CPU clock read is a system call), at the first byte.
+        if !b.is_empty() && self.at.get().is_none() {
+            let _ = self.at.set(Stamp::now());
+        }
+        self.inner.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
 
 /// Default cap on what a guest may write to its console (`--console-limit`).
 pub const DEFAULT_LIMIT: u64 = 64 << 20;

@@ -1,11 +1,8 @@
-//! Disks: parsing `--disk` and attaching virtio-blk devices to a VM.
-//!
-//! Each disk gets a 4 KiB virtio-mmio window from 0xd000_0000 up and a GSI from 5 up, is
-//! described in the ACPI DSDT (a `LNRO0005` device, how stock kernels find it) and
-//! announced on the guest's command line as `virtio_mmio.device=4K@ADDR:GSI`, has its
-//! interrupt on an irqfd, and each of its queues' QueueNotify bound to an ioeventfd
-//! (datamatch = queue index) so doorbells never leave the kernel. With `--no-ioeventfd`
-//! the doorbell is an MMIO exit the transport turns into the same eventfd write.
+//! Disks (`--disk`) as a device kind: parsing the option, opening the backings (each once,
+//! by descriptor), each disk a virtio-blk device on virtio-mmio
+//! ([`crate::board::virtio_mmio`]: a 4 KiB window from 0xd000_0000 up, a GSI from 5 up,
+//! ioeventfd doorbells, an irqfd interrupt), its queue workers (io_uring) started under the
+//! block worker's filter, and its entry in the launch's report.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -13,14 +10,26 @@ use std::time::Duration;
 
 use boot::acpi::MmioDevice;
 use devices::Bus;
-use devices::virtio::VirtioInterrupt;
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
-use devices::virtio::mmio::{MmioTransport, QUEUE_NOTIFY, WINDOW};
-use vmm_sys_util::eventfd::EventFd;
+use devices::virtio::mmio::MmioTransport;
 
+use crate::board::device::{Device, DeviceError, DeviceFds, DeviceReport, FilterOf, Section};
 use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
+use crate::sys::seccomp::Role;
+
+/// The disks' key in the launch's JSON report: a list, there even with no disk.
+pub const SECTION: Section = Section {
+    key: "disks",
+    one: false,
+    always: true,
+};
+
+/// The bus name and resource owner of disk `i`.
+pub fn name(i: usize) -> String {
+    format!("virtio-blk{i}")
+}
 
 /// Most disks (each takes an IOAPIC pin; `crate::board::resources` has 19 free).
 pub const MAX_DISKS: usize = 8;
@@ -42,15 +51,9 @@ pub enum DiskError {
     /// The backing cannot be used.
     #[error("{0}")]
     Open(#[from] devices::virtio::block::disk::DiskError),
-    /// eventfd creation.
-    #[error("eventfd: {0}")]
-    EventFd(std::io::Error),
-    /// The bus refused the window.
+    /// Its virtio-mmio window could not be wired.
     #[error("{0}")]
-    Bus(#[from] devices::BusError),
-    /// KVM refused a doorbell (ioeventfd) or an interrupt line (irqfd).
-    #[error("{0}")]
-    Vm(#[from] crate::kvm::VmError),
+    Wiring(#[from] crate::board::virtio_mmio::VirtioMmioError),
 }
 
 impl From<KeyValueError> for DiskError {
@@ -120,6 +123,71 @@ pub struct AttachedDisk {
     pub disk_fd: std::os::fd::RawFd,
 }
 
+/// One disk's window and its queues' counters at teardown.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DiskReport {
+    /// virtio-mmio window base.
+    pub base: u64,
+    /// Its GSI.
+    pub gsi: u32,
+    /// Each queue's counters.
+    pub queues: Vec<devices::virtio::QueueCounters>,
+    /// Messages the guest made the VMM log about this disk that the rate limits dropped
+    /// (5 a second each for the window and the queue workers, for the VMM's whole life).
+    pub log_suppressed: u64,
+}
+
+impl std::fmt::Display for DiskReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?;
+        for (i, q) in self.queues.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{q}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Device for AttachedDisk {
+    fn fds(&self, fds: &mut DeviceFds) {
+        fds.worker_writes.push(self.disk_fd);
+    }
+
+    /// Its queue workers, each installing the block worker's filter before it serves
+    /// anything.
+    fn start(
+        &mut self,
+        filter: FilterOf<'_>,
+        _worker_core: Option<usize>,
+    ) -> Result<(), DeviceError> {
+        let filter = filter(Role::BlockWorker);
+        let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &filter {
+            Some(f) => crate::sys::seccomp::apply(Role::BlockWorker, f).map_err(Into::into),
+            None => Ok(()),
+        });
+        self.transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .start(hook)?;
+        Ok(())
+    }
+
+    /// Stops its queue workers (they write into guest memory); its queues' counters.
+    fn stop(&mut self) -> DeviceReport {
+        let mut t = self.transport.lock().unwrap_or_else(|e| e.into_inner());
+        t.shutdown();
+        let r = DiskReport {
+            base: self.base,
+            gsi: self.gsi,
+            queues: t.device().stats(),
+            log_suppressed: t.log_suppressed(),
+        };
+        DeviceReport::one(SECTION, &r, r.to_string())
+    }
+}
+
 /// Opens every disk (so a bad one is reported before anything else is created).
 pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
     if configs.len() > MAX_DISKS {
@@ -175,19 +243,8 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
         .collect()
 }
 
-/// The command-line words announcing the disks in `windows` (where
-/// `crate::board::resources` placed them), for kernels built with
-/// `CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES` (stock distribution kernels find them in the ACPI
-/// DSDT, which describes the same windows).
-pub fn cmdline(windows: &[MmioDevice]) -> String {
-    windows
-        .iter()
-        .map(|w| format!("virtio_mmio.device=4K@{:#x}:{}", w.base, w.gsi))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Puts `disks` on `bus`, with doorbells and interrupts wired through KVM.
+/// Puts `disks` on `bus`, each in its window of `windows` (in order), wired through KVM;
+/// their queue workers default to `worker_core`.
 pub fn attach(
     vm: &Vm,
     mem: &GuestMemory,
@@ -197,37 +254,16 @@ pub fn attach(
     ioeventfd: bool,
     worker_core: Option<usize>,
 ) -> Result<Vec<AttachedDisk>, DiskError> {
-    use devices::virtio::VirtioDevice;
     let mut out = Vec::new();
     for (i, (mut d, w)) in disks.into_iter().zip(windows).enumerate() {
-        let MmioDevice { base, gsi, .. } = *w;
         d.set_default_core(worker_core);
-        let mut doorbells = Vec::new();
-        for q in 0..d.queue_sizes().len() {
-            let evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(DiskError::EventFd)?);
-            if ioeventfd {
-                vm.bind_doorbell(&evt, base + QUEUE_NOTIFY, q as u32)?;
-                log::debug!(
-                    "virtio-blk{i} queue {q}: doorbell at {:#x} (datamatch {q}) is answered by the kernel",
-                    base + QUEUE_NOTIFY
-                );
-            }
-            doorbells.push(evt);
-        }
-        let irq = vm.irq_line(gsi)?;
-        let interrupt = Arc::new(VirtioInterrupt::new(Box::new(irq)));
         let disk_fd = std::os::fd::AsRawFd::as_raw_fd(&d.disk().file);
-        let t = Arc::new(Mutex::new(MmioTransport::new(
-            Box::new(d),
-            mem.mem().clone(),
-            interrupt,
-            doorbells,
-        )));
-        bus.insert(&format!("virtio-blk{i}"), base, WINDOW, t.clone())?;
+        let transport =
+            crate::board::virtio_mmio::attach(vm, mem, bus, &name(i), Box::new(d), w, ioeventfd)?;
         out.push(AttachedDisk {
-            transport: t,
-            base,
-            gsi,
+            transport,
+            base: w.base,
+            gsi: w.gsi,
             disk_fd,
         });
     }
@@ -271,13 +307,5 @@ mod tests {
         ] {
             assert!(parse(bad, 0).is_err(), "{bad}");
         }
-        assert_eq!(
-            cmdline(
-                &crate::board::resources::MachinePlan::new(1, 2, false, &[], 48)
-                    .unwrap()
-                    .disks
-            ),
-            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
-        );
     }
 }

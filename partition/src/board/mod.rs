@@ -4,15 +4,19 @@
 //!
 //! - [`resources`]: the one allocator of interrupt lines, MMIO and port ranges, PCI slots
 //!   and memory slots, and the machine plan made from it before anything is opened.
-//! - [`disks`]: `--disk`, virtio-blk on virtio-mmio with ioeventfd doorbells and irqfd
-//!   interrupts, served by the io_uring worker.
-//! - [`pci`]: the PCI functions (host bridge, the submission engine, passed-through
-//!   functions) and their KVM side (MSI-X routes, doorbell and BAR memory slots).
-//! - [`vfio`]: a host PCI function given to the partition through VFIO.
-//! - [`console`]: the guest's serial output, capped.
+//! - [`device`]: what the launch does with an attached device of any kind (its
+//!   descriptors for the filters, its threads, its report entry).
+//! - The kinds, a file each: [`disks`] (`--disk`: virtio-blk on [`virtio_mmio`], served by
+//!   the io_uring worker), [`engine`] (`--device engine`), [`vfio`] (`--device vfio=`: a
+//!   host PCI function given to the partition); the PCI ones on the root in [`pci`].
+//! - [`console`]: the guest's serial output, capped, watched for fault lines, its first
+//!   byte stamped.
 
 pub mod console;
+pub mod device;
 pub mod disks;
+pub mod engine;
 pub mod pci;
 pub mod resources;
 pub mod vfio;
+pub mod virtio_mmio;

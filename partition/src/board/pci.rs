@@ -1,26 +1,25 @@
 //! A partition's PCI functions (`--device`): the host bridge at 00.0, the submission
 //! engine at 01.0 (`docs/pci.md`) and a passed-through host function at 02.0
 //! (`--device vfio=BDF`, `crate::board::vfio`, `docs/passthrough.md`), and the KVM side of them
-//! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and the doorbell BAR's
-//! memory slot or ioeventfd and a passed-through BAR's memory slots, which follow the BAR
-//! when the guest moves it.
+//! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and what each function
+//! binds to a BAR (the engine's doorbell memory slot or ioeventfd, a passed-through BAR's
+//! memory slots), which follows the BAR when the guest moves it. Each function comes from
+//! its kind's file ([`crate::board::engine`], [`crate::board::vfio`]) as a
+//! [`PciAttachment`]; the root here knows no kind.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_START};
 use devices::Bus;
 use devices::pci::config::BarChange;
 use devices::pci::msix::RouteChange;
-use devices::pci::submit::{
-    BAR_DOORBELL, BAR_MSIX, BAR_REGS, BAR_SIZE, DoorbellMode, DoorbellPage, Shared, SubmitFunction,
-    VECTORS,
-};
+use devices::pci::submit::DoorbellMode;
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::board::resources::{EnginePlace, MachinePlan};
+use crate::board::device::{BarBinding, Device, PciAttachment};
+use crate::board::resources::MachinePlan;
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError, routing_table};
 use crate::memory::GuestMemory;
@@ -44,9 +43,9 @@ pub enum PciError {
         /// What the host lacks or has.
         what: String,
     },
-    /// The engine could not be built.
+    /// The engine could not be attached.
     #[error("{0}")]
-    Engine(#[from] devices::pci::submit::SubmitError),
+    Engine(#[from] crate::board::engine::EngineError),
     /// A function could not be passed through.
     #[error("{0}")]
     Passthrough(#[from] crate::board::vfio::VfioError),
@@ -59,14 +58,6 @@ pub enum PciError {
     /// KVM refused something.
     #[error("{0}")]
     Vm(#[from] VmError),
-    /// An eventfd or the doorbell page could not be made.
-    #[error("{what}: {source}")]
-    Os {
-        /// What.
-        what: &'static str,
-        /// Why.
-        source: std::io::Error,
-    },
 }
 
 impl From<KeyValueError> for PciError {
@@ -162,109 +153,6 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
     }
 }
 
-/// How a BAR is served, for the report.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct BarReport {
-    /// BAR index.
-    pub index: usize,
-    /// Guest address (where the VMM placed it; the guest may move it).
-    pub addr: u64,
-    /// Size.
-    pub size: u64,
-    /// `trap` (exits to the VMM), `ioeventfd` (answered in the kernel) or `memory`
-    /// (a memory slot: no exit).
-    pub served_by: &'static str,
-}
-
-/// The engine as the launch report shows it.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct EngineReport {
-    /// Slot on bus 0.
-    pub slot: u8,
-    /// Doorbell mode.
-    pub doorbell: DoorbellMode,
-    /// Its BARs.
-    pub bars: Vec<BarReport>,
-    /// MSI-X vectors.
-    pub msix_vectors: usize,
-    /// Commands executed over the launch (across the guest's resets of the engine).
-    pub executed: u64,
-    /// Doorbell writes that exited to the VMM (trap mode's doorbell page and the
-    /// `DOORBELL` register; 0 when every doorbell went through ioeventfd or the mapped page).
-    pub trapped_doorbells: u64,
-    /// Completion interrupts sent.
-    pub interrupts_sent: u64,
-    /// Host core the engine thread was pinned to (none free: where the scheduler put it).
-    pub core: Option<usize>,
-    /// The engine thread's CPU time over its life, ms.
-    pub thread_cpu_ms: f64,
-    /// Its life, ms (CPU over life: how busy it kept its core).
-    pub thread_ran_ms: f64,
-    /// The error that stopped it, if any.
-    pub error: Option<String>,
-}
-
-/// The engine's parts the launch keeps: what its thread needs and what the report shows.
-pub struct AttachedEngine {
-    /// Shared with the function and the thread.
-    pub shared: Arc<Shared>,
-    /// The thread's kick (trap mode's doorbell, enable, reset; ioeventfd's doorbell).
-    pub kick: Arc<EventFd>,
-    /// Its doorbell mode.
-    pub mode: DoorbellMode,
-    /// The mapped doorbell page (mapped mode).
-    pub page: Option<DoorbellPage>,
-    /// Where it was placed.
-    pub place: EnginePlace,
-}
-
-impl AttachedEngine {
-    /// The report; `core` is where its thread was pinned.
-    pub fn report(&self, core: Option<usize>) -> EngineReport {
-        let doorbell = match self.mode {
-            DoorbellMode::Trap => "trap",
-            DoorbellMode::Ioeventfd => "ioeventfd",
-            DoorbellMode::Mapped => "memory",
-        };
-        let bars = [
-            (BAR_REGS, "trap"),
-            (BAR_MSIX, "trap"),
-            (BAR_DOORBELL, doorbell),
-        ]
-        .into_iter()
-        .zip(self.place.bars)
-        .map(|((index, served_by), addr)| BarReport {
-            index,
-            addr,
-            size: BAR_SIZE,
-            served_by,
-        })
-        .collect();
-        let e = self.shared.engine();
-        EngineReport {
-            slot: self.place.slot,
-            doorbell: self.mode,
-            bars,
-            msix_vectors: VECTORS,
-            executed: e.lifetime(),
-            trapped_doorbells: self.shared.trapped_doorbells.load(Ordering::Relaxed),
-            interrupts_sent: self.shared.interrupts_sent.load(Ordering::Relaxed),
-            core,
-            thread_cpu_ms: self.shared.thread_cpu_ns.load(Ordering::Acquire) as f64 / 1e6,
-            thread_ran_ms: self.shared.thread_wall_ns.load(Ordering::Acquire) as f64 / 1e6,
-            error: e.error().map(|x| x.to_string()),
-        }
-    }
-}
-
-/// The doorbell BAR's binding to KVM, which moves with the BAR.
-enum Doorbell {
-    Trap,
-    Knock(Arc<EventFd>),
-    /// The page and its KVM memory slot.
-    Page(DoorbellPage, u32),
-}
-
 /// The KVM side of the root's functions.
 pub struct KvmPciHost {
     vm: Arc<Vm>,
@@ -272,11 +160,8 @@ pub struct KvmPciHost {
     routes: BTreeMap<u32, (u64, u32)>,
     /// (slot, vector) -> (GSI, its irqfd).
     vectors: BTreeMap<(u8, u16), (u32, Arc<EventFd>)>,
-    doorbell: Doorbell,
-    /// Where the engine is, if there is one.
-    engine: Option<EnginePlace>,
-    /// (slot, BAR) -> the pieces of a passed-through BAR mapped as memory slots.
-    mapped: BTreeMap<(u8, usize), Vec<crate::board::vfio::Piece>>,
+    /// (slot, BAR) -> what follows that BAR.
+    bindings: BTreeMap<(u8, usize), Vec<Box<dyn BarBinding>>>,
 }
 
 /// Environment variable that makes the VMM install no MSI route for its PCI functions, so
@@ -299,49 +184,19 @@ impl KvmPciHost {
 
 impl PciHost for KvmPciHost {
     fn bar_changed(&mut self, slot: u8, change: &BarChange) {
-        if let Some(pieces) = self.mapped.get(&(slot, change.index)) {
-            for p in pieces {
-                let at = |a: Option<u64>, len| match a {
-                    // SAFETY: the pieces are mmaps the passthrough keeps until after the VM.
-                    Some(a) => unsafe {
-                        self.vm.map_device_memory(p.slot, a + p.offset, p.host, len)
-                    },
-                    None => Ok(()),
-                };
-                if let Err(e) = at(change.old, 0).and_then(|()| at(change.new, p.len)) {
-                    log::warn!(
-                        "PCI: following BAR {} of 00:{slot:02x}.0: {e}",
-                        change.index
-                    );
-                }
+        for b in self
+            .bindings
+            .get(&(slot, change.index))
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = b.moved(&self.vm, change.old, change.new) {
+                log::warn!(
+                    "PCI: following BAR {} of 00:{slot:02x}.0 to {:?}: {e}",
+                    change.index,
+                    change.new
+                );
             }
-            return;
-        }
-        if Some(slot) != self.engine.map(|e| e.slot) || change.index != BAR_DOORBELL {
-            return;
-        }
-        let r = match &self.doorbell {
-            Doorbell::Trap => Ok(()),
-            Doorbell::Knock(evt) => change
-                .old
-                .map_or(Ok(()), |a| self.vm.unbind_knock(evt, a))
-                .and_then(|()| change.new.map_or(Ok(()), |a| self.vm.bind_knock(evt, a))),
-            Doorbell::Page(page, page_slot) => {
-                let (host, len) = page.host_range();
-                let slot = |at: Option<u64>, len| match at {
-                    // SAFETY: the page is owned by this host (and the engine thread), both
-                    // of which live until the VM is torn down.
-                    Some(a) => unsafe { self.vm.map_device_memory(*page_slot, a, host, len) },
-                    None => Ok(()),
-                };
-                slot(change.old, 0).and_then(|()| slot(change.new, len))
-            }
-        };
-        if let Err(e) = r {
-            log::warn!(
-                "PCI: following the engine's doorbell BAR to {:?}: {e}",
-                change.new
-            );
         }
     }
 
@@ -360,19 +215,11 @@ impl PciHost for KvmPciHost {
     }
 }
 
-/// An MSI-X vector's line: an irqfd the host routes.
-struct Line(Arc<EventFd>);
-
-impl devices::Interrupt for Line {
-    fn trigger(&self) -> std::io::Result<()> {
-        self.0.write(1)
-    }
-}
-
 /// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR window, with the host bridge
 /// and the devices of `specs` (None: an empty root on CF8/CFC only, as without PCI), each
 /// where `plan` placed it; a passed-through function takes its GSIs and memory slots from
-/// `plan`'s pools once its vectors and BARs are known.
+/// `plan`'s pools once its vectors and BARs are known. Returns each kind's device (the
+/// passed-through functions, then the engine).
 pub fn attach(
     vm: &Arc<Vm>,
     memory: &GuestMemory,
@@ -381,114 +228,48 @@ pub fn attach(
     specs: &[DeviceSpec],
     plan: &mut MachinePlan,
     cores: &[usize],
-) -> Result<
-    (
-        Option<AttachedEngine>,
-        Option<crate::board::vfio::Passthrough>,
-    ),
-    PciError,
-> {
-    let os = |what| move |source| PciError::Os { what, source };
-    let mut engine = None;
+) -> Result<Vec<Box<dyn Device>>, PciError> {
+    let mut attachments: Vec<PciAttachment> = Vec::new();
+    let mut out: Vec<Box<dyn Device>> = Vec::new();
+    let passthrough = crate::board::vfio::attach_all(vm, memory, plan, cores)?;
+    let passthrough = passthrough.map(|(mut functions, pass)| {
+        attachments.append(&mut functions);
+        pass
+    });
+    let engine_spec = specs.iter().find_map(|s| match s {
+        DeviceSpec::Engine { doorbell } => Some(*doorbell),
+        DeviceSpec::Vfio { .. } => None,
+    });
+    if let (Some(doorbell), Some(place)) = (engine_spec, plan.engine) {
+        let (function, engine) = crate::board::engine::attach(vm, memory, place, doorbell)?;
+        attachments.push(function);
+        out.push(Box::new(engine));
+    }
+    // Given back last: its mappings outlive the engine's.
+    if let Some(pass) = passthrough {
+        out.push(Box::new(pass));
+    }
     let mut host = KvmPciHost {
         vm: vm.clone(),
         routes: BTreeMap::new(),
         vectors: BTreeMap::new(),
-        doorbell: Doorbell::Trap,
-        engine: plan.engine,
-        mapped: BTreeMap::new(),
+        bindings: BTreeMap::new(),
     };
     let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
     if !specs.is_empty() {
         functions.push((0, Box::new(HostBridge::new())));
     }
-    // Passed-through functions, each where the plan put it, all in one container.
-    let mut vfio = None;
-    if !plan.vfio.is_empty() {
-        let mut pass = crate::board::vfio::Passthrough::new(crate::board::vfio::Shared::open(vm)?);
-        for place in plan.vfio.clone() {
-            let slot = place.slot;
-            let (f, attached) = crate::board::vfio::attach(
-                vm,
-                memory,
-                crate::board::vfio::Target {
-                    bdf: &place.bdf,
-                    guest_slot: slot,
-                    resources: &mut plan.resources,
-                    irq_cores: cores,
-                },
-                &place.windows,
-                pass.shared(),
-            )?;
-            for (v, (gsi, evt)) in attached.vectors.iter().enumerate() {
-                host.vectors.insert((slot, v as u16), (*gsi, evt.clone()));
-            }
-            for (bar, piece) in attached.pieces() {
-                host.mapped.entry((slot, *bar)).or_default().push(*piece);
-            }
-            log::info!(
-                "PCI: {} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} \
-                 MSI-X vectors",
-                place.bdf,
-                f.bars().len(),
-                attached.pieces().len(),
-                attached.vectors.len()
-            );
-            functions.push((usize::from(slot), Box::new(f)));
-            pass.functions.push(attached);
+    for a in attachments {
+        for (v, line) in a.vectors.into_iter().enumerate() {
+            host.vectors.insert((a.slot, v as u16), line);
         }
-        vfio = Some(pass);
-    }
-    let engine_spec = specs.iter().find_map(|s| match s {
-        DeviceSpec::Engine { doorbell } => Some(doorbell),
-        DeviceSpec::Vfio { .. } => None,
-    });
-    if let (Some(doorbell), Some(place)) = (engine_spec, plan.engine) {
-        let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("engine kick eventfd"))?);
-        let mut lines: Vec<Box<dyn devices::Interrupt + Sync>> = Vec::new();
-        for v in 0..VECTORS as u16 {
-            let gsi = place.first_gsi + u32::from(v);
-            let evt = Arc::new(vm.irq_line(gsi)?);
-            host.vectors.insert((place.slot, v), (gsi, evt.clone()));
-            lines.push(Box::new(Line(evt)));
+        for (bar, binding) in a.bindings {
+            host.bindings
+                .entry((a.slot, bar))
+                .or_default()
+                .push(binding);
         }
-        let (f, shared) = SubmitFunction::new(
-            place.bars,
-            *doorbell,
-            memory.mem().clone(),
-            lines,
-            Box::new(
-                kick.as_ref()
-                    .try_clone()
-                    .map_err(os("engine kick eventfd"))?,
-            ),
-        )?;
-        let door = place.bars[2];
-        let page = match doorbell {
-            DoorbellMode::Trap => None,
-            DoorbellMode::Ioeventfd => {
-                vm.bind_knock(&kick, door)?;
-                host.doorbell = Doorbell::Knock(kick.clone());
-                None
-            }
-            DoorbellMode::Mapped => {
-                let page = DoorbellPage::new().map_err(os("the doorbell page"))?;
-                let (h, len) = page.host_range();
-                // SAFETY: the page is kept by the host (inside the root, on the buses) and
-                // by the engine, which live as long as the VM.
-                unsafe { vm.map_device_memory(place.doorbell_slot, door, h, len)? };
-                host.doorbell = Doorbell::Page(page.clone(), place.doorbell_slot);
-                Some(page)
-            }
-        };
-        functions.push((usize::from(place.slot), Box::new(f)));
-        engine = Some(AttachedEngine {
-            shared,
-            kick,
-            mode: *doorbell,
-            page,
-            place,
-        });
+        functions.push((usize::from(a.slot), a.function));
     }
     let has_functions = !functions.is_empty();
     let mut root = PciRoot::new(PCI_WINDOW_START, PCI_WINDOW_END, Box::new(host));
@@ -527,7 +308,7 @@ pub fn attach(
             )?;
         }
     }
-    Ok((engine, vfio))
+    Ok(out)
 }
 
 /// The host bridge the boot tables describe when there are PCI functions, with the
@@ -608,46 +389,5 @@ mod tests {
         assert_eq!(conflict(&asked, &f("0000:42:00.0")), None);
         let why = conflict(&asked, &f("0000:41:00.0"));
         assert!(why.is_some_and(|w| w.contains("0000:41:00.0 is asked for twice")));
-    }
-
-    #[test]
-    fn the_engine_report_names_how_each_bar_is_served() {
-        let mem = vm_memory::GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)])
-            .unwrap();
-        for (mode, door) in [
-            (DoorbellMode::Trap, "trap"),
-            (DoorbellMode::Ioeventfd, "ioeventfd"),
-            (DoorbellMode::Mapped, "memory"),
-        ] {
-            let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-            let place = MachinePlan::new(1, 0, true, &[], 48)
-                .unwrap()
-                .engine
-                .unwrap();
-            let (_, shared) = SubmitFunction::new(
-                place.bars,
-                mode,
-                mem.clone(),
-                Vec::new(),
-                Box::new(kick.as_ref().try_clone().unwrap()),
-            )
-            .unwrap();
-            let r = AttachedEngine {
-                shared,
-                kick,
-                mode,
-                page: None,
-                place,
-            }
-            .report(Some(3));
-            assert_eq!(
-                (r.core, r.trapped_doorbells, r.interrupts_sent),
-                (Some(3), 0, 0)
-            );
-            let served: Vec<_> = r.bars.iter().map(|b| b.served_by).collect();
-            assert_eq!(served, ["trap", "trap", door]);
-            assert_eq!(r.bars[2].addr, 0xc000_2000);
-            assert_eq!((r.executed, r.error.as_deref()), (0, None));
-        }
     }
 }

@@ -377,8 +377,9 @@ pub struct MachinePlan {
     pub resources: Resources,
     /// The KVM memory slot of the first RAM range (the others follow).
     pub first_ram_slot: u32,
-    /// Each disk's virtio-mmio window and pin, in `--disk` order.
-    pub disks: Vec<MmioDevice>,
+    /// Each virtio-mmio device's window and pin, in the order asked (the disks, in
+    /// `--disk` order).
+    pub virtio_mmio: Vec<MmioDevice>,
     /// The engine's place, with `--device engine`.
     pub engine: Option<EnginePlace>,
     /// Each passed-through function's place, in `--device vfio=` order.
@@ -390,26 +391,27 @@ pub struct MachinePlan {
 }
 
 impl MachinePlan {
-    /// Places a machine of `ram_ranges` RAM ranges, `disks` disks and the PCI functions
-    /// asked for, for a guest of `phys_bits` physical address bits. The PCI slots are our
+    /// Places a machine of `ram_ranges` RAM ranges, a virtio-mmio device for each of
+    /// `virtio_mmio` (its name) and the PCI functions asked for, for a guest of `phys_bits`
+    /// physical address bits. The PCI slots are our
     /// guest ABI (docs/pci.md), reserved at fixed numbers; everything else is taken in
     /// order.
     pub fn new(
         ram_ranges: usize,
-        disks: usize,
+        virtio_mmio: &[String],
         engine: bool,
         vfio: &[PassthroughAsk],
         phys_bits: u8,
     ) -> Result<Self, ResourceError> {
         let mut r = Resources::board(&LEGACY_PORTS)?;
         let first_ram_slot = r.memory_slots.take(ram_ranges as u64, 1, "guest RAM")? as u32;
-        let disks = (0..disks)
-            .map(|i| {
-                let owner = format!("virtio-blk{i}");
+        let virtio_mmio = virtio_mmio
+            .iter()
+            .map(|owner| {
                 Ok(MmioDevice {
-                    base: r.virtio.take(WINDOW, WINDOW, &owner)?,
+                    base: r.virtio.take(WINDOW, WINDOW, owner)?,
                     len: WINDOW,
-                    gsi: r.pins.take(1, 1, &owner)? as u32,
+                    gsi: r.pins.take(1, 1, owner)? as u32,
                 })
             })
             .collect::<Result<Vec<_>, ResourceError>>()?;
@@ -486,7 +488,7 @@ impl MachinePlan {
         Ok(Self {
             resources: r,
             first_ram_slot,
-            disks,
+            virtio_mmio,
             engine,
             vfio: places,
             window64,
@@ -497,6 +499,11 @@ impl MachinePlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names of `n` disks.
+    fn disks(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("virtio-blk{i}")).collect()
+    }
 
     #[test]
     fn take_hands_out_the_lowest_free_aligned_block_and_never_twice() {
@@ -629,11 +636,11 @@ mod tests {
             bdf: "0000:00:04.0".into(),
             bars: vec![bar(0, 0x4000, false)],
         };
-        let p = MachinePlan::new(2, 8, true, std::slice::from_ref(&nvme), 48).unwrap();
+        let p = MachinePlan::new(2, &disks(8), true, std::slice::from_ref(&nvme), 48).unwrap();
         assert_eq!(p.first_ram_slot, 0);
         // Disks: 4 KiB windows from the virtio base, pins from 5 (what the ACPI DSDT and
         // the command line announce).
-        for (i, d) in p.disks.iter().enumerate() {
+        for (i, d) in p.virtio_mmio.iter().enumerate() {
             assert_eq!(
                 (d.base, d.gsi),
                 (VIRTIO_MMIO_BASE + i as u64 * WINDOW, 5 + i as u32)
@@ -665,14 +672,14 @@ mod tests {
             bdf: "0000:00:05.0".into(),
             bars: vec![bar(0, 0x100, false), bar(2, 256 << 30, true)],
         };
-        let two = MachinePlan::new(1, 0, false, &[nvme.clone(), gpu.clone()], 40).unwrap();
+        let two = MachinePlan::new(1, &[], false, &[nvme.clone(), gpu.clone()], 40).unwrap();
         assert_eq!(
             (two.vfio[0].slot, two.vfio[1].slot),
             (VFIO_SLOT, VFIO_SLOT + 1)
         );
         assert_eq!(two.vfio[1].windows.high, Some((256 << 30, 512 << 30)));
         assert_eq!(two.window64, Some((PCI_WINDOW64_START, 512 << 30)));
-        let e = MachinePlan::new(1, 0, false, &[nvme, gpu], 38).unwrap_err();
+        let e = MachinePlan::new(1, &[], false, &[nvme, gpu], 38).unwrap_err();
         let msg = e.to_string();
         assert!(
             msg.contains("vfio=0000:00:05.0") && msg.contains("BAR 2"),
@@ -680,11 +687,11 @@ mod tests {
         );
         // No function: no window the width cannot reach.
         assert_eq!(
-            MachinePlan::new(1, 0, true, &[], 36).unwrap().window64,
+            MachinePlan::new(1, &[], true, &[], 36).unwrap().window64,
             None
         );
         // More disks than pins: refused, naming the disk.
-        let e = MachinePlan::new(1, 20, false, &[], 48).unwrap_err();
+        let e = MachinePlan::new(1, &disks(20), false, &[], 48).unwrap_err();
         assert!(e.to_string().contains("virtio-blk19"), "{e}");
     }
 }

@@ -40,8 +40,20 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::board::device::{
+    BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
+};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
+use crate::sys::seccomp::Role;
+
+/// The passed-through functions' key in the launch's JSON report: a list, left out when
+/// there is none.
+pub const SECTION: Section = Section {
+    key: "passthrough",
+    one: false,
+    always: false,
+};
 
 /// Errors passing a function through.
 #[derive(Debug, thiserror::Error)]
@@ -231,6 +243,18 @@ pub struct Piece {
     pub len: u64,
 }
 
+impl BarBinding for Piece {
+    /// The piece's memory slot follows the BAR (emptied at the old place, filled at the new).
+    fn moved(&self, vm: &Vm, old: Option<u64>, new: Option<u64>) -> Result<(), VmError> {
+        let at = |a: Option<u64>, len| match a {
+            // SAFETY: the piece is an mmap the passthrough keeps until after the VM.
+            Some(a) => unsafe { vm.map_device_memory(self.slot, a + self.offset, self.host, len) },
+            None => Ok(()),
+        };
+        at(old, 0).and_then(|()| at(new, self.len))
+    }
+}
+
 /// One BAR of a passed-through function as the launch report shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PassthroughBar {
@@ -363,6 +387,10 @@ pub struct Passthrough {
     /// Confined: the devices stay open until the VMM exits (closing them through
     /// vfio-ioctls would read sysfs, which the confined VMM cannot and should not).
     keep_open: bool,
+    /// Confined: the thread that quiets the functions once the guest has stopped.
+    vfio_return: Option<VfioReturn>,
+    /// The report, read once the guest stopped (its interrupt counts then).
+    reports: Option<Vec<PassthroughReport>>,
 }
 
 impl Passthrough {
@@ -373,6 +401,8 @@ impl Passthrough {
             shared,
             quiet: std::sync::OnceLock::new(),
             keep_open: false,
+            vfio_return: None,
+            reports: None,
         }
     }
 
@@ -415,6 +445,101 @@ impl Passthrough {
     /// groups out of the container and of KVM's VFIO device).
     pub fn keep_open_until_exit(&mut self) {
         self.keep_open = true;
+    }
+}
+
+impl Device for Passthrough {
+    fn fds(&self, fds: &mut DeviceFds) {
+        fds.pci = true;
+        fds.irq_counts.extend(self.count_fds());
+        fds.vfio = Some(self.quiet().fds());
+    }
+
+    /// Confined, the functions are quieted by a thread of their own once the guest has
+    /// stopped (nobody else may make a VFIO call) and stay open until the VMM exits.
+    fn start(
+        &mut self,
+        filter: FilterOf<'_>,
+        _worker_core: Option<usize>,
+    ) -> Result<(), DeviceError> {
+        if let Some(f) = filter(Role::VfioReturn) {
+            self.keep_open_until_exit();
+            self.vfio_return = Some(VfioReturn::start(self.quiet(), f)?);
+        }
+        Ok(())
+    }
+
+    /// Every vCPU has stopped: the interrupt counts are read (the host IRQs go with the
+    /// vectors), then the functions are quieted before anything else (their DMA must end
+    /// before the partition's memory is scrubbed).
+    fn guest_stopped(&mut self) {
+        self.reports = Some(self.final_reports());
+        if let Some(r) = self.vfio_return.take() {
+            r.finish();
+        }
+    }
+
+    fn stop(&mut self) -> DeviceReport {
+        let reports = self.reports.take().unwrap_or_else(|| self.final_reports());
+        DeviceReport {
+            section: SECTION,
+            entries: reports
+                .iter()
+                .map(|r| serde_json::to_value(r).unwrap_or_default())
+                .collect(),
+            sentences: Vec::new(),
+        }
+    }
+}
+
+/// The thread that quiets passed-through functions once the guest has stopped, under a
+/// filter that allows exactly those calls on exactly those descriptors: no other thread of
+/// a confined VMM may make a VFIO call at all.
+struct VfioReturn {
+    go: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl VfioReturn {
+    /// Starts it, waiting; `filter` is installed first thing.
+    fn start(quiet: Arc<Quiet>, filter: Arc<seccompiler::BpfProgram>) -> Result<Self, DeviceError> {
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("vfio-return".into())
+            .spawn(move || {
+                if let Err(e) = crate::sys::seccomp::apply(Role::VfioReturn, &filter) {
+                    log::error!("{e}; the function is quieted without it");
+                }
+                // A message, or the launcher gone: either way the guest no longer runs.
+                let _ = wait.recv();
+                quiet.run();
+            })
+            .map_err(|source| DeviceError::Thread {
+                what: "the vfio-return thread",
+                source,
+            })?;
+        Ok(Self {
+            go: Some(go),
+            thread: Some(thread),
+        })
+    }
+
+    /// The guest has stopped (every vCPU joined): quiet the function now and wait for it.
+    fn finish(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
+        drop(self.go.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for VfioReturn {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 
@@ -503,6 +628,57 @@ pub fn iommu_reason(iommufd: bool, sysfs: &Path) -> String {
 /// The most of an expansion ROM the VMM copies (a GPU's VBIOS is under 1 MiB; past this
 /// the guest reads all ones, as past a ROM image).
 const ROM_COPY_MAX: u64 = 16 << 20;
+
+/// Passes through every function `plan` placed, each where it was placed, all in one
+/// container: the functions for the PCI root and the set the launch keeps (None when no
+/// function was asked for).
+pub fn attach_all(
+    vm: &Vm,
+    memory: &GuestMemory,
+    plan: &mut crate::board::resources::MachinePlan,
+    cores: &[usize],
+) -> Result<Option<(Vec<PciAttachment>, Passthrough)>, VfioError> {
+    if plan.vfio.is_empty() {
+        return Ok(None);
+    }
+    let mut pass = Passthrough::new(Shared::open(vm)?);
+    let mut out = Vec::new();
+    for place in plan.vfio.clone() {
+        let slot = place.slot;
+        let (f, attached) = attach(
+            vm,
+            memory,
+            Target {
+                bdf: &place.bdf,
+                guest_slot: slot,
+                resources: &mut plan.resources,
+                irq_cores: cores,
+            },
+            &place.windows,
+            pass.shared(),
+        )?;
+        log::info!(
+            "PCI: {} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} MSI-X \
+             vectors",
+            place.bdf,
+            f.bars().len(),
+            attached.pieces().len(),
+            attached.vectors.len()
+        );
+        out.push(PciAttachment {
+            slot,
+            function: Box::new(f),
+            vectors: attached.vectors.clone(),
+            bindings: attached
+                .pieces()
+                .iter()
+                .map(|(bar, piece)| (*bar, Box::new(*piece) as Box<dyn BarBinding>))
+                .collect(),
+        });
+        pass.functions.push(attached);
+    }
+    Ok(Some((out, pass)))
+}
 
 /// What [`attach`] passes through and where.
 pub struct Target<'a> {

@@ -167,9 +167,12 @@ pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         .devices
         .iter()
         .any(|d| matches!(d, DeviceSpec::Engine { .. }));
+    let virtio_mmio: Vec<String> = (0..cfg.disks.len())
+        .map(crate::board::disks::name)
+        .collect();
     let machine = MachinePlan::new(
         layout.ram_ranges().len(),
-        cfg.disks.len(),
+        &virtio_mmio,
         engine,
         &host.passthrough,
         host.phys_bits,
@@ -180,7 +183,10 @@ pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
     // bounds it here; the kernel's own bound is checked once it is read.
     let cmdline = boot::compose_cmdline(
         &crate::cpu::cpumodel::command_line(&cpu_model, &cfg.cmdline),
-        &[idle.cmdline, &crate::board::disks::cmdline(&machine.disks)],
+        &[
+            idle.cmdline,
+            &crate::board::virtio_mmio::cmdline(&machine.virtio_mmio),
+        ],
         boot::layout::CMDLINE_MAX - 1,
     )?;
     Ok(Plan {
@@ -334,10 +340,11 @@ mod tests {
         assert_eq!(plan.memory(), 64 << 20);
         assert_eq!(plan.idle().policy, IdlePolicy::Mwait);
         assert_eq!(plan.cpu_model().name, "host");
-        assert_eq!(plan.machine.disks.len(), 1);
+        assert_eq!(plan.machine.virtio_mmio.len(), 1);
         assert!(
-            plan.cmdline()
-                .contains(&crate::board::disks::cmdline(&plan.machine.disks)),
+            plan.cmdline().contains(&crate::board::virtio_mmio::cmdline(
+                &plan.machine.virtio_mmio
+            )),
             "{}",
             plan.cmdline()
         );

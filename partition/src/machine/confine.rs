@@ -1,7 +1,8 @@
 //! Confining a launch before its threads start: one seccomp filter per thread role, each
 //! call that names a descriptor tied to the descriptors it may name (a vCPU's ioctls to its
 //! own vCPU, the VM ioctls of PCI to the VM, pread64 to KVM's statistics, ...), the SIGSYS
-//! handler, the `vfio-return` thread, and giving up root.
+//! handler, and giving up root. The devices' threads install their role's filter
+//! themselves (`crate::board::device::Device::start`).
 //!
 //! The same [`grants`] make the filters and docs/security.md's table ([`table`]; a test
 //! fails when the two differ).
@@ -10,6 +11,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
 use super::error::LaunchError;
+use crate::board::device::DeviceFds;
 use crate::sys::sandbox::Sandbox;
 use crate::sys::seccomp::{Fds, Grants, IoctlGrant, Role};
 
@@ -24,15 +26,9 @@ pub(super) struct Descriptors {
     pub(super) stats: Vec<RawFd>,
     /// Each vCPU's own statistics, which its thread reads at the guest's marks.
     pub(super) vcpu_stats: Vec<Option<RawFd>>,
-    /// Host interrupt counters the launcher reads (a passed-through function's).
-    pub(super) irq_counts: Vec<RawFd>,
-    /// Each disk's buffered descriptor (a worker zeroes ranges with pwrite64).
-    pub(super) disks: Vec<RawFd>,
-    /// A PCI function exists: a vCPU taking a guest's configuration write updates KVM's
-    /// memory slots, routes and ioeventfds.
-    pub(super) pci: bool,
-    /// A passed-through function: its device's and its container's descriptors.
-    pub(super) vfio: Option<(Vec<RawFd>, RawFd)>,
+    /// What the devices' threads and the vCPUs' calls on them name (every kind's,
+    /// `crate::board::device::Device::fds`).
+    pub(super) devices: DeviceFds,
 }
 
 /// What `role`'s calls may name, given the machine's descriptors (`vcpu`: which vCPU, for
@@ -49,7 +45,7 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
                 ),
                 requests: crate::kvm::vcpu_thread_ioctls(),
             });
-            if d.pci {
+            if d.devices.pci {
                 g.ioctls.push(IoctlGrant {
                     on: fds("the VM's descriptor, with a PCI function", vec![d.vm]),
                     requests: crate::kvm::vm_device_ioctls(),
@@ -62,7 +58,7 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
                 .flatten()
                 .into_iter()
                 .collect();
-            match &d.vfio {
+            match &d.devices.vfio {
                 Some((devices, _)) => {
                     let mut read = own_stats;
                     read.extend(devices);
@@ -86,11 +82,14 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
             }
         }
         Role::BlockWorker => {
-            g.pwrite = Some(fds("the disks' descriptors", d.disks.clone()));
+            g.pwrite = Some(fds(
+                "the disks' descriptors",
+                d.devices.worker_writes.clone(),
+            ));
         }
         Role::Main => {
             let mut v = d.stats.clone();
-            v.extend(&d.irq_counts);
+            v.extend(&d.devices.irq_counts);
             g.pread = Some(fds(
                 "KVM's statistics and a passed-through function's interrupt counters",
                 v,
@@ -100,7 +99,7 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
             g.pread = Some(fds("KVM's statistics", d.stats.clone()));
         }
         Role::VfioReturn => {
-            if let Some((devices, container)) = &d.vfio {
+            if let Some((devices, container)) = &d.devices.vfio {
                 let (on_device, on_container) = crate::board::vfio::return_ioctls();
                 g.ioctls.push(IoctlGrant {
                     on: fds("the VFIO devices' descriptors", devices.clone()),
@@ -126,6 +125,18 @@ pub(super) struct Filters {
     pub(super) api: Arc<seccompiler::BpfProgram>,
     pub(super) main: seccompiler::BpfProgram,
     pub(super) vfio_return: Arc<seccompiler::BpfProgram>,
+}
+
+impl Filters {
+    /// The filter of a device thread's role (`crate::board::device::FilterOf`).
+    pub(super) fn of(&self, role: Role) -> Option<Arc<seccompiler::BpfProgram>> {
+        match role {
+            Role::BlockWorker => Some(self.worker.clone()),
+            Role::Engine => Some(self.engine.clone()),
+            Role::VfioReturn => Some(self.vfio_return.clone()),
+            Role::Vcpu | Role::Main | Role::Keeper | Role::Api => None,
+        }
+    }
 }
 
 /// Gives up root: compiles every thread's filter for the machine's descriptors `d`,
@@ -157,60 +168,6 @@ pub(super) fn confine(sandbox: &Sandbox, d: &Descriptors) -> Result<Option<Filte
     Ok(Some(f))
 }
 
-/// The thread that quiets a passed-through function once the guest has stopped, under a
-/// filter that allows exactly those calls on exactly those descriptors: no other thread of
-/// a confined VMM may make a VFIO call at all.
-pub(super) struct VfioReturn {
-    go: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl VfioReturn {
-    /// Starts it, waiting; `filter` is installed first thing.
-    pub(super) fn start(
-        quiet: Arc<crate::board::vfio::Quiet>,
-        filter: Arc<seccompiler::BpfProgram>,
-    ) -> Result<Self, LaunchError> {
-        let (go, wait) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("vfio-return".into())
-            .spawn(move || {
-                if let Err(e) = crate::sys::seccomp::apply(Role::VfioReturn, &filter) {
-                    log::error!("{e}; the function is quieted without it");
-                }
-                // A message, or the launcher gone: either way the guest no longer runs.
-                let _ = wait.recv();
-                quiet.run();
-            })
-            .map_err(|source| LaunchError::Os {
-                what: "starting the vfio-return thread",
-                source,
-            })?;
-        Ok(Self {
-            go: Some(go),
-            thread: Some(thread),
-        })
-    }
-
-    /// The guest has stopped (every vCPU joined): quiet the function now and wait for it.
-    pub(super) fn finish(mut self) {
-        self.end();
-    }
-
-    fn end(&mut self) {
-        drop(self.go.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for VfioReturn {
-    fn drop(&mut self) {
-        self.end();
-    }
-}
-
 /// docs/security.md's table of the filters, generated from [`grants`] for a machine with
 /// every kind of device (placeholder descriptors; the conditions are what the table
 /// shows): a test checks the page against it.
@@ -220,10 +177,12 @@ pub fn table() -> String {
         vcpus: vec![4],
         stats: vec![5],
         vcpu_stats: vec![Some(5)],
-        irq_counts: vec![6],
-        disks: vec![7],
-        pci: true,
-        vfio: Some((vec![8], 9)),
+        devices: DeviceFds {
+            irq_counts: vec![6],
+            worker_writes: vec![7],
+            pci: true,
+            vfio: Some((vec![8], 9)),
+        },
     };
     let thread = |role: Role| match role {
         Role::Vcpu => "`vcpu<i>`",
@@ -284,10 +243,12 @@ mod tests {
             vcpus: vec![11, 12],
             stats: vec![13, 14],
             vcpu_stats: vec![Some(13), Some(14)],
-            irq_counts: vec![15],
-            disks: vec![16],
-            pci: false,
-            vfio: None,
+            devices: DeviceFds {
+                irq_counts: vec![15],
+                worker_writes: vec![16],
+                pci: false,
+                vfio: None,
+            },
         };
         // vCPU 1's ioctls name descriptor 12 only; no VM ioctl without a PCI function; it
         // reads its own statistics (14) and nothing else, and writes nothing, without
@@ -300,8 +261,11 @@ mod tests {
         let g = grants(
             Role::Vcpu,
             &Descriptors {
-                pci: true,
-                vfio: Some((vec![20], 21)),
+                devices: DeviceFds {
+                    pci: true,
+                    vfio: Some((vec![20], 21)),
+                    ..d.devices.clone()
+                },
                 ..d.clone()
             },
             0,
@@ -321,7 +285,10 @@ mod tests {
         let g = grants(
             Role::VfioReturn,
             &Descriptors {
-                vfio: Some((vec![20], 21)),
+                devices: DeviceFds {
+                    vfio: Some((vec![20], 21)),
+                    ..d.devices.clone()
+                },
                 ..d
             },
             0,

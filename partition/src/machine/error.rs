@@ -21,8 +21,11 @@ use crate::sys::sandbox::SandboxError;
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// A device's threads could not start.
-    #[error("starting the disk's queue threads: {0}")]
-    Device(#[from] devices::virtio::DeviceError),
+    #[error("{0}")]
+    Device(#[from] crate::board::device::DeviceError),
+    /// The console could not be wired.
+    #[error("the console: {0}")]
+    Console(#[from] crate::board::console::ConsoleError),
     /// The devices asked for do not fit the machine.
     #[error("placing the devices: {0}")]
     Resources(#[from] ResourceError),

@@ -20,9 +20,9 @@ use pool::RamSource;
 
 use super::check::check;
 use super::config::{LaunchConfig, MemorySource};
-use super::confine::{Descriptors, VfioReturn, confine, raw};
+use super::confine::{Descriptors, confine, raw};
 use super::control::{Control, start_api};
-use super::devices::{LEGACY_DEVICES, attach_devices, start_devices};
+use super::devices::{LEGACY_DEVICES, attach_devices};
 use super::error::LaunchError;
 use super::facts::HostFacts;
 use super::open::{Checked, open};
@@ -190,14 +190,7 @@ pub fn run(
             .iter()
             .map(|h| h.stats.as_ref().map(|s| s.raw_fd()))
             .collect(),
-        irq_counts: devices
-            .vfio
-            .as_ref()
-            .map(|v| v.count_fds())
-            .unwrap_or_default(),
-        disks: devices.disks.iter().map(|d| d.disk_fd).collect(),
-        pci: devices.engine.is_some() || devices.vfio.is_some(),
-        vfio: devices.vfio.as_ref().map(|v| v.quiet().fds()),
+        devices: crate::board::device::fds_of(&devices.list),
     };
     let filters = confine(&checked.plan.sandbox, &fds)?;
     let control = Control::new()?;
@@ -209,16 +202,7 @@ pub fn run(
         };
         t.ctx.pause = control.pause.clone();
     }
-    // Confined, a passed-through function is quieted by a thread of its own once the guest
-    // has stopped; nobody else may make a VFIO call.
-    let vfio_return = match (&mut devices.vfio, &filters) {
-        (Some(v), Some(f)) => {
-            v.keep_open_until_exit();
-            Some(VfioReturn::start(v.quiet(), f.vfio_return.clone())?)
-        }
-        _ => None,
-    };
-    start_devices(&devices, filters.as_ref())?;
+    devices.start(filters.as_ref())?;
     let api = match api_socket {
         Some(sock) => Some(start_api(
             sock,
@@ -244,27 +228,22 @@ pub fn run(
     if let Some(a) = api {
         a.stop();
     }
-    // Every vCPU has stopped: the passed-through function's interrupt count is read (its
-    // host IRQs go with its MSI-X), then it is quieted before anything else (its DMA must
-    // end before the partition's memory is scrubbed).
-    let passthrough = devices
-        .vfio
-        .as_ref()
-        .map(|v| v.final_reports())
-        .unwrap_or_default();
-    if let Some(r) = vfio_return {
-        r.finish();
-    }
+    // Every vCPU has stopped: each device's step before any is stopped (a passed-through
+    // function's interrupt count is read and it is quieted, its DMA ended before the
+    // partition's memory is scrubbed).
+    devices.guest_stopped();
     let (ending, ran_for) = ran?;
     // Workers write into guest memory: stop them before it goes away.
-    let disks = devices.shut_down();
+    let device_reports = devices.shut_down();
     drop(signals);
 
     let first_output = devices
+        .console
         .first_byte
         .get()
         .map(|t| t.at.duration_since(started));
     let timeline = devices
+        .console
         .first_byte
         .get()
         .and_then(|t| crate::sys::timeline::phases(*t));
@@ -304,17 +283,13 @@ pub fn run(
             phases: timeline.map(|t| t.phases).unwrap_or_default(),
         },
         pool: None,
-        disks,
-        engine: devices
-            .engine
-            .as_ref()
-            .map(|e| e.report(devices.worker_core)),
-        passthrough,
+        devices: device_reports,
         pci_window64: match checked.plan.devices.is_empty() {
             true => None,
             false => checked.plan.machine.window64,
         },
         guest_fault_lines: devices
+            .console
             .guest_faults
             .load(std::sync::atomic::Ordering::Relaxed),
         sandbox: match &checked.plan.sandbox {
@@ -426,7 +401,7 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             cmdline: &checked.plan.cmdline,
             cpus: checked.plan.cores.len(),
             protocol: checked.plan.protocol,
-            virtio_mmio: &checked.plan.machine.disks,
+            virtio_mmio: &checked.plan.machine.virtio_mmio,
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
             pci: crate::board::pci::host_bridge(&checked.plan.devices, &checked.plan.machine),

@@ -358,16 +358,12 @@ pub struct ReportDoc {
     pub cpu_model: CpuModelDoc,
     /// Per-vCPU counters.
     pub vcpus: Vec<VcpuDoc>,
-    /// Per-disk queue counters.
-    pub disks: Vec<DiskReport>,
-    /// The submission engine: each BAR and how it was served (trap, ioeventfd, memory),
-    /// commands executed, its error.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::board::pci::EngineReport>,
-    /// The passed-through functions, in `--device` order: each one's BARs (placed where,
-    /// how much mapped), vectors.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub passthrough: Vec<crate::board::vfio::PassthroughReport>,
+    /// Each device kind's entries under its key (`disks`: each disk's queue counters;
+    /// `engine`: the submission engine's BARs and how each was served, commands executed,
+    /// its error; `passthrough`: the passed-through functions in `--device` order, each
+    /// one's BARs, vectors, interrupts).
+    #[serde(flatten)]
+    pub devices: serde_json::Map<String, serde_json::Value>,
     /// The 64-bit PCI BAR window the guest was told of, `[start, end)` (sized from the
     /// passed-through BARs, within the guest's physical address width).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -414,9 +410,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
             shown_anyway: r.cpu_model_shown_anyway.clone(),
         },
         vcpus: r.vcpus.iter().map(VcpuDoc::from).collect(),
-        disks: r.disks.clone(),
-        engine: r.engine.clone(),
-        passthrough: r.passthrough.clone(),
+        devices: crate::board::device::sections(&super::devices::SECTIONS, &r.devices),
         pci_window64: r.pci_window64,
         guest_fault_lines: r.guest_fault_lines,
         pool: r.pool.as_ref().map(|p| PoolDoc {
@@ -484,12 +478,9 @@ pub struct LaunchReport {
     /// The features it hides that the host shows in CPUID anyway (so only the command line
     /// hides them).
     pub cpu_model_shown_anyway: Vec<&'static str>,
-    /// Per-disk queue counters.
-    pub disks: Vec<DiskReport>,
-    /// The submission engine (`--device engine`): how each BAR was served, what it did.
-    pub engine: Option<crate::board::pci::EngineReport>,
-    /// The passed-through functions (`--device vfio=`): where their BARs are, what is mapped.
-    pub passthrough: Vec<crate::board::vfio::PassthroughReport>,
+    /// Each device's entry, in the order they were given back: the disks, the engine
+    /// (`--device engine`), the passed-through functions (`--device vfio=`).
+    pub devices: Vec<crate::board::device::DeviceReport>,
     /// The 64-bit PCI BAR window announced to the guest (with `--device`).
     pub pci_window64: Option<(u64, u64)>,
     /// Lines of the guest's console reporting a process killed by a fatal signal or a
@@ -530,33 +521,6 @@ impl MemoryReport {
             pool_extent,
             description: ram.describe(),
         }
-    }
-}
-
-/// One disk's window and its queues' counters at teardown.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct DiskReport {
-    /// virtio-mmio window base.
-    pub base: u64,
-    /// Its GSI.
-    pub gsi: u32,
-    /// Each queue's counters.
-    pub queues: Vec<devices::virtio::QueueCounters>,
-    /// Messages the guest made the VMM log about this disk that the rate limits dropped
-    /// (5 a second each for the window and the queue workers, for the VMM's whole life).
-    pub log_suppressed: u64,
-}
-
-impl std::fmt::Display for DiskReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?;
-        for (i, q) in self.queues.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{q}")?;
-        }
-        Ok(())
     }
 }
 
@@ -617,34 +581,8 @@ impl LaunchReport {
         let secs = self.ran_for.as_secs_f64();
         let outcome = Outcome::of(&self.ending);
         out.push(format!("{} after {secs:.3} s", outcome.describe()));
-        for d in &self.disks {
-            out.push(format!("{d}"));
-        }
-        if let Some(e) = &self.engine {
-            let bars: Vec<String> = e
-                .bars
-                .iter()
-                .map(|b| format!("BAR{} {:#x} {}", b.index, b.addr, b.served_by))
-                .collect();
-            out.push(format!(
-                "engine at 00:{:02x}.0 on {}: doorbell {}; {}; {} commands executed, \
-                 {} doorbells trapped, {} interrupts sent; its thread busy {:.0}% of {:.0} ms{}",
-                e.slot,
-                e.core
-                    .map(|c| format!("core {c}"))
-                    .unwrap_or_else(|| "no free core".into()),
-                e.doorbell.name(),
-                bars.join(", "),
-                e.executed,
-                e.trapped_doorbells,
-                e.interrupts_sent,
-                100.0 * e.thread_cpu_ms / e.thread_ran_ms.max(1e-9),
-                e.thread_ran_ms,
-                e.error
-                    .as_ref()
-                    .map(|x| format!("; stopped: {x}"))
-                    .unwrap_or_default()
-            ));
+        for d in &self.devices {
+            out.extend(d.sentences.iter().cloned());
         }
         for line in &self.idle_readback.lines() {
             out.push(format!("read back: {line}"));

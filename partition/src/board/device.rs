@@ -1,0 +1,253 @@
+//! What a launch does with an attached device, whatever its kind: the descriptors its
+//! threads and the vCPUs' calls name (what the seccomp filters tie them to), starting its
+//! threads under their filters, the step once the guest has stopped, and stopping it with
+//! its entry of the launch's report. Each kind implements [`Device`] in its own file
+//! ([`crate::board::disks`], [`crate::board::engine`], [`crate::board::vfio`]); the launch
+//! pipeline holds them as one list and names no kind (docs/architecture.md, "Adding a
+//! device kind").
+
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::kvm::{Vm, VmError};
+use crate::sys::seccomp::Role;
+
+/// The descriptors the devices' threads and the vCPUs' calls name, gathered from every
+/// device ([`Device::fds`]); the seccomp filters allow those calls on these alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceFds {
+    /// Files a queue worker writes (a disk's buffered descriptor: it zeroes ranges with
+    /// `pwrite64`).
+    pub worker_writes: Vec<RawFd>,
+    /// A PCI function exists: a vCPU taking a guest's configuration write updates KVM's
+    /// memory slots, routes and ioeventfds.
+    pub pci: bool,
+    /// Host interrupt counters the launcher reads (a passed-through function's).
+    pub irq_counts: Vec<RawFd>,
+    /// Passed-through functions: their devices' descriptors (the vCPU threads read and
+    /// write their regions) and their container's.
+    pub vfio: Option<(Vec<RawFd>, RawFd)>,
+}
+
+/// The compiled filter of a thread role, when the launch is confined (`None`: it is not,
+/// and threads run unfiltered).
+pub type FilterOf<'a> = &'a dyn Fn(Role) -> Option<Arc<seccompiler::BpfProgram>>;
+
+/// Where a kind's entries go in the launch's JSON report (`launch --json`): under `key`,
+/// as one object (`one`: at most one device of the kind) or a list; `always`: the key is
+/// there even with no device of the kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Section {
+    /// The report's key.
+    pub key: &'static str,
+    /// At most one device of the kind: its entry is an object, not a list.
+    pub one: bool,
+    /// The key is written with no device of the kind (an empty list).
+    pub always: bool,
+}
+
+/// A device's entry in the launch's report: its kind's section, what goes there, and the
+/// sentence the launch prints for it when it ends (`launch` without `--json`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceReport {
+    /// Its kind's section.
+    pub section: Section,
+    /// The entries (a passed-through set has one per function).
+    pub entries: Vec<serde_json::Value>,
+    /// What the launch says of it.
+    pub sentences: Vec<String>,
+}
+
+impl DeviceReport {
+    /// `entry` (serialized) with `sentence`, in `section`.
+    pub fn one(section: Section, entry: &impl serde::Serialize, sentence: String) -> Self {
+        Self {
+            section,
+            entries: vec![serde_json::to_value(entry).unwrap_or_default()],
+            sentences: vec![sentence],
+        }
+    }
+}
+
+/// The report's device keys, from every device's entry: each of `sections` (the kinds, in
+/// the order the report lists them) under its key.
+pub fn sections(
+    sections: &[Section],
+    reports: &[DeviceReport],
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for s in sections {
+        let entries: Vec<serde_json::Value> = reports
+            .iter()
+            .filter(|r| r.section == *s)
+            .flat_map(|r| r.entries.iter().cloned())
+            .collect();
+        match (s.one, entries.is_empty()) {
+            (_, true) if !s.always => {}
+            (true, false) => {
+                out.insert(s.key.into(), entries.into_iter().next().unwrap_or_default());
+            }
+            _ => {
+                out.insert(s.key.into(), serde_json::Value::Array(entries));
+            }
+        }
+    }
+    out
+}
+
+/// Why a device's thread did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A virtio device's queue threads.
+    #[error("starting the disk's queue threads: {0}")]
+    Virtio(#[from] devices::virtio::DeviceError),
+    /// A thread of the device's own.
+    #[error("starting {what}: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// An attached device of any kind, as the launch drives it.
+pub trait Device: Send {
+    /// Adds the descriptors its threads and the vCPUs' calls on it name.
+    fn fds(&self, fds: &mut DeviceFds);
+
+    /// Starts its threads (the VMM has given up root), each installing its role's filter
+    /// (`filter`) before it serves anything; `worker_core` is the core device threads run
+    /// on when one is free of vCPUs.
+    fn start(
+        &mut self,
+        filter: FilterOf<'_>,
+        worker_core: Option<usize>,
+    ) -> Result<(), DeviceError> {
+        let _ = (filter, worker_core);
+        Ok(())
+    }
+
+    /// Every vCPU has stopped; runs before any device is stopped (a passed-through function
+    /// reads its interrupt counts and is quieted here, so its DMA ends first).
+    fn guest_stopped(&mut self) {}
+
+    /// Stops its threads (they write into guest memory: before it goes) and says what it
+    /// did.
+    fn stop(&mut self) -> DeviceReport;
+}
+
+/// Every device's descriptors.
+pub fn fds_of(list: &[Box<dyn Device>]) -> DeviceFds {
+    let mut fds = DeviceFds::default();
+    for d in list {
+        d.fds(&mut fds);
+    }
+    fds
+}
+
+/// What follows a PCI function's BAR when the guest moves it (a memory slot, an
+/// ioeventfd): the PCI root calls it with the BAR's old and new guest address.
+pub trait BarBinding: Send {
+    /// The BAR left `old` (if it was placed) and is now at `new` (if it is placed).
+    fn moved(&self, vm: &Vm, old: Option<u64>, new: Option<u64>) -> Result<(), VmError>;
+}
+
+/// A PCI function as a kind hands it to the PCI root (`crate::board::pci`): its slot, the
+/// function, each MSI-X vector's GSI and irqfd (vector order), and what follows its BARs.
+pub struct PciAttachment {
+    /// Its slot on bus 0.
+    pub slot: u8,
+    /// The function.
+    pub function: Box<dyn devices::pci::PciFunction>,
+    /// Each vector's GSI and line.
+    pub vectors: Vec<(u32, Arc<EventFd>)>,
+    /// (BAR index, what follows it).
+    pub bindings: Vec<(usize, Box<dyn BarBinding>)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAKES: Section = Section {
+        key: "fakes",
+        one: false,
+        always: true,
+    };
+    const SOLO: Section = Section {
+        key: "solo",
+        one: true,
+        always: false,
+    };
+
+    /// A device that records what the launch did with it.
+    struct Fake {
+        fd: RawFd,
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl Device for Fake {
+        fn fds(&self, fds: &mut DeviceFds) {
+            fds.worker_writes.push(self.fd);
+        }
+        fn start(&mut self, filter: FilterOf<'_>, core: Option<usize>) -> Result<(), DeviceError> {
+            let confined = filter(Role::BlockWorker).is_some();
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("start {} {confined} {core:?}", self.fd));
+            Ok(())
+        }
+        fn guest_stopped(&mut self) {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("stopped {}", self.fd));
+        }
+        fn stop(&mut self) -> DeviceReport {
+            self.log.lock().unwrap().push(format!("stop {}", self.fd));
+            DeviceReport::one(FAKES, &self.fd, format!("fake {}", self.fd))
+        }
+    }
+
+    #[test]
+    fn every_device_gives_its_descriptors_and_its_report_in_order() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut list: Vec<Box<dyn Device>> = [7, 9]
+            .into_iter()
+            .map(|fd| {
+                Box::new(Fake {
+                    fd,
+                    log: log.clone(),
+                }) as Box<dyn Device>
+            })
+            .collect();
+        assert_eq!(fds_of(&list).worker_writes, vec![7, 9]);
+        for d in &mut list {
+            d.start(&|_| None, Some(3)).unwrap();
+        }
+        for d in &mut list {
+            d.guest_stopped();
+        }
+        let reports: Vec<DeviceReport> = list.iter_mut().map(|d| d.stop()).collect();
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "start 7 false Some(3)",
+                "start 9 false Some(3)",
+                "stopped 7",
+                "stopped 9",
+                "stop 7",
+                "stop 9"
+            ]
+        );
+        let json = serde_json::Value::Object(sections(&[FAKES, SOLO], &reports));
+        assert_eq!(json, serde_json::json!({"fakes": [7, 9]}));
+        let solo = DeviceReport::one(SOLO, &"x", String::new());
+        let json = serde_json::Value::Object(sections(&[FAKES, SOLO], &[solo]));
+        assert_eq!(json, serde_json::json!({"fakes": [], "solo": "x"}));
+    }
+}
