@@ -329,3 +329,40 @@ fn only_the_kvm_module_uses_kvm_ioctls() {
         "kvm_ioctls used outside partition::kvm: {outside:?}"
     );
 }
+
+/// The device kinds, a file each in `board/` (docs/architecture.md, "Adding a device kind").
+const KINDS: [&str; 3] = ["board::disks", "board::engine", "board::vfio"];
+
+#[test]
+fn the_generic_device_code_names_no_kind() {
+    // The device layer, the PCI root and the pipeline's steps that start, confine, run,
+    // stop and report the devices hold them as `board::device::Device`s; only the lists
+    // (machine::devices) and the planning (check, facts, the plan's placement) name kinds.
+    let g = graph(&modules(&crate_src("src")));
+    let mut wrong = Vec::new();
+    for m in [
+        "board::device",
+        "board::virtio_mmio",
+        "machine::launch",
+        "machine::confine",
+        "machine::outcome",
+        "machine::vcpus",
+        "machine::control",
+    ] {
+        let deps = g.get(m).unwrap_or_else(|| panic!("no module {m}"));
+        wrong.extend(
+            deps.iter()
+                .filter(|d| KINDS.contains(&d.as_str()))
+                .map(|d| format!("{m} -> {d}")),
+        );
+    }
+    assert!(
+        wrong.is_empty(),
+        "generic device code names a kind: {wrong:?}"
+    );
+    // The PCI root takes its kinds' functions as PciAttachments; it names them only to
+    // call their attach (pci -> engine, vfio), never the other way.
+    for k in ["board::engine", "board::vfio"] {
+        assert!(!g[k].contains("board::pci"), "{k} imports the PCI root");
+    }
+}

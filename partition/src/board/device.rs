@@ -12,11 +12,11 @@ use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::kvm::{Vm, VmError};
-use crate::sys::seccomp::Role;
+use crate::sys::seccomp::{IoctlGrant, Role};
 
 /// The descriptors the devices' threads and the vCPUs' calls name, gathered from every
 /// device ([`Device::fds`]); the seccomp filters allow those calls on these alone.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct DeviceFds {
     /// Files a queue worker writes (a disk's buffered descriptor: it zeroes ranges with
     /// `pwrite64`).
@@ -26,9 +26,12 @@ pub struct DeviceFds {
     pub pci: bool,
     /// Host interrupt counters the launcher reads (a passed-through function's).
     pub irq_counts: Vec<RawFd>,
-    /// Passed-through functions: their devices' descriptors (the vCPU threads read and
-    /// write their regions) and their container's.
-    pub vfio: Option<(Vec<RawFd>, RawFd)>,
+    /// Descriptors whose regions the vCPU threads read and write (`pread64`/`pwrite64`:
+    /// a passed-through function's trapped BAR parts and configuration space).
+    pub vcpu_regions: Vec<RawFd>,
+    /// The ioctls a kind's own thread role makes, each on its descriptors (the
+    /// `vfio-return` thread's on the VFIO devices and their container).
+    pub role_ioctls: Vec<(Role, IoctlGrant)>,
 }
 
 /// The compiled filter of a thread role, when the launch is confined (`None`: it is not,

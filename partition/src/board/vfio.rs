@@ -45,7 +45,7 @@ use crate::board::device::{
 };
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
-use crate::sys::seccomp::Role;
+use crate::sys::seccomp::{Fds, IoctlGrant, Role};
 
 /// The passed-through functions' key in the launch's JSON report: a list, left out when
 /// there is none.
@@ -206,6 +206,37 @@ pub fn return_ioctls() -> (Ioctls, Ioctls) {
         ],
         vec![("VFIO_IOMMU_UNMAP_DMA", vfio_io(14))],
     )
+}
+
+/// What the `vfio-return` thread may call: [`return_ioctls`] on the functions' `devices` and
+/// on their `container`.
+pub fn return_grants(
+    devices: Vec<std::os::fd::RawFd>,
+    container: std::os::fd::RawFd,
+) -> Vec<(Role, IoctlGrant)> {
+    let (on_device, on_container) = return_ioctls();
+    vec![
+        (
+            Role::VfioReturn,
+            IoctlGrant {
+                on: Fds {
+                    what: "the VFIO devices' descriptors",
+                    fds: devices,
+                },
+                requests: on_device,
+            },
+        ),
+        (
+            Role::VfioReturn,
+            IoctlGrant {
+                on: Fds {
+                    what: "the VFIO container's descriptor",
+                    fds: vec![container],
+                },
+                requests: on_container,
+            },
+        ),
+    ]
 }
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + nr)`.
@@ -452,7 +483,9 @@ impl Device for Passthrough {
     fn fds(&self, fds: &mut DeviceFds) {
         fds.pci = true;
         fds.irq_counts.extend(self.count_fds());
-        fds.vfio = Some(self.quiet().fds());
+        let (devices, container) = self.quiet().fds();
+        fds.vcpu_regions.extend(&devices);
+        fds.role_ioctls.extend(return_grants(devices, container));
     }
 
     /// Confined, the functions are quieted by a thread of their own once the guest has
