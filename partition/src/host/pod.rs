@@ -291,79 +291,124 @@ pub fn exclusive_by_kubelet(cores: &[usize], state: &str) -> Result<(), String> 
     }
 }
 
-/// The cores of this process's cpuset cgroup, if they are exclusive (see the module
-/// documentation), and how that was established.
-pub fn cores_from_cgroup(kubelet_state: Option<&Path>) -> Result<(Vec<usize>, String), PodError> {
-    let dir = own_cgroup_dir("cpuset")?;
-    let cg = |what: String| PodError::Cgroup {
-        controller: "cpuset",
-        why: what,
-    };
-    let v2 = dir.join("cpuset.cpus.effective").exists();
-    let list = read_trim(&dir.join(if v2 {
-        "cpuset.cpus.effective"
-    } else {
-        "cpuset.cpus"
-    }))
-    .ok_or_else(|| cg(format!("{}: no cpuset.cpus", dir.display())))?;
-    let cores = crate::config::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
-    // The hierarchy's root (v1: its cpu_exclusive is 1 and it holds every core) is nobody's
-    // grant.
-    if is_root_cgroup(&dir) {
-        return Err(PodError::RootCgroup {
-            dir,
-            cores: crate::config::cores::format(&cores),
+/// This process's cpuset cgroup as read, before anything is judged of it
+/// ([`CgroupCpuset::exclusive_cores`] does that).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupCpuset {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// A cgroup v2 hierarchy (else v1).
+    pub v2: bool,
+    /// Its cores (`cpuset.cpus.effective`, or `cpuset.cpus` under v1).
+    pub cores: Vec<usize>,
+    /// It is the hierarchy's root.
+    pub root: bool,
+    /// v1: `cpuset.cpu_exclusive` reads 1.
+    pub cpu_exclusive: bool,
+    /// v2: `cpuset.cpus.partition` ("" when absent).
+    pub partition: String,
+    /// With `--kubelet-cpu-state FILE`: the file, and whether its checkpoint grants every
+    /// one of the cores (the reason when not, or when it cannot be read).
+    pub kubelet: Option<(PathBuf, Result<(), String>)>,
+}
+
+impl CgroupCpuset {
+    /// Reads this process's cpuset cgroup and, with `kubelet_state`, the kubelet's
+    /// checkpoint about its cores.
+    pub fn read(kubelet_state: Option<&Path>) -> Result<Self, PodError> {
+        let dir = own_cgroup_dir("cpuset")?;
+        let cg = |what: String| PodError::Cgroup {
+            controller: "cpuset",
+            why: what,
+        };
+        let v2 = dir.join("cpuset.cpus.effective").exists();
+        let list = read_trim(&dir.join(if v2 {
+            "cpuset.cpus.effective"
+        } else {
+            "cpuset.cpus"
+        }))
+        .ok_or_else(|| cg(format!("{}: no cpuset.cpus", dir.display())))?;
+        let cores = crate::config::cores::parse(&list).map_err(|e| cg(format!("{list:?}: {e}")))?;
+        // A checkpoint is a few KiB of JSON; 1 MiB bounds a mistaken or hostile file.
+        let kubelet = kubelet_state.map(|p| {
+            let granted = crate::sys::files::read_limited(p, 1 << 20)
+                .map_err(|e| format!("{}: {e}", p.display()))
+                .and_then(|b| {
+                    String::from_utf8(b).map_err(|_| format!("{}: not UTF-8", p.display()))
+                })
+                .and_then(|t| exclusive_by_kubelet(&cores, &t));
+            (p.to_path_buf(), granted)
         });
-    }
-    // Given the kubelet's checkpoint, every core must be one it granted, whatever the
-    // cgroup says of itself.
-    // A checkpoint is a few KiB of JSON; 1 MiB bounds a mistaken or hostile file.
-    let kubelet = kubelet_state.map(|p| {
-        crate::sys::files::read_limited(p, 1 << 20)
-            .map_err(|e| format!("{}: {e}", p.display()))
-            .and_then(|b| String::from_utf8(b).map_err(|_| format!("{}: not UTF-8", p.display())))
-            .and_then(|t| exclusive_by_kubelet(&cores, &t))
-    });
-    if let Some(Err(e)) = &kubelet {
-        return Err(PodError::NotExclusive {
-            cores: crate::config::cores::format(&cores),
+        Ok(Self {
+            root: is_root_cgroup(&dir),
+            cpu_exclusive: !v2
+                && read_trim(&dir.join("cpuset.cpu_exclusive")).as_deref() == Some("1"),
+            partition: match v2 {
+                true => read_trim(&dir.join("cpuset.cpus.partition")).unwrap_or_default(),
+                false => String::new(),
+            },
             dir,
-            why: e.clone(),
-        });
+            v2,
+            cores,
+            kubelet,
+        })
     }
-    let mut why = Vec::new();
-    if !v2 {
-        if read_trim(&dir.join("cpuset.cpu_exclusive")).as_deref() == Some("1") {
-            return Ok((
-                cores,
-                format!("cgroup v1 {} has cpu_exclusive", dir.display()),
-            ));
+
+    /// Its cores, if they are exclusive (see the module documentation), and how that was
+    /// established; else why not.
+    pub fn exclusive_cores(&self) -> Result<(Vec<usize>, String), PodError> {
+        let (dir, cores) = (&self.dir, &self.cores);
+        // The hierarchy's root (v1: its cpu_exclusive is 1 and it holds every core) is
+        // nobody's grant.
+        if self.root {
+            return Err(PodError::RootCgroup {
+                dir: dir.clone(),
+                cores: crate::config::cores::format(cores),
+            });
         }
-        why.push("cpuset.cpu_exclusive is 0".to_string());
-    } else {
-        let part = read_trim(&dir.join("cpuset.cpus.partition")).unwrap_or_default();
-        if part == "root" || part == "isolated" {
-            return Ok((
-                cores,
-                format!("cgroup v2 {} is a {part} partition", dir.display()),
-            ));
+        // Given the kubelet's checkpoint, every core must be one it granted, whatever the
+        // cgroup says of itself.
+        if let Some((_, Err(e))) = &self.kubelet {
+            return Err(PodError::NotExclusive {
+                cores: crate::config::cores::format(cores),
+                dir: dir.clone(),
+                why: e.clone(),
+            });
         }
-        why.push(format!("cpuset.cpus.partition is {part:?}"));
+        let mut why = Vec::new();
+        if !self.v2 {
+            if self.cpu_exclusive {
+                return Ok((
+                    cores.clone(),
+                    format!("cgroup v1 {} has cpu_exclusive", dir.display()),
+                ));
+            }
+            why.push("cpuset.cpu_exclusive is 0".to_string());
+        } else {
+            let part = &self.partition;
+            if part == "root" || part == "isolated" {
+                return Ok((
+                    cores.clone(),
+                    format!("cgroup v2 {} is a {part} partition", dir.display()),
+                ));
+            }
+            why.push(format!("cpuset.cpus.partition is {part:?}"));
+        }
+        match &self.kubelet {
+            Some((p, Ok(()))) => {
+                return Ok((
+                    cores.clone(),
+                    format!("the kubelet's static CPU manager ({})", p.display()),
+                ));
+            }
+            _ => why.push("no --kubelet-cpu-state given".into()),
+        }
+        Err(PodError::NotExclusive {
+            cores: crate::config::cores::format(cores),
+            dir: dir.clone(),
+            why: why.join("; "),
+        })
     }
-    match (kubelet_state, kubelet) {
-        (Some(p), Some(Ok(()))) => {
-            return Ok((
-                cores,
-                format!("the kubelet's static CPU manager ({})", p.display()),
-            ));
-        }
-        _ => why.push("no --kubelet-cpu-state given".into()),
-    }
-    Err(PodError::NotExclusive {
-        cores: crate::config::cores::format(&cores),
-        dir,
-        why: why.join("; "),
-    })
 }
 
 /// The tightest memory limit over this process's memory cgroup and its ancestors, in
@@ -438,7 +483,7 @@ pub fn hugetlb_room(page_size: u64) -> Result<Option<(u64, u64, PathBuf)>, PodEr
 }
 
 /// `statfs` block size: on hugetlbfs, its page size.
-fn hugetlbfs_page_size(dir: &Path) -> Option<u64> {
+pub fn hugetlbfs_page_size(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     if !pool::hugetlbfs::is_hugetlbfs(dir) {
         return None;

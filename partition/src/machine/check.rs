@@ -106,9 +106,12 @@ impl Plan {
 /// the launch. Opens and reads nothing.
 pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
     cfg.validate()?;
-    let (cores, cores_from) = match (&cfg.cores, &host.cgroup_cores) {
+    let (cores, cores_from) = match (&cfg.cores, &host.cgroup) {
         (CoreSelection::List(list), _) => (list.clone(), None),
-        (CoreSelection::FromCgroup, Some((c, why))) => (c.clone(), Some(why.clone())),
+        (CoreSelection::FromCgroup, Some(cg)) => {
+            let (c, why) = cg.exclusive_cores()?;
+            (c, Some(why))
+        }
         (CoreSelection::FromCgroup, None) => return Err(LaunchError::Facts("no cgroup cores")),
     };
     cores::check_distinct(&cores)?;
@@ -148,7 +151,7 @@ pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         MemorySource::Volume(dir) => {
             let page = host
                 .volume_page
-                .ok_or(LaunchError::Facts("no volume page size"))?;
+                .ok_or_else(|| crate::host::pod::PodError::NotHugetlbfs(dir.clone()))?;
             if cfg.memory % page != 0 {
                 return Err(crate::host::pod::PodError::PageMultiple {
                     size: cfg.memory,
@@ -286,7 +289,7 @@ mod tests {
     fn host() -> HostFacts {
         HostFacts {
             online: vec![0, 1, 2, 3],
-            cgroup_cores: None,
+            cgroup: None,
             identity: None,
             memory: HostMemory {
                 total: Some(8 << 30),
@@ -532,22 +535,67 @@ mod tests {
             &host(),
         );
         assert!(matches!(e, LaunchError::Facts(_)), "{e}");
-        // From the cgroup, with facts that have its cores: planned on them.
-        let pod = HostFacts {
-            cgroup_cores: Some((vec![1], "the kubelet's checkpoint".into())),
-            ..host()
+        // From the cgroup: planned on its cores when the kubelet's checkpoint grants them;
+        // refused (a usage error, nothing opened) when it does not, or from the root.
+        let cgroup = crate::host::pod::CgroupCpuset {
+            dir: "/sys/fs/cgroup/kubepods/pod1/c1".into(),
+            v2: true,
+            cores: vec![1],
+            root: false,
+            cpu_exclusive: false,
+            partition: "member".into(),
+            kubelet: Some(("/var/lib/kubelet/cpu_manager_state".into(), Ok(()))),
         };
-        let plan = check(
-            LaunchConfig {
-                cores: CoreSelection::FromCgroup,
-                ..config()
+        let from_cgroup = |cg: &crate::host::pod::CgroupCpuset| {
+            check(
+                LaunchConfig {
+                    cores: CoreSelection::FromCgroup,
+                    ..config()
+                },
+                &HostFacts {
+                    cgroup: Some(cg.clone()),
+                    ..host()
+                },
+            )
+        };
+        let plan = from_cgroup(&cgroup).unwrap();
+        assert_eq!(plan.cores(), &[1][..]);
+        assert!(
+            plan.cores_from()
+                .is_some_and(|w| w.contains("the kubelet's static CPU manager")),
+            "{:?}",
+            plan.cores_from()
+        );
+        for bad in [
+            crate::host::pod::CgroupCpuset {
+                kubelet: Some(("/k".into(), Err("core 1 is in the shared pool".into()))),
+                ..cgroup.clone()
             },
-            &pod,
-        )
-        .unwrap();
-        assert_eq!(
-            (plan.cores(), plan.cores_from()),
-            (&[1][..], Some("the kubelet's checkpoint"))
+            crate::host::pod::CgroupCpuset {
+                kubelet: None,
+                ..cgroup.clone()
+            },
+            crate::host::pod::CgroupCpuset {
+                root: true,
+                ..cgroup.clone()
+            },
+        ] {
+            match from_cgroup(&bad) {
+                Err(e @ LaunchError::Pod(_)) => assert!(e.is_usage(), "{e}"),
+                other => panic!("{bad:?}: {:?}", other.map(|p| p.cores().to_vec())),
+            }
+        }
+        // A v2 isolated partition needs no checkpoint.
+        let isolated = crate::host::pod::CgroupCpuset {
+            partition: "isolated".into(),
+            kubelet: None,
+            ..cgroup
+        };
+        assert!(
+            from_cgroup(&isolated)
+                .unwrap()
+                .cores_from()
+                .is_some_and(|w| w.contains("isolated partition"))
         );
     }
 

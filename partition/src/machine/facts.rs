@@ -6,7 +6,7 @@
 //!
 //! Reading them is all this step does: nothing the guest will use is opened (the kernel,
 //! the disks and the console are the open step's, `machine/open.rs`), and nothing is
-//! decided (the plan, `machine/check.rs`, decides from these facts and the configuration
+//! decided (not even whether the cgroup's cores are exclusive, or the volume hugetlbfs) (the plan, `machine/check.rs`, decides from these facts and the configuration
 //! alone, so a unit test can hand it a made-up host).
 
 use std::path::PathBuf;
@@ -66,15 +66,16 @@ fn meminfo(text: &str, key: &str) -> Option<u64> {
 pub struct HostFacts {
     /// The cores online (`/sys/devices/system/cpu/online`).
     pub online: Vec<usize>,
-    /// With `--cores from-cgroup`: the cgroup's cores and why they count as exclusive.
-    pub cgroup_cores: Option<(Vec<usize>, String)>,
+    /// With `--cores from-cgroup`: this process's cpuset cgroup as read (whether its cores
+    /// are exclusive is the plan's to judge).
+    pub cgroup: Option<crate::host::pod::CgroupCpuset>,
     /// With the sandbox on: the user and group the VMM will run as.
     pub identity: Option<Identity>,
     /// The memory the host can back.
     pub memory: HostMemory,
     /// For a launch outside the reservation: the first asked-for core a reservation holds.
     pub reserved: Option<(usize, CoreHolder)>,
-    /// For a pod volume: its hugetlbfs page size.
+    /// For a pod volume: its hugetlbfs page size (None: it is not hugetlbfs).
     pub volume_page: Option<u64>,
     /// What KVM can do about idle exits and halt polling.
     pub idle_caps: IdleCaps,
@@ -89,8 +90,8 @@ pub struct HostFacts {
 impl HostFacts {
     /// Reads what `cfg` needs to know of this host.
     pub fn read(cfg: &LaunchConfig) -> Result<Self, LaunchError> {
-        let cgroup_cores = match &cfg.cores {
-            CoreSelection::FromCgroup => Some(crate::host::pod::cores_from_cgroup(
+        let cgroup = match &cfg.cores {
+            CoreSelection::FromCgroup => Some(crate::host::pod::CgroupCpuset::read(
                 cfg.kubelet_cpu_state.as_deref(),
             )?),
             CoreSelection::List(_) => None,
@@ -102,9 +103,9 @@ impl HostFacts {
                 gid.as_deref(),
             )?),
         };
-        let asked: &[usize] = match (&cfg.cores, &cgroup_cores) {
+        let asked: &[usize] = match (&cfg.cores, &cgroup) {
             (CoreSelection::List(l), _) => l,
-            (CoreSelection::FromCgroup, Some((c, _))) => c,
+            (CoreSelection::FromCgroup, Some(c)) => &c.cores,
             (CoreSelection::FromCgroup, None) => &[],
         };
         let (reserved, volume_page) = match &cfg.source {
@@ -114,7 +115,7 @@ impl HostFacts {
             ),
             MemorySource::Volume(dir) => (
                 crate::host::claim::reserved_core(&cfg.state_dir, asked)?,
-                Some(crate::host::pod::volume_page_size(dir)?),
+                crate::host::pod::hugetlbfs_page_size(dir),
             ),
             MemorySource::Pool(_) => (None, None),
         };
@@ -139,7 +140,7 @@ impl HostFacts {
         };
         Ok(HostFacts {
             online: crate::config::cores::available(),
-            cgroup_cores,
+            cgroup,
             identity,
             memory: HostMemory::read(),
             reserved,
