@@ -13,7 +13,7 @@ use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT};
 
 use crate::board::console::AttachedConsole;
-use crate::board::device::{Device, DeviceFds, DeviceReport, Section};
+use crate::board::device::{Device, DeviceFds, DeviceReport};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -38,13 +38,6 @@ pub(super) const LEGACY_DEVICES: [boot::acpi::IsaDevice; 2] = [
         len: RTC_LEN as u8,
         irq: None,
     },
-];
-
-/// The kinds' sections of the launch's JSON report, in the order it lists them.
-pub(super) const SECTIONS: [Section; 3] = [
-    crate::board::disks::SECTION,
-    crate::board::engine::SECTION,
-    crate::board::vfio::SECTION,
 ];
 
 /// The device buses, frozen, and what teardown needs of them.
