@@ -418,6 +418,16 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, String), String> {
     Ok((out, console))
 }
 
+/// How the guest said it idles: the `idle=` and `gov=` words of its `EXITS-READY` line.
+fn guest_idle(console: &str) -> Option<String> {
+    let line = console.lines().find(|l| l.contains("EXITS-READY"))?;
+    let words: Vec<&str> = line
+        .split_whitespace()
+        .filter(|w| w.starts_with("idle=") || w.starts_with("gov="))
+        .collect();
+    (!words.is_empty()).then(|| words.join(" "))
+}
+
 /// The part of each benchmark that is its operation (the ring of a context switch; the
 /// rest are one loop).
 fn part_of(op: &str) -> u32 {
@@ -439,6 +449,7 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
                 "partition: --idle mwait, 2 vCPUs, virtio-blk on virtio-mmio (ioeventfd, io_uring)".into(),
                 "qemu: microvm -enable-kvm -cpu host -overcommit cpu-pm=on -smp 2, virtio-blk-device (virtio-mmio) with an iothread".into(),
             ],
+            guest_idle: Default::default(),
         },
         method: "host tracepoint kvm:kvm_exit over the whole run; per loop (N2-run exits - N1-run exits) / (N2 - N1), by reason".into(),
         minimum: MINIMUM.iter().map(|(o, w)| (o.to_string(), w.to_string())).collect(),
@@ -508,7 +519,10 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
         }
         for (vmm, cmd) in cases {
             match traced(cmd) {
-                Ok((counts, _)) => {
+                Ok((counts, console)) => {
+                    if let Some(idle) = guest_idle(&console) {
+                        s.params.guest_idle.entry(vmm.to_string()).or_insert(idle);
+                    }
                     for ((op, part), m) in counts {
                         if part == part_of(&op) {
                             per.entry((vmm.to_string(), op)).or_default().push(m);
@@ -607,6 +621,20 @@ mod tests {
         // Intel prints the exit qualification's direction in bit 3.
         let vmx = "kvm_exit: vcpu 0 reason IO_INSTRUCTION rip 0x1 info1 0x0000000005200003 info2 0x0 intr_info 0x0 error_code 0x0";
         assert_eq!(exit_of(vmx).unwrap().out_port, Some(0x520));
+    }
+
+    #[test]
+    fn the_guests_idle_driver_is_read_from_its_ready_line() {
+        let console = "boot\nEXITS-READY cpus=2 idle=haltpoll gov=menu\nEXITS-DONE rc=0\n";
+        assert_eq!(
+            guest_idle(console).as_deref(),
+            Some("idle=haltpoll gov=menu")
+        );
+        assert_eq!(
+            guest_idle("EXITS-READY cpus=2 idle= gov=\n").as_deref(),
+            Some("idle= gov=")
+        );
+        assert_eq!(guest_idle("no line\n"), None);
     }
 
     #[test]

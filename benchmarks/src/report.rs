@@ -383,6 +383,20 @@ fn exits(o: &mut String, e: &crate::doc::exits::ExitsSection) {
         e.params.guest,
         e.params.vmms.join("; ")
     );
+    if !e.params.guest_idle.is_empty() {
+        let idle: Vec<String> = e
+            .params
+            .guest_idle
+            .iter()
+            .map(|(vmm, how)| format!("{vmm}: `{how}`"))
+            .collect();
+        let _ = writeln!(
+            o,
+            "How each guest idles (its cpuidle driver and governor, as it said at its start; \
+             an empty driver: none, the kernel's default idle): {}.\n",
+            idle.join(", ")
+        );
+    }
     if !e.failures.is_empty() {
         let _ = writeln!(o, "Failed: {}\n", e.failures.join("; ").replace('|', "/"));
     }

@@ -43,6 +43,10 @@ pub struct ExitsParams {
     pub guest: String,
     /// How each VMM ran.
     pub vmms: Vec<String>,
+    /// VMM -> how its guest idles, as the guest said at its start (`idle=` its cpuidle
+    /// driver, `gov=` the governor): the wake-up rows' timer writes and IPIs depend on it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub guest_idle: std::collections::BTreeMap<String, String>,
 }
 
 /// One VMM's exits per iteration of one operation.
