@@ -411,6 +411,10 @@ impl Shared {
 
 /// A partition's passed-through functions; dropping it gives them back.
 pub struct Passthrough {
+    /// Confined: the thread that quiets the functions once the guest has stopped. The
+    /// first field, so that on a launch's way out before the guest ran it quiets them
+    /// (dropped) before the functions' BAR mappings go.
+    vfio_return: Option<VfioReturn>,
     /// Each function, in `--device` order.
     pub functions: Vec<AttachedVfio>,
     shared: Shared,
@@ -418,8 +422,6 @@ pub struct Passthrough {
     /// Confined: the devices stay open until the VMM exits (closing them through
     /// vfio-ioctls would read sysfs, which the confined VMM cannot and should not).
     keep_open: bool,
-    /// Confined: the thread that quiets the functions once the guest has stopped.
-    vfio_return: Option<VfioReturn>,
     /// The report, read once the guest stopped (its interrupt counts then).
     reports: Option<Vec<PassthroughReport>>,
 }
@@ -428,11 +430,11 @@ impl Passthrough {
     /// No function yet, over `shared`.
     pub fn new(shared: Shared) -> Self {
         Self {
+            vfio_return: None,
             functions: Vec::new(),
             shared,
             quiet: std::sync::OnceLock::new(),
             keep_open: false,
-            vfio_return: None,
             reports: None,
         }
     }
