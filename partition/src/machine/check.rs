@@ -15,7 +15,7 @@ use boot::regs::BootProtocol;
 use pool::Backing;
 
 use super::config::{
-    Console, CoreSelection, KernelSource, LaunchConfig, MemorySource, SandboxRequest,
+    Console, CoreSelection, KernelSource, MemorySource, SandboxRequest, ValidConfig,
 };
 use super::error::LaunchError;
 use super::facts::{HostFacts, HostMemory};
@@ -102,10 +102,10 @@ impl Plan {
     }
 }
 
-/// Validates everything the user gave against itself and the host's facts, and plans
-/// the launch. Opens and reads nothing.
-pub fn check(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
-    cfg.validate()?;
+/// Validates everything the user gave against the host's facts (`cfg` kept its own rules
+/// already), and plans the launch. Opens and reads nothing.
+pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
+    let cfg = cfg.into_inner();
     let (cores, cores_from) = match (&cfg.cores, &host.cgroup) {
         (CoreSelection::List(list), _) => (list.clone(), None),
         (CoreSelection::FromCgroup, Some(cg)) => {
@@ -280,6 +280,7 @@ mod tests {
     use crate::board::resources::PassthroughAsk;
     use crate::cpu::idle::{DisableExits, IdleCaps, IdlePolicy};
     use crate::host::claim::{ClaimError, CoreHolder};
+    use crate::machine::config::LaunchConfig;
     use crate::machine::config::PoolRequest;
     use devices::pci::passthrough::PhysicalBar;
     use devices::virtio::block::BlockConfig;
@@ -329,8 +330,13 @@ mod tests {
         }
     }
 
+    /// The configuration's own rules, then the plan.
+    fn planned(cfg: LaunchConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
+        check(ValidConfig::try_from(cfg)?, host)
+    }
+
     fn refused(cfg: LaunchConfig, host: &HostFacts) -> LaunchError {
-        match check(cfg, host) {
+        match planned(cfg, host) {
             Ok(_) => panic!("check accepted it"),
             Err(e) => e,
         }
@@ -338,7 +344,7 @@ mod tests {
 
     #[test]
     fn a_plan_is_made_from_the_configuration_and_the_facts_alone() {
-        let plan = check(config(), &host()).unwrap();
+        let plan = planned(config(), &host()).unwrap();
         assert_eq!(plan.cores(), &[2, 3]);
         assert_eq!(plan.memory(), 64 << 20);
         assert_eq!(plan.idle().policy, IdlePolicy::Mwait);
@@ -372,7 +378,7 @@ mod tests {
             ..host()
         };
         assert_eq!(
-            check(config(), &nested).unwrap().cpu_model().name,
+            planned(config(), &nested).unwrap().cpu_model().name,
             "nested-safe"
         );
     }
@@ -547,7 +553,7 @@ mod tests {
             kubelet: Some(("/var/lib/kubelet/cpu_manager_state".into(), Ok(()))),
         };
         let from_cgroup = |cg: &crate::host::pod::CgroupCpuset| {
-            check(
+            planned(
                 LaunchConfig {
                     cores: CoreSelection::FromCgroup,
                     ..config()
@@ -558,13 +564,14 @@ mod tests {
                 },
             )
         };
-        let plan = from_cgroup(&cgroup).unwrap();
-        assert_eq!(plan.cores(), &[1][..]);
+        let on_cgroup = from_cgroup(&cgroup).unwrap();
+        assert_eq!(on_cgroup.cores(), &[1][..]);
         assert!(
-            plan.cores_from()
+            on_cgroup
+                .cores_from()
                 .is_some_and(|w| w.contains("the kubelet's static CPU manager")),
             "{:?}",
-            plan.cores_from()
+            on_cgroup.cores_from()
         );
         for bad in [
             crate::host::pod::CgroupCpuset {

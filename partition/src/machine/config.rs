@@ -92,9 +92,37 @@ pub enum ConfigError {
     },
 }
 
+/// A configuration that keeps its own rules ([`LaunchConfig::validate`], run by
+/// `TryFrom`): the only way to a plan (`machine::check::check` takes one), so every way of
+/// building a launch runs them, once.
+#[derive(Clone, Debug)]
+pub struct ValidConfig(LaunchConfig);
+
+impl TryFrom<LaunchConfig> for ValidConfig {
+    type Error = ConfigError;
+    fn try_from(cfg: LaunchConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Self(cfg))
+    }
+}
+
+impl std::ops::Deref for ValidConfig {
+    type Target = LaunchConfig;
+    fn deref(&self) -> &LaunchConfig {
+        &self.0
+    }
+}
+
+impl ValidConfig {
+    /// The configuration, to be taken apart.
+    pub fn into_inner(self) -> LaunchConfig {
+        self.0
+    }
+}
+
 impl LaunchConfig {
-    /// The rules a configuration keeps by itself (the host is not looked at): checked first
-    /// by the launch's check, so every way of building a launch runs them.
+    /// The rules a configuration keeps by itself (the host is not looked at); a launch
+    /// runs them by making a [`ValidConfig`].
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.kubelet_cpu_state.is_some() && self.cores != CoreSelection::FromCgroup {
             return Err(ConfigError::KubeletStateWithoutCgroup);

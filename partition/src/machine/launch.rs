@@ -19,7 +19,7 @@ use devices::power::ACPI_PM_BASE;
 use pool::RamSource;
 
 use super::check::check;
-use super::config::{LaunchConfig, MemorySource};
+use super::config::{LaunchConfig, MemorySource, ValidConfig};
 use super::confine::{Descriptors, confine, raw};
 use super::control::{Control, start_api};
 use super::devices::{LEGACY_DEVICES, attach_devices};
@@ -418,7 +418,7 @@ pub fn launch(cfg: LaunchConfig, observer: &dyn Observer) -> Result<LaunchReport
     crate::sys::timeline::mark("args");
     // The configuration's own rules first: a request that breaks one is refused before
     // the host is looked at.
-    cfg.validate()?;
+    let cfg = ValidConfig::try_from(cfg)?;
     let host = HostFacts::read(&cfg)?;
     let checked = open(check(cfg, &host)?)?;
     crate::sys::timeline::mark("check");
