@@ -305,6 +305,11 @@ for cmd in ("qmp_capabilities", "query-status"):
 print(json.loads(answer).get("return", {}).get("status", "?"))
 PY
 }
+# QEMU's CPU time so far, in seconds (user + system of all its threads).
+qemu_cpu_s() {
+    awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); printf "%.1f", ($12 + $13) / hz }' "/proc/$qpid/stat" 2>/dev/null || echo "?"
+}
+cpu_at_poke=0
 said=0
 quiet_since=$SECONDS
 beat=0
@@ -341,9 +346,12 @@ while kill -0 $qpid 2>/dev/null; do
         : # Booting: the heartbeat has not begun (RIG_SILENCE and the timeout guard this).
     elif [ -z "$poked_at" ] && [ $((SECONDS - beat_since)) -ge "$stall" ]; then
         poked_at=$SECONDS
-        echo "rig: the outer machine's heartbeat stopped ${stall} s ago (QEMU CPU $(ps -o time= -p $qpid | tr -d ' ')): poking QEMU's monitor: $(qmp_poke)" >&2
+        cpu_at_poke=$(qemu_cpu_s)
+        echo "rig: the outer machine's heartbeat stopped ${stall} s ago (QEMU CPU ${cpu_at_poke} s): poking QEMU's monitor: $(qmp_poke)" >&2
     elif [ -n "$poked_at" ] && [ $((SECONDS - poked_at)) -ge "$stall" ]; then
-        echo "error: the outer machine's heartbeat stopped $((SECONDS - beat_since)) s ago and a QMP poke did not bring it back: hung, stopped" >&2
+        # How busy QEMU was since the poke tells a machine whose timers stopped (its vCPUs
+        # idle, waiting for an interrupt that never comes) from one spinning.
+        echo "error: the outer machine's heartbeat stopped $((SECONDS - beat_since)) s ago and a QMP poke did not bring it back: hung, stopped (QEMU used $(awk -v a="$cpu_at_poke" -v b="$(qemu_cpu_s)" 'BEGIN { printf "%.1f", b - a }') s of CPU in the $((SECONDS - poked_at)) s since the poke)" >&2
         hung=1
         hung_why="no heartbeat for $((SECONDS - beat_since)) s, a QMP poke did not help"
     fi
