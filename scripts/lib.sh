@@ -15,8 +15,16 @@ say() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&
 # test_exe calls, so the build and the reading happen once.
 load_test_exes() {
     [ -n "${TEST_EXES:-}" ] && return 0
-    TEST_EXES=$(cargo test --workspace --no-run --message-format=json --quiet 2>/dev/null |
-        python3 -c 'import json, sys
+    local out err
+    out=$(mktemp)
+    err=$(mktemp)
+    if ! cargo test --workspace --no-run --message-format=json --quiet >"$out" 2>"$err"; then
+        # Say why (cargo's own errors), not only its exit code.
+        tail -n 40 "$err" >&2
+        rm -f "$out" "$err"
+        die "the workspace's tests did not build (cargo test --workspace --no-run; its errors above)"
+    fi
+    TEST_EXES=$(python3 -c 'import json, sys
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -25,7 +33,8 @@ for line in sys.stdin:
     t = m.get("target", {})
     if (m.get("reason") == "compiler-artifact" and t.get("kind") == ["test"] and m.get("executable")
             and "tools/partition-cli" in m.get("manifest_path", "")):
-        print(t["name"], m["executable"])')
+        print(t["name"], m["executable"])' < "$out")
+    rm -f "$out" "$err"
 }
 
 # test_exe NAME: the path of tools/partition-cli/tests/NAME.rs's test binary (load_test_exes
@@ -85,6 +94,8 @@ irqbalance_bin() {
 # (docs/testing.md, "Which QEMU"). The benchmarks' QEMU peer is the same binary.
 QEMU_MIN_MAJOR=10
 qemu_major() {
+    # Nothing when QEMU is missing (a fresh machine): under pipefail its 127 would end the caller.
+    command -v qemu-system-x86_64 >/dev/null || return 0
     qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
 }
 apt_qemu() {

@@ -25,7 +25,9 @@ case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;
 need_root
 need_cargo
 apt_lists
-apt_install cpio xz-utils dpkg python3
+# protoc: the test binaries' build (tests/cri.rs's CRI client); gcc and binutils link the
+# probe guest.
+apt_install cpio xz-utils dpkg python3 gcc binutils protobuf-compiler
 apt_qemu
 
 # What runs inside: test binary names (tools/partition-cli/tests/NAME.rs), each with an
@@ -138,6 +140,20 @@ mode_of() {
     echo single
 }
 
+# oops_head LOG: the last kernel oops or panic on a console, from its first line (a BUG,
+# an Oops, a general protection fault, a WARNING, a lockup, a panic), at most 60 lines.
+oops_head() {
+    local first
+    first=$(grep -n -E '(BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |Kernel panic - )' "$1" \
+        | tail -n 1 | cut -d: -f1)
+    # The last oops's first line: walk back over a panic that follows an oops.
+    local start
+    start=$(grep -n -E '(BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |cut here)' "$1" \
+        | awk -F: -v f="${first:-0}" '$1 <= f && f - $1 < 120 { s = $1 } END { print s }')
+    [ -n "$start" ] || { echo "(no oops on the console)"; return; }
+    sed -n "${start},$((start + 59))p" "$1"
+}
+
 # One group of binaries (one TCG mode): a machine, and a new one for what had not ended
 # each time the outer machine dies.
 run_group() {
@@ -185,7 +201,10 @@ run_group() {
         # for, not the emulator's: no second machine for it.
         ours='partition|vcpu[0-9]+|blk-q[0-9]*|api|engine|vfio-return'
         if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq "(Comm: |soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \\[|INFO: task )($ours)[: ]"; then
-            for t in "${left[@]}"; do result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"; done
+            for t in "${left[@]}"; do
+                result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"
+                logs[${t%%=*}]=$kept
+            done
             break
         fi
         if [ "$deaths" -gt 2 ]; then
@@ -216,6 +235,12 @@ for t in "${suite[@]}"; do
         sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "${logs[$name]}" \
             | sed -n '/^failures:$/,/^test result:/p' | grep -A 25 -e '^---- ' -e 'panicked at' \
             | head -n 80 | sed 's/^/    | /' >&2
+    fi
+    if [ "${r#failed: the outer machine died}" != "$r" ]; then
+        # What the outer kernel said first (the oops's head: what, where, which thread, the
+        # call trace), which a CI log that keeps only the end would otherwise lose: from
+        # the first line of the last oops on the console, at most 60 lines.
+        oops_head "${logs[$name]}" | sed 's/^/    | /' >&2
     fi
     if [ -n "${skips[$name]:-}" ]; then
         while IFS= read -r line; do
