@@ -272,7 +272,7 @@ qemu=(qemu-system-x86_64 -machine q35,kernel-irqchip=split -accel "tcg,thread=$t
     -object "memory-backend-file,id=vram,size=$vram,mem-path=$run/vram.img,share=on"
     -device ivshmem-plain,memdev=vram,addr=05.0
     -device e1000e,addr=06.0
-    -qmp "unix:$run/qmp.sock,server=on,wait=off"
+    -qmp "unix:$run/qmp.sock,server=on,wait=off" -name rig,debug-threads=on
     -d cpu_reset -D "$log.resets")
 # QEMU's own warnings (TCG lacks some of EPYC's features) go to a file beside the log.
 "${qemu[@]}" 2> "$log.qemu" &
@@ -304,6 +304,39 @@ for cmd in ("qmp_capabilities", "query-status"):
     answer = f.readline()
 print(json.loads(answer).get("return", {}).get("status", "?"))
 PY
+}
+qmp_state() { # the outer machine's state as QEMU sees it: each CPU's registers (HLT=1: halted)
+    # and local APIC (its timer, IRR and ISR), the interrupt counts, and each QEMU thread's
+    # kernel state: which side lost a wake-up (docs/testing.md, "Which QEMU").
+    python3 - "$run/qmp.sock" <<'PY' 2>&1 || echo "no answer from QEMU's monitor"
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(20)
+s.connect(sys.argv[1])
+f = s.makefile("rw")
+f.readline()
+def ask(cmd, **args):
+    f.write(json.dumps({"execute": cmd, "arguments": args} if args else {"execute": cmd}) + "\n")
+    f.flush()
+    while True:
+        a = json.loads(f.readline())
+        if "event" not in a:
+            return a
+ask("qmp_capabilities")
+cpus = ask("query-cpus-fast").get("return", [])
+print("status:", ask("query-status").get("return", {}).get("status"))
+for c in cpus:
+    i = c.get("cpu-index")
+    for line in ("info registers", "info lapic"):
+        print(f"-- cpu {i}: {line}")
+        print(ask("human-monitor-command", **{"command-line": line, "cpu-index": i}).get("return", ""))
+print("-- info irq")
+print(ask("human-monitor-command", **{"command-line": "info irq"}).get("return", ""))
+PY
+    local t
+    for t in /proc/$qpid/task/*; do
+        echo "thread $(cat "$t/comm" 2>/dev/null): state $(awk '{ sub(/^.*\) /, ""); print $1 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
+    done
 }
 # QEMU's CPU time so far, in seconds (user + system of all its threads).
 qemu_cpu_s() {
@@ -352,6 +385,7 @@ while kill -0 $qpid 2>/dev/null; do
         # How busy QEMU was since the poke tells a machine whose timers stopped (its vCPUs
         # idle, waiting for an interrupt that never comes) from one spinning.
         echo "error: the outer machine's heartbeat stopped $((SECONDS - beat_since)) s ago and a QMP poke did not bring it back: hung, stopped (QEMU used $(awk -v a="$cpu_at_poke" -v b="$(qemu_cpu_s)" 'BEGIN { printf "%.1f", b - a }') s of CPU in the $((SECONDS - poked_at)) s since the poke)" >&2
+        qmp_state > "$run/state" 2>&1 || true
         hung=1
         hung_why="no heartbeat for $((SECONDS - beat_since)) s, a QMP poke did not help"
     fi
@@ -396,6 +430,7 @@ if [ -z "$rc" ] || [ "$hung" = 1 ]; then
         echo "---- QEMU's last CPU resets (-d cpu_reset)"
         tail -n 80 "$log.resets"
         [ "$hung" = 1 ] && echo "---- hung: $hung_why"
+        [ -s "$run/state" ] && { echo "---- QEMU's state when it was stopped (QMP)"; cat "$run/state"; }
     } > "$kept" 2>/dev/null || true
     echo "error: the outer machine stopped before the command ended (its whole console: $kept); its end:" >&2
     tail -n 40 "$log" >&2 || true
