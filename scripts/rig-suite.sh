@@ -143,14 +143,13 @@ mode_of() {
 # oops_head LOG: the last kernel oops or panic on a console, from its first line (a BUG,
 # an Oops, a general protection fault, a WARNING, a lockup, a panic), at most 60 lines.
 oops_head() {
-    local first
-    first=$(grep -n -E '(BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |Kernel panic - )' "$1" \
-        | tail -n 1 | cut -d: -f1)
-    # The last oops's first line: walk back over a panic that follows an oops.
-    local start
-    start=$(grep -n -E '(BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |cut here)' "$1" \
-        | awk -F: -v f="${first:-0}" '$1 <= f && f - $1 < 120 { s = $1 } END { print s }')
-    [ -n "$start" ] || { echo "(no oops on the console)"; return; }
+    local heads='BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |cut here|PANIC: |Out of memory|Kernel panic - '
+    local last start
+    last=$(grep -n -E "($heads)" "$1" | tail -n 1 | cut -d: -f1)
+    [ -n "$last" ] || { echo "(no oops on the console)"; return; }
+    # The first head line within 120 lines before the last one: a panic that follows an
+    # oops starts at the oops.
+    start=$(grep -n -E "($heads)" "$1" | awk -F: -v l="$last" '$1 <= l && l - $1 < 120 { print $1; exit }')
     sed -n "${start},$((start + 59))p" "$1"
 }
 
