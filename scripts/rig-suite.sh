@@ -144,12 +144,13 @@ mode_of() {
 # an Oops, a general protection fault, a WARNING, a lockup, a panic), at most 60 lines.
 oops_head() {
     local heads='BUG: |Oops: |general protection fault|kernel BUG at|WARNING: CPU: |soft lockup - CPU#|INFO: task |cut here|PANIC: |Out of memory|Kernel panic - '
-    local last start
-    last=$(grep -n -E "($heads)" "$1" | tail -n 1 | cut -d: -f1)
+    local found last start
+    found=$(grep -n -E "($heads)" "$1" | cut -d: -f1 || true)
+    last=$(tail -n 1 <<< "$found")
     [ -n "$last" ] || { echo "(no oops on the console)"; return; }
     # The first head line within 120 lines before the last one: a panic that follows an
     # oops starts at the oops.
-    start=$(grep -n -E "($heads)" "$1" | awk -F: -v l="$last" '$1 <= l && l - $1 < 120 { print $1; exit }')
+    start=$(awk -v l="$last" '$1 <= l && l - $1 < 120 { print $1; exit }' <<< "$found")
     sed -n "${start},$((start + 59))p" "$1"
 }
 
@@ -204,8 +205,10 @@ run_group() {
         # name a thread").
         ours='partition|vcpu[0-9]+|blk-q[0-9]*|api|engine|vfio-return'
         emulators='corrupted stack end detected inside scheduler'
-        if [ -n "$kept" ] && ! tail -n 200 "$kept" | grep -Eq "Kernel panic - not syncing: ($emulators)" \
-            && tail -n 200 "$kept" | grep -Eq "(Comm: |soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \\[|INFO: task )($ours)[: ]"; then
+        end=$( [ -n "$kept" ] && tail -n 200 "$kept" || true)
+        emulator_panic=$(grep -Eo "Kernel panic - not syncing: ($emulators)" <<< "$end" | tail -n1 | cut -d: -f2- | sed 's/^ //' || true)
+        if [ -z "$emulator_panic" ] \
+            && grep -Eq "(Comm: |soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \\[|INFO: task )($ours)[: ]" <<< "$end"; then
             for t in "${left[@]}"; do
                 result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"
                 logs[${t%%=*}]=$kept
@@ -217,8 +220,8 @@ run_group() {
             break
         fi
         why="the outer one died under QEMU TCG"
-        if [ -n "$kept" ] && tail -n 200 "$kept" | grep -Eq "Kernel panic - not syncing: ($emulators)"; then
-            why="the outer kernel panicked: $(tail -n 200 "$kept" | grep -Eo "Kernel panic - not syncing: ($emulators)" | tail -n1 | cut -d: -f2- | sed 's/^ //') ($(tail -n 200 "$kept" | grep -Eo 'Comm: [^ ]+' | tail -n1); seen under QEMU's own KVM guests too)"
+        if [ -n "$emulator_panic" ]; then
+            why="the outer kernel panicked: $emulator_panic ($(grep -Eo 'Comm: [^ ]+' <<< "$end" | tail -n1 || true); seen under QEMU's own KVM guests too)"
         fi
         reruns+=("$(printf '%s ' "${left[@]}")on a new machine: $why (its console: $kept)")
         pending=("${left[@]}")

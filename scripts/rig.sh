@@ -290,25 +290,12 @@ deadline=$((SECONDS + timeout))
 # seconds (default 420: longer than any test's own deadline inside, 300 s) is hung too.
 silence=${RIG_SILENCE:-420}
 stall=${RIG_STALL:-60}
-qmp_poke() { # one QMP query-status; prints QEMU's run state, or "no answer"
-    python3 - "$run/qmp.sock" <<'PY' 2>/dev/null || echo "no answer"
-import json, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.settimeout(10)
-s.connect(sys.argv[1])
-f = s.makefile("rw")
-f.readline()
-for cmd in ("qmp_capabilities", "query-status"):
-    f.write(json.dumps({"execute": cmd}) + "\n")
-    f.flush()
-    answer = f.readline()
-print(json.loads(answer).get("return", {}).get("status", "?"))
-PY
-}
-qmp_state() { # the outer machine's state as QEMU sees it: each CPU's registers (HLT=1: halted)
-    # and local APIC (its timer, IRR and ISR), the interrupt counts, and each QEMU thread's
-    # kernel state: which side lost a wake-up (docs/testing.md, "Which QEMU").
-    python3 - "$run/qmp.sock" <<'PY' 2>&1 || echo "no answer from QEMU's monitor"
+# qmp WHAT: asks QEMU's monitor. "status": its run state (a poke that wakes its main loop);
+# "state": the outer machine as QEMU sees it, each CPU's registers (HLT=1: halted) and
+# local APIC (its timer, IRR and ISR) and the interrupt counts: which side lost a wake-up
+# (docs/testing.md, "Which QEMU").
+qmp() {
+    python3 - "$run/qmp.sock" "$1" <<'PY'
 import json, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.settimeout(20)
@@ -323,9 +310,12 @@ def ask(cmd, **args):
         if "event" not in a:
             return a
 ask("qmp_capabilities")
-cpus = ask("query-cpus-fast").get("return", [])
-print("status:", ask("query-status").get("return", {}).get("status"))
-for c in cpus:
+status = ask("query-status").get("return", {}).get("status", "?")
+if sys.argv[2] == "status":
+    print(status)
+    sys.exit(0)
+print("status:", status)
+for c in ask("query-cpus-fast").get("return", []):
     i = c.get("cpu-index")
     for line in ("info registers", "info lapic"):
         print(f"-- cpu {i}: {line}")
@@ -333,6 +323,10 @@ for c in cpus:
 print("-- info irq")
 print(ask("human-monitor-command", **{"command-line": "info irq"}).get("return", ""))
 PY
+}
+qmp_poke() { qmp status 2>/dev/null || echo "no answer"; }
+qmp_state() { # QEMU's view (qmp state) and each QEMU thread's kernel wait
+    qmp state 2>&1 || echo "no answer from QEMU's monitor"
     local t
     for t in /proc/$qpid/task/*; do
         echo "thread $(cat "$t/comm" 2>/dev/null): state $(awk '{ sub(/^.*\) /, ""); print $1 }' "$t/stat" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
@@ -385,7 +379,6 @@ while kill -0 $qpid 2>/dev/null; do
         # How busy QEMU was since the poke tells a machine whose timers stopped (its vCPUs
         # idle, waiting for an interrupt that never comes) from one spinning.
         echo "error: the outer machine's heartbeat stopped $((SECONDS - beat_since)) s ago and a QMP poke did not bring it back: hung, stopped (QEMU used $(awk -v a="$cpu_at_poke" -v b="$(qemu_cpu_s)" 'BEGIN { printf "%.1f", b - a }') s of CPU in the $((SECONDS - poked_at)) s since the poke)" >&2
-        qmp_state > "$run/state" 2>&1 || true
         hung=1
         hung_why="no heartbeat for $((SECONDS - beat_since)) s, a QMP poke did not help"
     fi
@@ -395,6 +388,8 @@ while kill -0 $qpid 2>/dev/null; do
         hung_why="nothing on the command's line for ${silence} s"
     fi
     if [ "$hung" = 1 ]; then
+        # Whichever watchdog stopped it: QEMU's view of the machine first, for the record.
+        qmp_state > "$run/state" 2>&1 || true
         kill $qpid 2>/dev/null || true
         wait $qpid 2>/dev/null || true
         break
