@@ -510,13 +510,15 @@ impl Host<'_> {
         }
     }
 
-    /// Whether moving a thread between cgroups waits for an RCU grace period: a pool
-    /// partition's vCPU threads each join the reserved cores' cpuset, and without
-    /// favordynmods the kernel's write lock on its thread-group semaphore waits a grace
-    /// period first (`percpu_down_write` -> `rcu_sync_enter`). With it the semaphore stays
-    /// in the mode that needs none (kernel/cgroup/cgroup.c, `cgroup_favor_dynmods`; a
-    /// mount option or `cgroup_favordynmods=` at boot, Linux 6.2 on), at some cost to
-    /// fork and exit.
+    /// Whether a pool launch's move into the reserved cores' cpuset waits for an RCU grace
+    /// period. Under cgroup v1 each vCPU thread moves itself (`0` to `tasks`,
+    /// `GuestsCpuset::join`), which the kernel does without its global thread-group lock
+    /// (Linux 5.17 on): nothing to wait for. Under cgroup v2 the launcher moves as a whole
+    /// process (`cgroup.procs`), and without favordynmods the kernel's write lock on that
+    /// semaphore waits a grace period first (`percpu_down_write` -> `rcu_sync_enter`). With
+    /// it the semaphore stays in the mode that needs none (kernel/cgroup/cgroup.c,
+    /// `cgroup_favor_dynmods`; a mount option or `cgroup_favordynmods=` at boot, Linux 6.2
+    /// on), at some cost to fork and exit.
     fn cgroup_moves(&self, f: &mut Vec<Finding>) {
         let Some(mounts) = self.read("proc/mounts") else {
             f.push(host_unseen("cgroup-moves", "not available here"));
@@ -543,6 +545,20 @@ impl Host<'_> {
             ));
             return;
         }
+        let v1_cpuset = mounts.lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.get(2) == Some(&"cgroup")
+                && w.get(3)
+                    .is_some_and(|o| o.split(',').any(|o| o == "cpuset"))
+        });
+        if v1_cpuset {
+            f.push(host_ok(
+                "cgroup-moves",
+                "cgroup v1 cpuset: each vCPU thread moves itself, which takes no grace \
+                 period (Linux 5.17 on)",
+            ));
+            return;
+        }
         let favoured = cgroups.iter().any(|(_, fav)| *fav);
         let at_boot = self.read("proc/cmdline").is_some_and(|c| {
             c.split_whitespace().any(|w| {
@@ -560,9 +576,10 @@ impl Host<'_> {
                 "",
                 "without favordynmods",
                 Verdict::Costs,
-                "each vCPU thread's move into the reserved cores' cpuset waits an RCU grace \
-                 period before the guest can start (up to 32 ms of a pool launch's 27-48 ms \
-                 on the development host, docs/operations.md)",
+                "the launcher's move into the reserved cores' cpuset partition (cgroup v2: \
+                 the whole process) waits an RCU grace period before the guest can start (up \
+                 to 32 ms of a pool launch's 27-48 ms when the threads moved by number under \
+                 v1 on the development host, docs/operations.md)",
                 "boot with cgroup_favordynmods=true (Linux 6.2 on), or mount the cpuset \
                  hierarchy with -o favordynmods",
             ));
@@ -842,9 +859,7 @@ mod tests {
                 ),
                 (
                     "proc/mounts",
-                    "tmpfs /sys/fs/cgroup tmpfs rw 0 0\ncgroup /sys/fs/cgroup/cpu cgroup \
-                     rw,relatime,cpu 0 0\ncgroup /sys/fs/cgroup/cpuset cgroup \
-                     rw,relatime,cpuset 0 0\n",
+                    "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n",
                 ),
                 (
                     &format!("{cpu}/vulnerabilities/mds"),
@@ -939,26 +954,31 @@ mod tests {
     #[test]
     fn favordynmods_counts_from_the_mount_or_the_boot_line() {
         let v1 = "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n";
+        let v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
         for (tag, cmdline, mounts, want) in [
-            ("plain", "ro\n", v1, Verdict::Costs),
+            ("plain", "ro\n", v1, Verdict::Ok),
             ("boot", "ro cgroup_favordynmods=true\n", v1, Verdict::Ok),
+            // Under v1 the threads move themselves: no grace period, favordynmods or not.
+            ("v1-self", "ro cgroup_favordynmods=false\n", v1, Verdict::Ok),
+            ("boot-v2", "ro cgroup_favordynmods=true\n", v2, Verdict::Ok),
             (
-                "boot-no",
+                "boot-no-v2",
                 "ro cgroup_favordynmods=false\n",
-                v1,
+                v2,
                 Verdict::Costs,
             ),
+            ("v2", "ro\n", v2, Verdict::Costs),
             (
-                "mount",
+                "mount-v2",
                 "ro\n",
-                "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset,favordynmods 0 0\n",
+                "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate,favordynmods 0 0\n",
                 Verdict::Ok,
             ),
             (
                 "other-hierarchy",
                 "ro\n",
                 "cgroup /sys/fs/cgroup/cpu cgroup rw,cpu,favordynmods 0 0\n\
-                 cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0\n",
+                 cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n",
                 Verdict::Ok,
             ),
             (
