@@ -143,7 +143,7 @@ pub fn run(
     drop(ram);
     let t_mem = Instant::now();
     crate::sys::timeline::mark_at("memory", t_mem);
-    let (vm, waits) = build_vm(&checked, &memory)?;
+    let vm = build_vm(&checked, &memory)?;
     let t_vm = Instant::now();
     crate::sys::timeline::mark_at("vm", t_vm);
     let boot = write_boot(&checked, &memory)?;
@@ -154,8 +154,6 @@ pub fn run(
     let mut vcpus = create_vcpus(&checked, &vm, &boot, &devices, &memory)?;
     let t_vcpus = Instant::now();
     crate::sys::timeline::mark_at("vcpus", t_vcpus);
-    waits.join()?;
-    crate::sys::timeline::mark("vm_join");
     observer.booting(&checked, &boot, &memory.describe());
 
     // Stop signals wait on a signalfd until teardown is over.
@@ -299,95 +297,29 @@ pub fn run(
     })
 }
 
-/// The thread installing the SYSCALL repair's MSR filter.
-/// The VM calls KVM takes milliseconds over while it waits (SRCU grace periods: a memory
-/// slot's, the MSR filter's), each on a thread of its own while the boot structures,
-/// devices and vCPUs are made; joined before any vCPU can run, and on every way out (a
-/// launch that fails before that waits for them in `Drop`, so nothing of the VM outlives
-/// it).
-pub(super) struct VmWaits(Vec<(&'static str, VmThread)>);
-
-type VmThread = std::thread::JoinHandle<Result<(), crate::kvm::VmError>>;
-
-impl VmWaits {
-    fn start(
-        &mut self,
-        name: &'static str,
-        what: &'static str,
-        f: impl FnOnce() -> Result<(), crate::kvm::VmError> + Send + 'static,
-    ) -> Result<(), LaunchError> {
-        let t = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(f)
-            .map_err(|source| LaunchError::Os {
-                what: "starting a thread for the VM's setup",
-                source,
-            })?;
-        self.0.push((what, t));
-        Ok(())
-    }
-
-    /// Waits for every thread; the first failure is the launch's.
-    pub(super) fn join(mut self) -> Result<(), LaunchError> {
-        let mut first = Ok(());
-        for (what, t) in self.0.drain(..) {
-            let r = match t.join() {
-                Ok(r) => r.map_err(LaunchError::from),
-                Err(_) => Err(LaunchError::Os {
-                    what,
-                    source: std::io::Error::other("its thread panicked"),
-                }),
-            };
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
-    }
-}
-
-impl Drop for VmWaits {
-    fn drop(&mut self) {
-        for (_, t) in self.0.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The VM: created, its idle plan and emulation-failure exits set, then its memory slots
-/// and (for the SYSCALL repair) the MSR filter started on threads of their own
-/// ([`VmWaits`]). KVM takes milliseconds over each while it waits: the MSR filter 13.4 ms
-/// median on kvm_pvm (docs/boot.md), a memory slot 3-4 ms there (an SRCU grace period,
-/// docs/architecture.md); KVM accepts both at any time before the guest's first
-/// instruction, and nothing before the join needs them (the boot structures are written
-/// through the VMM's own mapping; KVM_CREATE_VCPU and the vCPU's registers take no
-/// guest memory in the modes we boot in).
+/// The VM: created, its memory slots and (for the SYSCALL repair) the MSR filter put in
+/// before the irqchip and PIT (see [`Vm::without_irqchip`]: made after them, each waited
+/// for an SRCU grace period of milliseconds), then its idle plan and emulation-failure
+/// exits set.
 pub(super) fn build_vm(
     checked: &Checked,
     memory: &Arc<GuestMemory>,
-) -> Result<(Arc<Vm>, VmWaits), LaunchError> {
-    let vm = Arc::new(Vm::new()?);
+) -> Result<Arc<Vm>, LaunchError> {
+    let vm = Vm::without_irqchip()?;
+    // The filter first: KVM waits for a grace period with `synchronize_srcu`, which is
+    // expedited only while the VM's SRCU looks idle, and a slot's grace period just ended
+    // makes it look busy (a normal grace period then: 15.6 ms once in ten launches here).
+    // A slot's wait is always expedited.
+    if checked.plan.cpu_model.syscall_repair {
+        vm.trap_lstar_writes()?;
+    }
+    vm.map_memory(memory, checked.plan.machine.first_ram_slot)?;
+    crate::sys::timeline::mark("slots");
+    vm.add_irqchip()?;
     vm.apply_idle(&checked.plan.idle)?;
     vm.report_emulation_failures()?;
     crate::sys::timeline::mark("vm_caps");
-    let mut waits = VmWaits(Vec::new());
-    if checked.plan.cpu_model.syscall_repair {
-        let vm = vm.clone();
-        waits.start("msr-filter", "installing the MSR filter", move || {
-            vm.trap_lstar_writes()
-        })?;
-    }
-    let (v, m, first) = (
-        vm.clone(),
-        memory.clone(),
-        checked.plan.machine.first_ram_slot,
-    );
-    waits.start(
-        "mem-slots",
-        "registering guest memory with KVM",
-        move || v.map_memory(&m, first),
-    )?;
-    Ok((vm, waits))
+    Ok(Arc::new(vm))
 }
 
 /// Kernel, initrd, command line and the boot structures, in guest memory.
