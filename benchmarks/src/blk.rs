@@ -9,7 +9,10 @@
 //!   ioeventfd + a polling worker (`poll_us`), and polled with `direct=on` (cold);
 //! - the same probe guest under `qemu-system-x86_64 -M microvm` with a virtio-blk-device on
 //!   `aio=io_uring`, with an iothread that polls (`poll-max-ns`), and that with
-//!   `cache.direct=on` (cold).
+//!   `cache.direct=on` (cold);
+//! - the same probe guest under Firecracker, when given (`--firecracker PATH`), its drive
+//!   served by its `Sync` engine and by its io_uring one (`Async`); Cloud Hypervisor has no
+//!   rows (its virtio-blk is virtio-pci; the probe's driver speaks virtio-mmio only).
 //!
 //! Every guest row runs the probe's `read` (the whole image, checksum compared with the
 //! host's), `lat` (random 4 KiB reads at depth 1, first with the guest polling the used ring,
@@ -29,9 +32,12 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::doc::blk::{BlkParams, BlkSection, GuestRow, HostRow, ImageDoc, Metric, Peers, VsQemu};
+use crate::doc::blk::{
+    BlkParams, BlkSection, GuestRow, HostRow, ImageDoc, Metric, PeerBlk, Peers, VsQemu,
+};
 use crate::head::{Head, Ordering};
-use crate::host::{XorShift, make_image, pin_and_start_qemu};
+use crate::host::{XorShift, make_image, pin_and_start_qemu, pin_firecracker};
+use crate::peers::{Peer, PeerBoot};
 
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm, pretty, timed_run, timed_run_with};
@@ -54,6 +60,18 @@ const OURS: [(&str, &str, bool, &str); 4] = [
         "cold",
     ),
 ];
+
+/// Firecracker's configurations: (name, its `io_engine`, cache state). Its virtio-blk is
+/// virtio-mmio, as ours; its I/O is served by its VMM thread on an ioeventfd, with no
+/// polling to configure.
+const FIRECRACKER: [(&str, &str, &str); 2] = [
+    ("firecracker", "Sync", "warm"),
+    ("firecracker io_uring", "Async", "warm"),
+];
+
+/// Why Cloud Hypervisor has no rows here.
+const CLOUD_HYPERVISOR_NOTE: &str = "cloud-hypervisor: no rows: its virtio-blk is virtio-pci, \
+                                      and the probe's driver speaks virtio-mmio only";
 
 /// QEMU's configurations: (name, cache state).
 const QEMU: [(&str, &str); 3] = [
@@ -384,6 +402,7 @@ pub fn run(env: &Env) -> BlkSection {
         host_failures: None,
         ours: None,
         qemu: None,
+        rust_peers: Vec::new(),
         orderings: None,
         ours_vs_qemu_best: None,
     };
@@ -420,9 +439,18 @@ pub fn run(env: &Env) -> BlkSection {
     if env.qemu.is_some() {
         qemu = QEMU.iter().map(|c| (c.0, Series::default())).collect();
     }
+    let firecracker_bin = Peer::Firecracker.binary(env).is_some();
+    let mut firecracker: BTreeMap<&str, Series> = BTreeMap::new();
+    if firecracker_bin {
+        firecracker = FIRECRACKER
+            .iter()
+            .map(|c| (c.0, Series::default()))
+            .collect();
+    }
     let mut jobs: Vec<&str> = vec!["host"];
     jobs.extend(OURS.iter().map(|c| c.0));
     jobs.extend(qemu.keys().copied());
+    jobs.extend(firecracker.keys().copied());
     let qmp = env.work.join("qmp.sock");
     for round in 0..env.runs {
         let mut order = jobs.clone();
@@ -451,6 +479,29 @@ pub fn run(env: &Env) -> BlkSection {
                 let s = ours.get_mut(job).expect("present");
                 s.command = pretty(&c);
                 record_guest(s, timed_run(c, Duration::from_secs(120)), 0, expect);
+            } else if let Some(&(_, engine, _)) = FIRECRACKER.iter().find(|c| c.0 == job) {
+                let cmdline = probe_cmdline();
+                let boot = PeerBoot {
+                    peer: Peer::Firecracker,
+                    pin: Some(env.host_core.to_string()),
+                    vcpus: 1,
+                    mb: 64,
+                    hugepages: false,
+                    probe: &probe,
+                    cmdline: &cmdline,
+                    disk: Some((&image, engine)),
+                };
+                let s = firecracker.get_mut(job).expect("present");
+                let Some(c) = boot.command(env, &env.work) else {
+                    continue;
+                };
+                s.command = pretty(&c);
+                let (core, host_core) = (env.core, env.host_core);
+                let r = timed_run_with(c, Duration::from_secs(120), |pid| {
+                    pin_firecracker(pid, core, host_core)
+                });
+                // Firecracker ends on the probe's i8042 reset, exiting 0.
+                record_guest(s, r, 0, expect);
             } else {
                 let _ = std::fs::remove_file(&qmp);
                 let c = qemu_cmd(env, &probe, &image, job, &qmp);
@@ -505,6 +556,29 @@ pub fn run(env: &Env) -> BlkSection {
     } else {
         Peers::Note("qemu-system-x86_64 not found: no peer rows".into())
     });
+
+    section.rust_peers = vec![
+        PeerBlk {
+            name: Peer::CloudHypervisor.name().into(),
+            rows: Peers::Note(CLOUD_HYPERVISOR_NOTE.into()),
+        },
+        PeerBlk {
+            name: Peer::Firecracker.name().into(),
+            rows: if firecracker_bin {
+                Peers::Rows(
+                    FIRECRACKER
+                        .iter()
+                        .map(|c| guest_row(c.0, c.2, &firecracker[c.0]))
+                        .collect(),
+                )
+            } else {
+                Peers::Note(format!(
+                    "firecracker not given ({} PATH, or on PATH): no rows",
+                    Peer::Firecracker.option()
+                ))
+            },
+        },
+    ];
 
     // The orderings seed 002 found, and the comparison with QEMU.
     let o = |k: &str, m: &str| ours.get(k).and_then(|s| s.summary(m));

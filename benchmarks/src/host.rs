@@ -68,20 +68,8 @@ pub fn pin_and_start_qemu(
     s.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
         .map_err(|e| e.to_string())?;
     reply(&mut s, "capabilities", "\"return\"")?;
-    let mut vcpu = false;
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
-    for t in tasks.flatten() {
-        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let is_vcpu = comm.trim().starts_with("CPU ") && comm.contains("/KVM");
-        vcpu |= is_vcpu;
-        if !set_affinity(tid, if is_vcpu { vcpu_core } else { other_core }) {
-            return Err(format!("pinning QEMU thread {tid}"));
-        }
-    }
-    if !vcpu {
+    let is_vcpu = |comm: &str| comm.starts_with("CPU ") && comm.contains("/KVM");
+    if !pin_threads(pid, is_vcpu, vcpu_core, other_core)? {
         return Err("no QEMU vCPU thread (\"CPU 0/KVM\") found".into());
     }
     s.write_all(b"{\"execute\":\"cont\"}\n")
@@ -91,6 +79,47 @@ pub fn pin_and_start_qemu(
         return Err(format!("QMP cont: {}", r.trim()));
     }
     Ok(())
+}
+
+/// Pins each thread of process `pid`: those whose name `is_vcpu` says is a vCPU's to
+/// `vcpu_core`, the others to `other_core`. Whether a vCPU thread was among them.
+fn pin_threads(
+    pid: u32,
+    is_vcpu: impl Fn(&str) -> bool,
+    vcpu_core: usize,
+    other_core: usize,
+) -> Result<bool, String> {
+    let mut vcpu = false;
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| e.to_string())?;
+    for t in tasks.flatten() {
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let v = is_vcpu(comm.trim());
+        vcpu |= v;
+        if !set_affinity(tid, if v { vcpu_core } else { other_core }) {
+            return Err(format!("pinning thread {tid} of {pid}"));
+        }
+    }
+    Ok(vcpu)
+}
+
+/// Pins a running Firecracker as QEMU is pinned: its vCPU thread (`fc_vcpu 0`) to
+/// `vcpu_core`, every other thread to `other_core`, as soon as the vCPU thread exists.
+/// Firecracker cannot start paused without its API, so the guest's first instructions
+/// (its boot, before any measurement) may run before the pinning.
+pub fn pin_firecracker(pid: u32, vcpu_core: usize, other_core: usize) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if pin_threads(pid, |c| c.starts_with("fc_vcpu"), vcpu_core, other_core)? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("no Firecracker vCPU thread (\"fc_vcpu 0\") within 10 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The first `name` on PATH that is a file, if any.

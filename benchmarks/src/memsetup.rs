@@ -87,6 +87,7 @@ fn launch_cmd(
             hugepages: takes_hugepages(source),
             probe,
             cmdline: "probe.memtest=0",
+            disk: None,
         }
         .command(env, &env.work);
     }

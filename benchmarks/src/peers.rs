@@ -134,6 +134,10 @@ pub struct PeerBoot<'a> {
     pub probe: &'a Path,
     /// Its command line.
     pub cmdline: &'a str,
+    /// A disk image for a virtio-blk device, read only, and the I/O engine Firecracker
+    /// serves it with (`Sync` or `Async`, its io_uring one). Firecracker only: Cloud
+    /// Hypervisor's virtio-blk is virtio-pci, which the probe's driver does not speak.
+    pub disk: Option<(&'a Path, &'a str)>,
 }
 
 impl PeerBoot<'_> {
@@ -194,7 +198,13 @@ impl PeerBoot<'_> {
                 "kernel_image_path": self.probe,
                 "boot_args": self.cmdline,
             },
-            "drives": [],
+            "drives": self.disk.map(|(path, engine)| vec![serde_json::json!({
+                "drive_id": "d0",
+                "path_on_host": path,
+                "is_root_device": false,
+                "is_read_only": true,
+                "io_engine": engine,
+            })]).unwrap_or_default(),
             "machine-config": machine,
         })
     }
@@ -249,6 +259,7 @@ mod tests {
             hugepages: false,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
+            disk: None,
         };
         assert!(boot(Peer::CloudHypervisor).command(&e, &e.work).is_none());
         assert!(boot(Peer::Firecracker).command(&e, &e.work).is_some());
@@ -282,6 +293,7 @@ mod tests {
             hugepages: true,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
+            disk: None,
         };
         assert_eq!(
             args(&ch.command(&e, &dir).unwrap()).join(" "),
@@ -297,6 +309,7 @@ mod tests {
             hugepages: true,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
+            disk: None,
         };
         let c = fc.command(&e, &dir).unwrap();
         let a = args(&c);
@@ -319,6 +332,7 @@ mod tests {
         // Another command line, made before the first runs, has a file of its own.
         let other = PeerBoot {
             cmdline: "probe.memtest=0 probe.bench=idle",
+            pin: None,
             ..fc
         };
         let b = args(&other.command(&e, &dir).unwrap());
@@ -326,5 +340,24 @@ mod tests {
         let first: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&a[5]).unwrap()).unwrap();
         assert_eq!(first["boot-source"]["boot_args"], "probe.memtest=0");
+        assert_eq!(first["drives"], serde_json::json!([]));
+        // With a disk: one read-only virtio-blk drive, served by the engine asked for.
+        let disk = PeerBoot {
+            disk: Some((Path::new("/w/blk.img"), "Async")),
+            ..fc
+        };
+        let d = args(&disk.command(&e, &dir).unwrap());
+        let with: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&d[5]).unwrap()).unwrap();
+        assert_eq!(
+            with["drives"],
+            serde_json::json!([{
+                "drive_id": "d0",
+                "path_on_host": "/w/blk.img",
+                "is_root_device": false,
+                "is_read_only": true,
+                "io_engine": "Async",
+            }])
+        );
     }
 }

@@ -529,9 +529,14 @@ fn blk(o: &mut String, b: &BlkSection) {
         .iter()
         .flatten()
         .map(|r| (r.name.as_str(), r.lat4k.as_ref()));
+    let rust_peers = b.rust_peers.iter().flat_map(|p| match &p.rows {
+        Peers::Rows(r) => r.as_slice(),
+        Peers::Note(_) => &[],
+    });
     let guest = ours
         .iter()
         .chain(qemu)
+        .chain(rust_peers)
         .map(|r| (r.name.as_str(), r.lat4k_guest_polls.as_ref()));
     for (name, m) in host.chain(guest) {
         let _ = writeln!(
@@ -544,6 +549,11 @@ fn blk(o: &mut String, b: &BlkSection) {
             },
             num(m.map(|m| m.median / 1000.0), 2)
         );
+    }
+    for p in &b.rust_peers {
+        if let Peers::Note(n) = &p.rows {
+            let _ = writeln!(o, "\n{n}.");
+        }
     }
 }
 

@@ -452,6 +452,7 @@ pub fn run(env: &Env) -> WakeSection {
                             hugepages: false,
                             probe: &probe,
                             cmdline,
+                            disk: None,
                         }
                         .command(env, &env.work)
                     };

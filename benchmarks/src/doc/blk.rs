@@ -29,6 +29,10 @@ pub struct BlkSection {
     /// QEMU's rows, or why there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qemu: Option<Peers>,
+    /// The Rust peers' rows (Firecracker's virtio-blk is virtio-mmio, as ours), or why a
+    /// peer has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rust_peers: Vec<PeerBlk>,
     /// The orderings the section checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orderings: Option<Vec<Ordering>>,
@@ -134,6 +138,15 @@ pub enum Peers {
     Rows(Vec<GuestRow>),
     /// Why not.
     Note(String),
+}
+
+/// A Rust peer's rows in `blk`, or why it has none.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerBlk {
+    /// `cloud-hypervisor` or `firecracker`.
+    pub name: String,
+    /// Its rows, or why there are none.
+    pub rows: Peers,
 }
 
 /// Our best against QEMU's best.
