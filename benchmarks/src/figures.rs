@@ -262,14 +262,20 @@ pub fn blk(doc: &Results) -> Vec<Panel> {
         return Vec::new();
     };
     let cache = |c: &str| c.split(':').next().unwrap_or("?").to_string();
-    let qemu: &[GuestRow] = match &b.qemu {
-        Some(Peers::Rows(r)) => r,
-        _ => &[],
+    // Every peer's rows: QEMU's, then the Rust peers' (Firecracker's) that have any.
+    let mut peers: Vec<GuestRow> = match &b.qemu {
+        Some(Peers::Rows(r)) => r.clone(),
+        _ => Vec::new(),
     };
+    for p in &b.rust_peers {
+        if let Peers::Rows(r) = &p.rows {
+            peers.extend(r.iter().cloned());
+        }
+    }
     type Pick = fn(&GuestRow) -> &Option<Metric>;
     let rows = |key: Pick| {
         let mut out: Vec<Row> = Vec::new();
-        for (list, slot) in [(b.ours.as_deref().unwrap_or_default(), 0), (qemu, 2)] {
+        for (list, slot) in [(b.ours.as_deref().unwrap_or_default(), 0), (&peers[..], 2)] {
             for r in list {
                 let Some(v) = key(r).as_ref().map(|m| m.median) else {
                     continue;
@@ -297,7 +303,7 @@ pub fn blk(doc: &Results) -> Vec<Panel> {
     vec![panel(
         "virtio-blk: one 4 KiB read, median",
         Unit::Nanos,
-        &[("ours", BLUE), ("bare host", GREY), ("QEMU peer", ORANGE)],
+        &[("ours", BLUE), ("bare host", GREY), ("peer", ORANGE)],
         vec![
             Group {
                 title: "the guest polls for the completion".into(),
