@@ -6,6 +6,8 @@
 //! - `pool`: `partition launch --name` on a pool extent (mmap + MAP_POPULATE of pages that
 //!   already exist);
 //! - `anon-prefault`: fresh anonymous memory with MAP_POPULATE (`--backing prefault`);
+//! - `anonymous`: fresh anonymous memory the guest faults in as it touches it (the ad hoc
+//!   launch's default, `--backing anonymous`; Firecracker's way without hugepages);
 //! - `hugetlb`: fresh MAP_HUGETLB | MAP_POPULATE from the kernel's free hugepages (grown
 //!   before and shrunk after each run, outside the timed part);
 //! - `qemu`: `qemu-system-x86_64 -M microvm -mem-prealloc`, the probe booted through PVH;
@@ -35,7 +37,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::doc::memsetup::{
-    MemSetupChecks, MemSetupParams, MemSetupRow, MemSetupSection, PoolPreallocation,
+    MemSetupChecks, MemSetupParams, MemSetupRow, MemSetupSection, PEER_GOAL, PeerGoals,
+    PoolPreallocation,
 };
 use crate::head::Head;
 use crate::peers::{Peer, PeerBoot};
@@ -43,12 +46,13 @@ use crate::stats::summary;
 use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
 
 /// The sources that are `partition launch`'s own (the rest are peer VMMs').
-pub const OURS: [&str; 3] = ["pool", "anon-prefault", "hugetlb"];
+pub const OURS: [&str; 4] = ["pool", "anon-prefault", "anonymous", "hugetlb"];
 
 /// The memory sources compared.
-pub const SOURCES: [&str; 9] = [
+pub const SOURCES: [&str; 10] = [
     "pool",
     "anon-prefault",
+    "anonymous",
     "hugetlb",
     "qemu",
     "qemu-hugetlbfs",
@@ -124,6 +128,8 @@ fn launch_cmd(
                 "anon-prefault" => {
                     Launch::new(env, state, &env.host_core.to_string(), &memory).backing("prefault")
                 }
+                "anonymous" => Launch::new(env, state, &env.host_core.to_string(), &memory)
+                    .backing("anonymous"),
                 _ => {
                     Launch::new(env, state, &env.host_core.to_string(), &memory).backing("hugetlb")
                 }
@@ -164,6 +170,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         peers: crate::peers::infos(env),
         rows: None,
         checks: None,
+        against_peers: Vec::new(),
         failures: None,
     };
     let probe = match crate::probe_image(env) {
@@ -320,7 +327,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         .arg("unreserve")
         .output();
 
-    let rows = samples
+    let rows: Vec<MemSetupRow> = samples
         .iter()
         .map(|((source, size), v)| MemSetupRow {
             source: source.clone(),
@@ -351,6 +358,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
     let mem_ratio = med("anon-prefault", max, 1)
         .zip(med("pool", max, 1))
         .map(|(a, b)| a / b);
+    section.against_peers = peer_goals(&rows);
     section.rows = Some(rows);
     section.checks = Some(MemSetupChecks {
         pool_first_byte_largest_over_smallest: first_ratio,
@@ -369,6 +377,57 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
     });
     section.failures = Some(failures);
     section
+}
+
+/// Our pool and ad hoc (`anonymous`) launches against the peers' best, at every size where
+/// both ours and a peer (Cloud Hypervisor's or Firecracker's) have a median.
+fn peer_goals(rows: &[MemSetupRow]) -> Vec<PeerGoals> {
+    let mut out = Vec::new();
+    for ours in ["pool", "anonymous"] {
+        for r in rows.iter().filter(|r| r.source == ours) {
+            let peers: Vec<&MemSetupRow> = rows
+                .iter()
+                .filter(|p| p.size_bytes == r.size_bytes && Peer::from_source(&p.source).is_some())
+                .collect();
+            // The peer row with the lowest median of `pick`.
+            let best = |pick: fn(&MemSetupRow) -> Option<f64>, among: &[&MemSetupRow]| {
+                among
+                    .iter()
+                    .filter_map(|p| Some((p.source.clone(), pick(p)?)))
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+            };
+            let first = |r: &MemSetupRow| r.first_byte_ms.map(|s| s.median);
+            let cpu = |r: &MemSetupRow| r.vmm_cpu_ms_at_first_byte.map(|s| s.median);
+            let rss = |r: &MemSetupRow| r.vmm_rss_kib_at_first_byte.map(|s| s.median);
+            let (Some((fastest, peer_first)), Some((lowest, peer_cpu)), Some(f), Some(c)) =
+                (best(first, &peers), best(cpu, &peers), first(r), cpu(r))
+            else {
+                continue;
+            };
+            let firecracker: Vec<&MemSetupRow> = peers
+                .iter()
+                .copied()
+                .filter(|p| Peer::from_source(&p.source) == Some(Peer::Firecracker))
+                .collect();
+            let rss_over = best(rss, &firecracker)
+                .zip(rss(r))
+                .map(|((_, theirs), ours)| ours / theirs);
+            let (first_over, cpu_over) = (f / peer_first, c / peer_cpu);
+            out.push(PeerGoals {
+                ours: ours.into(),
+                size_bytes: r.size_bytes,
+                fastest_peer: fastest,
+                first_byte_over_fastest: first_over,
+                lowest_cpu_peer: lowest,
+                cpu_over_lowest: cpu_over,
+                rss_over_firecracker: rss_over,
+                met: first_over <= PEER_GOAL
+                    && cpu_over <= PEER_GOAL
+                    && rss_over.is_none_or(|x| x <= PEER_GOAL),
+            });
+        }
+    }
+    out
 }
 
 /// Per-run values of one (source, size).
@@ -443,6 +502,55 @@ mod tests {
         assert_eq!(s.timeline_cpu[1], ("acquire".to_string(), vec![1.5, 106.0]));
     }
 
+    /// A row with one run of each figure.
+    fn row(source: &str, first: f64, cpu: f64, rss_kib: f64) -> MemSetupRow {
+        MemSetupRow {
+            source: source.into(),
+            size_bytes: 256 << 20,
+            first_byte_ms: summary(&[first]),
+            memory_ms: None,
+            vmm_cpu_ms_at_first_byte: summary(&[cpu]),
+            vmm_rss_kib_at_first_byte: summary(&[rss_kib]),
+            vmm_hugetlb_kib_at_first_byte: None,
+            guest_memory_kib: 256 << 10,
+            runs_first_byte_ms: vec![first],
+            runs_memory_ms: Vec::new(),
+            runs_vmm_cpu_ms: vec![cpu],
+            runs_vmm_rss_kib: vec![rss_kib],
+            runs_timeline_ms: Vec::new(),
+            runs_timeline_cpu_ms: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn ours_are_weighed_against_each_peers_best() {
+        let rows = [
+            row("pool", 5.0, 4.0, 3000.0),
+            row("anonymous", 6.0, 6.0, 4200.0),
+            row("qemu", 1.0, 1.0, 1.0),
+            row("cloud-hypervisor-hugepages", 40.0, 5.0, 6500.0),
+            row("firecracker", 15.0, 10.0, 4000.0),
+            row("firecracker-hugepages", 12.0, 7.0, 3900.0),
+        ];
+        let g = peer_goals(&rows);
+        assert_eq!(g.len(), 2);
+        // QEMU is not a peer here; each ratio is over the best of the Rust peers' rows.
+        assert_eq!(
+            (g[0].ours.as_str(), g[0].fastest_peer.as_str()),
+            ("pool", "firecracker-hugepages")
+        );
+        assert!((g[0].first_byte_over_fastest - 5.0 / 12.0).abs() < 1e-9);
+        assert_eq!(g[0].lowest_cpu_peer, "cloud-hypervisor-hugepages");
+        assert!((g[0].cpu_over_lowest - 0.8).abs() < 1e-9);
+        assert!((g[0].rss_over_firecracker.unwrap() - 3000.0 / 3900.0).abs() < 1e-9);
+        assert!(g[0].met);
+        // The ad hoc launch: its CPU is above the goal, so it is not met.
+        assert_eq!(g[1].ours, "anonymous");
+        assert!((g[1].cpu_over_lowest - 1.2).abs() < 1e-9 && !g[1].met);
+        // No peer ran: nothing to weigh.
+        assert!(peer_goals(&rows[..3]).is_empty());
+    }
+
     #[test]
     fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {
         let env = crate::Env {
@@ -489,6 +597,22 @@ mod tests {
         assert!(
             args.contains(&"-mem-prealloc".to_string()) && !args.contains(&"-object".to_string())
         );
+        // The ad hoc launch's default memory, asked for by name.
+        let anon = launch_cmd(
+            &env,
+            Path::new("/s"),
+            "anonymous",
+            256 << 20,
+            Path::new("/p"),
+            dir,
+        )
+        .unwrap();
+        let args: Vec<String> = anon
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert!(args.windows(2).any(|w| w == ["--backing", "anonymous"]));
+        assert!(!args.contains(&"--name".to_string()), "{args:?}");
         assert!(takes_hugepages("qemu-hugetlbfs") && takes_hugepages("hugetlb"));
         assert!(!takes_hugepages("pool"));
         // The peers' sources: hugepages by name; a peer not given has no command.

@@ -594,6 +594,27 @@ fn memsetup(o: &mut String, m: &MemSetupSection) {
             (None, None) => Ok(()),
         };
     }
+    if !m.against_peers.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nOurs against the peers' best (the goal: each ratio at most {}):\n\n| ours | size | first byte over the fastest peer's | VMM CPU over the lowest peer's | RSS over Firecracker's | met |\n|---|---|---|---|---|---|",
+            crate::doc::memsetup::PEER_GOAL
+        );
+        for g in &m.against_peers {
+            let _ = writeln!(
+                o,
+                "| {} | {} MiB | {:.2} ({}) | {:.2} ({}) | {} | {} |",
+                g.ours,
+                g.size_bytes >> 20,
+                g.first_byte_over_fastest,
+                g.fastest_peer,
+                g.cpu_over_lowest,
+                g.lowest_cpu_peer,
+                num(g.rss_over_firecracker, 2),
+                if g.met { "yes" } else { "no" }
+            );
+        }
+    }
     memsetup_timeline(o, rows);
 }
 

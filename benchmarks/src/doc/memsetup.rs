@@ -34,6 +34,10 @@ pub struct MemSetupSection {
     /// The section's claims, checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checks: Option<MemSetupChecks>,
+    /// Our launches against the peers, at each size where a peer ran: the goals of being
+    /// ahead of every peer (docs/benchmarks.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub against_peers: Vec<PeerGoals>,
     /// What failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failures: Option<Vec<String>>,
@@ -111,3 +115,28 @@ pub struct MemSetupChecks {
     /// That ratio at least 100.
     pub pool_memory_at_least_100x_smaller: Option<bool>,
 }
+
+/// One of our launches against the peers at one size: each ratio is ours over the peers'
+/// best median, and the goal is at most [`PEER_GOAL`] for each.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerGoals {
+    /// Ours: `pool` (the product's launch) or `anonymous` (the ad hoc launch's default).
+    pub ours: String,
+    /// Guest memory.
+    pub size_bytes: u64,
+    /// The peer source with the shortest median time to the first byte, and ours over it.
+    pub fastest_peer: String,
+    /// Ours over that peer's first byte.
+    pub first_byte_over_fastest: f64,
+    /// The peer source with the lowest median VMM CPU at the first byte.
+    pub lowest_cpu_peer: String,
+    /// Ours over that peer's CPU.
+    pub cpu_over_lowest: f64,
+    /// Ours over Firecracker's lowest median resident set (its two sources), if it ran.
+    pub rss_over_firecracker: Option<f64>,
+    /// Every ratio at most [`PEER_GOAL`].
+    pub met: bool,
+}
+
+/// The goal for each of [`PeerGoals`]' ratios: ours at most this much of the best peer's.
+pub const PEER_GOAL: f64 = 0.8;
