@@ -403,6 +403,7 @@ pub fn run(env: &Env) -> BlkSection {
         ours: None,
         qemu: None,
         rust_peers: Vec::new(),
+        peer_builds: crate::peers::infos(env),
         orderings: None,
         ours_vs_qemu_best: None,
     };
@@ -557,28 +558,22 @@ pub fn run(env: &Env) -> BlkSection {
         Peers::Note("qemu-system-x86_64 not found: no peer rows".into())
     });
 
-    section.rust_peers = vec![
-        PeerBlk {
-            name: Peer::CloudHypervisor.name().into(),
-            rows: Peers::Note(CLOUD_HYPERVISOR_NOTE.into()),
-        },
-        PeerBlk {
+    // A peer not given is said once, in `peer_builds`.
+    section.rust_peers = vec![PeerBlk {
+        name: Peer::CloudHypervisor.name().into(),
+        rows: Peers::Note(CLOUD_HYPERVISOR_NOTE.into()),
+    }];
+    if firecracker_bin {
+        section.rust_peers.push(PeerBlk {
             name: Peer::Firecracker.name().into(),
-            rows: if firecracker_bin {
-                Peers::Rows(
-                    FIRECRACKER
-                        .iter()
-                        .map(|c| guest_row(c.0, c.2, &firecracker[c.0]))
-                        .collect(),
-                )
-            } else {
-                Peers::Note(format!(
-                    "firecracker not given ({} PATH, or on PATH): no rows",
-                    Peer::Firecracker.option()
-                ))
-            },
-        },
-    ];
+            rows: Peers::Rows(
+                FIRECRACKER
+                    .iter()
+                    .map(|c| guest_row(c.0, c.2, &firecracker[c.0]))
+                    .collect(),
+            ),
+        });
+    }
 
     // The orderings seed 002 found, and the comparison with QEMU.
     let o = |k: &str, m: &str| ours.get(k).and_then(|s| s.summary(m));

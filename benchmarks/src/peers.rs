@@ -72,6 +72,10 @@ pub struct PeerInfo {
     pub binary: Option<PathBuf>,
     /// Its `--version` line, or why there are no rows of it.
     pub version: Option<String>,
+    /// The commit of the git checkout the binary was built in (found from the binary's
+    /// directory up), when it lives in one: what `--version` does not always say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
     /// Why it has no rows, when it has none.
     pub note: Option<String>,
 }
@@ -85,12 +89,14 @@ pub fn infos(env: &Env) -> Vec<PeerInfo> {
                 name: p.name().into(),
                 binary: Some(bin.to_path_buf()),
                 version: version(bin),
+                commit: commit(bin),
                 note: None,
             },
             None => PeerInfo {
                 name: p.name().into(),
                 binary: None,
                 version: None,
+                commit: None,
                 note: Some(format!(
                     "{} not given ({} PATH, or on PATH): no rows",
                     p.name(),
@@ -109,6 +115,27 @@ fn version(bin: &Path) -> Option<String> {
         .next()
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
+}
+
+/// The commit checked out where `bin` was built: `git rev-parse HEAD` in its directory
+/// (git looks up from there), with `-dirty` when the checkout has changes; None outside a
+/// checkout.
+fn commit(bin: &Path) -> Option<String> {
+    let dir = std::fs::canonicalize(bin).ok()?.parent()?.to_path_buf();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty())?;
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    Some(if dirty { format!("{head}-dirty") } else { head })
 }
 
 /// FNV-1a, 64-bit: a name for a configuration file from its contents.
@@ -245,6 +272,55 @@ mod tests {
             .chain(c.get_args())
             .map(|a| a.to_string_lossy().into_owned())
             .collect()
+    }
+
+    #[test]
+    fn a_peers_commit_is_read_from_the_checkout_it_was_built_in() {
+        let dir = Scratch::new("commit");
+        let repo = dir.0.join("repo");
+        std::fs::create_dir_all(repo.join("target/release")).unwrap();
+        let bin = repo.join("target/release/vmm");
+        std::fs::write(&bin, "x").unwrap();
+        // Outside any checkout (unless the system's temp dir is itself in one).
+        let in_checkout = Command::new("git")
+            .arg("-C")
+            .arg(&dir.0)
+            .args(["rev-parse", "HEAD"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !in_checkout {
+            assert_eq!(commit(&bin), None);
+        }
+        let git = |args: &[&str]| {
+            let ok = Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .output()
+                .unwrap()
+                .status
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        std::fs::write(repo.join("a"), "1").unwrap();
+        git(&["add", "a"]);
+        git(&["commit", "-q", "-m", "one"]);
+        let head = String::from_utf8(
+            Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(["rev-parse", "HEAD"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        assert_eq!(commit(&bin).as_deref(), Some(head.trim()));
+        // A change to a tracked file marks it.
+        std::fs::write(repo.join("a"), "2").unwrap();
+        assert_eq!(commit(&bin), Some(format!("{}-dirty", head.trim())));
     }
 
     #[test]

@@ -366,6 +366,7 @@ fn wake(o: &mut String, w: &WakeSection) {
             num(r.timer_lateness.as_ref().map(|m| m.median_ns), 0),
         );
     }
+    peer_builds(o, &w.peer_builds);
 }
 
 /// Exits per operation on real KVM: ours and QEMU's by reason, beside the minimum.
@@ -555,6 +556,28 @@ fn blk(o: &mut String, b: &BlkSection) {
             let _ = writeln!(o, "\n{n}.");
         }
     }
+    peer_builds(o, &b.peer_builds);
+}
+
+/// Each Rust peer a section ran: its binary, version and commit, or why it did not run.
+fn peer_builds(o: &mut String, peers: &[crate::peers::PeerInfo]) {
+    for p in peers {
+        let _ = match (&p.note, &p.binary) {
+            (Some(note), _) => writeln!(o, "\n{note}."),
+            (None, Some(bin)) => writeln!(
+                o,
+                "\n{}: {} ({}{}).",
+                p.name,
+                bin.display(),
+                p.version.as_deref().unwrap_or("version unknown"),
+                p.commit
+                    .as_deref()
+                    .map(|c| format!(", commit {c}"))
+                    .unwrap_or_default()
+            ),
+            (None, None) => Ok(()),
+        };
+    }
 }
 
 /// Launch to the first serial byte per source and size.
@@ -581,19 +604,7 @@ fn memsetup(o: &mut String, m: &MemSetupSection) {
             med(&r.vmm_hugetlb_kib_at_first_byte, 1024.0, 0),
         );
     }
-    for p in &m.peers {
-        let _ = match (&p.note, &p.binary) {
-            (Some(note), _) => writeln!(o, "\n{note}."),
-            (None, Some(bin)) => writeln!(
-                o,
-                "\n{}: {} ({}).",
-                p.name,
-                bin.display(),
-                p.version.as_deref().unwrap_or("version unknown")
-            ),
-            (None, None) => Ok(()),
-        };
-    }
+    peer_builds(o, &m.peers);
     if !m.against_peers.is_empty() {
         let _ = writeln!(
             o,

@@ -347,6 +347,7 @@ pub fn run(env: &Env) -> WakeSection {
         host: None,
         policies: None,
         peers: None,
+        peer_builds: crate::peers::infos(env),
         orderings: None,
     };
     let caps = crate::caps(env);
