@@ -381,7 +381,7 @@ fn record_guest(s: &mut Series, r: std::io::Result<crate::Run>, ok_code: i32, ex
 /// Runs the section.
 pub fn run(env: &Env) -> BlkSection {
     let mut section = BlkSection {
-        head: Head::start(env),
+        head: Head::start_with_peers(env),
         params: BlkParams {
             runs: env.runs,
             image_bytes: IMAGE_BYTES,

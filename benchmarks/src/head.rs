@@ -37,6 +37,19 @@ impl Head {
         }
     }
 
+    /// A section that runs the peer VMMs starting now: its provenance names each peer's
+    /// binary, version and commit too (`peers`), as it names our build.
+    pub fn start_with_peers(env: &Env) -> Self {
+        let mut h = Self::start(env);
+        if let Some(p) = h.provenance.as_object_mut() {
+            p.insert(
+                "peers".into(),
+                serde_json::to_value(crate::peers::infos(env)).unwrap_or_default(),
+            );
+        }
+        h
+    }
+
     /// Ends it: `completed`, and the reason when it did not.
     pub fn finish(&mut self, completed: bool, reason: impl FnOnce() -> String) {
         self.completed = completed;

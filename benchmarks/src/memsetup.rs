@@ -150,7 +150,7 @@ fn ok(source: &str, status: std::process::ExitStatus) -> bool {
 
 pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
     let mut section = MemSetupSection {
-        head: Head::start(env),
+        head: Head::start_with_peers(env),
         method: "time from spawn to the first byte of the guest's serial output; memory part \
                  from the VMM's --json report (mmap + prefault); at the first byte, the VMM \
                  process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \

@@ -117,25 +117,16 @@ fn version(bin: &Path) -> Option<String> {
         .filter(|l| !l.is_empty())
 }
 
-/// The commit checked out where `bin` was built: `git rev-parse HEAD` in its directory
-/// (git looks up from there), with `-dirty` when the checkout has changes; None outside a
-/// checkout.
+/// The commit checked out where `bin` was built (git looks up from its directory), with
+/// `-dirty` when the checkout has changes; None outside a checkout.
 fn commit(bin: &Path) -> Option<String> {
     let dir = std::fs::canonicalize(bin).ok()?.parent()?.to_path_buf();
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(&dir)
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let head = git(&["rev-parse", "HEAD"]).filter(|h| !h.is_empty())?;
-    let dirty =
-        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
-    Some(if dirty { format!("{head}-dirty") } else { head })
+    let (head, dirty) = crate::provenance::checkout(&dir, &[])?;
+    Some(if dirty == Some(true) {
+        format!("{head}-dirty")
+    } else {
+        head
+    })
 }
 
 /// FNV-1a, 64-bit: a name for a configuration file from its contents.

@@ -159,27 +159,22 @@ fn rapl() -> Value {
 
 /// The commit of `repo` and whether it had uncommitted changes (the results files, which a
 /// run writes, left out); from [`COMMIT_ENV`] and [`DIRTY_ENV`] where git cannot say.
+/// The commit checked out at `dir` (git looks up from there) and whether tracked files
+/// anywhere in the checkout other than `exclude` (pathspecs) have changed (None when git cannot say); None outside
+/// a checkout.
+pub fn checkout(dir: &Path, exclude: &[&str]) -> Option<(String, Option<bool>)> {
+    let head = run("git", &["rev-parse", "HEAD"], Some(dir)).filter(|h| !h.is_empty())?;
+    // The whole checkout (`:/`), wherever in it `dir` is.
+    let mut args = vec!["status", "--porcelain", "--untracked-files=no", "--", ":/"];
+    args.extend(exclude);
+    let dirty = run("git", &args, Some(dir)).map(|d| !d.is_empty());
+    Some((head, dirty))
+}
+
 fn commit(repo: Option<&Path>) -> (Value, Value) {
-    let git = repo.and_then(|r| run("git", &["rev-parse", "HEAD"], Some(r)));
-    if let Some(c) = git {
-        let dirty = repo.and_then(|r| {
-            run(
-                "git",
-                &[
-                    "status",
-                    "--porcelain",
-                    "--untracked-files=no",
-                    "--",
-                    ".",
-                    ":(exclude)benchmarks/results",
-                ],
-                Some(r),
-            )
-        });
-        return (
-            json!(c),
-            dirty.map_or(Value::Null, |d| json!(!d.is_empty())),
-        );
+    if let Some((c, dirty)) = repo.and_then(|r| checkout(r, &[":(top,exclude)benchmarks/results"]))
+    {
+        return (json!(c), dirty.map_or(Value::Null, |d| json!(d)));
     }
     let env = std::env::var(COMMIT_ENV).ok().filter(|c| !c.is_empty());
     let dirty = std::env::var(DIRTY_ENV)

@@ -327,7 +327,7 @@ fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
 /// Runs the section.
 pub fn run(env: &Env) -> WakeSection {
     let mut section = WakeSection {
-        head: Head::start(env),
+        head: Head::start_with_peers(env),
         params: WakeParams {
             runs: env.runs,
             samples_per_run: SAMPLES,
