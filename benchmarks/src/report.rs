@@ -366,7 +366,45 @@ fn wake(o: &mut String, w: &WakeSection) {
             num(r.timer_lateness.as_ref().map(|m| m.median_ns), 0),
         );
     }
+    wake_goal(o, w);
     peer_builds(o, &w.peer_builds);
+}
+
+/// The wake goal, each of our policies' IPI round trip at or under every peer's: which
+/// policies meet it, and the best peer's figure.
+fn wake_goal(o: &mut String, w: &WakeSection) {
+    let ipi = |r: &crate::doc::wake::WakeRow| r.ipi_round_trip.as_ref().map(|m| m.median_ns);
+    let Some((peer, best)) = w
+        .peers
+        .iter()
+        .flatten()
+        .filter_map(|r| Some((r.name.as_str(), ipi(r)?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    else {
+        return;
+    };
+    let (mut met, mut not) = (Vec::new(), Vec::new());
+    for p in w.policies.iter().flatten() {
+        if let PolicyRow::Measured(r) = p {
+            if let Some(v) = ipi(r) {
+                let e = format!("{} {v:.0}", r.name);
+                if v <= best { met.push(e) } else { not.push(e) }
+            }
+        }
+    }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let _ = writeln!(
+        o,
+        "\nGoal, an IPI round trip at or under every peer's (the best: {peer} {best:.0} ns): met by {}; not by {} (why: docs/benchmarks.md, \"Against the peers, where we stand\").",
+        list(&met),
+        list(&not)
+    );
 }
 
 /// Exits per operation on real KVM: ours and QEMU's by reason, beside the minimum.
@@ -625,8 +663,85 @@ fn memsetup(o: &mut String, m: &MemSetupSection) {
                 if g.met { "yes" } else { "no" }
             );
         }
+        peer_goals_unmet(o, m, rows);
     }
     memsetup_timeline(o, rows);
+}
+
+/// For each goal against the peers not met: the figures on both sides and, for the VMM's
+/// CPU, the launch's largest CPU phases (from its timeline), so the report says why with
+/// numbers; docs/benchmarks.md ("Against the peers, where we stand") reads them.
+fn peer_goals_unmet(
+    o: &mut String,
+    m: &MemSetupSection,
+    rows: &[crate::doc::memsetup::MemSetupRow],
+) {
+    let goal = crate::doc::memsetup::PEER_GOAL;
+    let row = |source: &str, size: u64| {
+        rows.iter()
+            .find(|r| r.source == source && r.size_bytes == size)
+    };
+    let med = |s: &Option<Summary>| s.map(|s| s.median);
+    for g in m.against_peers.iter().filter(|g| !g.met) {
+        let (Some(ours), Some(fast), Some(low)) = (
+            row(&g.ours, g.size_bytes),
+            row(&g.fastest_peer, g.size_bytes),
+            row(&g.lowest_cpu_peer, g.size_bytes),
+        ) else {
+            continue;
+        };
+        let mut why = Vec::new();
+        if g.first_byte_over_fastest > goal {
+            why.push(format!(
+                "first byte {} ms against {}'s {} ms",
+                num(med(&ours.first_byte_ms), 1),
+                g.fastest_peer,
+                num(med(&fast.first_byte_ms), 1)
+            ));
+        }
+        if g.cpu_over_lowest > goal {
+            // Its three largest CPU phases, by median.
+            let mut phases: Vec<(&str, f64)> = ours
+                .runs_timeline_cpu_ms
+                .iter()
+                .filter_map(|(n, v)| Some((n.as_str(), crate::stats::summary(v)?.median)))
+                .collect();
+            phases.sort_by(|a, b| b.1.total_cmp(&a.1));
+            let top: Vec<String> = phases
+                .iter()
+                .take(3)
+                .map(|(n, v)| format!("{n} {v:.2}"))
+                .collect();
+            why.push(format!(
+                "VMM CPU {} ms against {}'s {} ms{}",
+                num(med(&ours.vmm_cpu_ms_at_first_byte), 1),
+                g.lowest_cpu_peer,
+                num(med(&low.vmm_cpu_ms_at_first_byte), 1),
+                if top.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (its largest phases, ms: {}, of {} phases)",
+                        top.join(", "),
+                        phases.len()
+                    )
+                }
+            ));
+        }
+        if let Some(r) = g.rss_over_firecracker.filter(|r| *r > goal) {
+            why.push(format!(
+                "resident set {} MiB, {r:.2}x Firecracker's",
+                num(med(&ours.vmm_rss_kib_at_first_byte).map(|k| k / 1024.0), 1)
+            ));
+        }
+        let _ = writeln!(
+            o,
+            "\nNot met for `{}` at {} MiB: {} (what stands in the way: docs/benchmarks.md, \"Against the peers, where we stand\").",
+            g.ours,
+            g.size_bytes >> 20,
+            why.join("; ")
+        );
+    }
 }
 
 /// Where our pool launches' time to the first byte goes: each phase's median wall and CPU
@@ -1169,6 +1284,76 @@ mod tests {
         // A phase with no CPU figure (a VMM before they were recorded) shows none.
         assert!(md.contains("| args | 1.00 / — |"), "{md}");
         assert!(md.contains("Where the pool launch's time"), "{md}");
+    }
+
+    #[test]
+    fn goals_not_met_against_the_peers_say_why_with_numbers() {
+        let doc = doc_with(|s| {
+            let m = &mut s["memsetup"];
+            let size = 256u64 << 20;
+            for r in m["rows"].as_array_mut().unwrap() {
+                let cpu = match r["source"].as_str().unwrap() {
+                    "pool" => 6.0,
+                    "firecracker-hugepages" => 5.0,
+                    _ => continue,
+                };
+                r["size_bytes"] = json!(size);
+                r["vmm_cpu_ms_at_first_byte"] =
+                    json!({"median": cpu, "min": cpu, "max": cpu, "n": 1, "p99": cpu});
+                r["runs_timeline_cpu_ms"] = json!([
+                    ["args", [0.1]],
+                    ["exec", [1.0]],
+                    ["boot", [0.2]],
+                    ["vcpus", [0.5]]
+                ]);
+            }
+            m["against_peers"] = json!([{
+                "ours": "pool", "size_bytes": size,
+                "fastest_peer": "firecracker-hugepages", "first_byte_over_fastest": 0.5,
+                "lowest_cpu_peer": "firecracker-hugepages", "cpu_over_lowest": 1.2,
+                "rss_over_firecracker": 0.7, "met": false
+            }]);
+            let w = &mut s["wake"];
+            for (i, p) in w["peers"].as_array_mut().unwrap().iter_mut().enumerate() {
+                p["ipi_round_trip"]["median_ns"] = json!(if i == 1 { 90.0 } else { 100.0 });
+            }
+            for p in w["policies"].as_array_mut().unwrap() {
+                if p.get("ipi_round_trip").is_some() {
+                    let v = if p["name"] == "shared" { 80.0 } else { 150.0 };
+                    p["ipi_round_trip"]["median_ns"] = json!(v);
+                }
+            }
+        });
+        let md = markdown(&doc, "vm", "vm.svg");
+        let line = md
+            .lines()
+            .find(|l| l.starts_with("Not met for `pool` at 256 MiB"))
+            .unwrap_or_else(|| panic!("{md}"));
+        // Only the goal missed, with both sides' figures and the largest phases first.
+        assert!(
+            line.contains(
+                "VMM CPU 6.0 ms against firecracker-hugepages's 5.0 ms (its largest phases, \
+                 ms: exec 1.00, vcpus 0.50, boot 0.20, of 4 phases)"
+            ),
+            "{line}"
+        );
+        assert!(
+            !line.contains("first byte") && !line.contains("resident"),
+            "{line}"
+        );
+        let wake = md
+            .lines()
+            .find(|l| l.starts_with("Goal, an IPI round trip"))
+            .unwrap_or_else(|| panic!("{md}"));
+        assert!(wake.contains("(the best: "), "{wake}");
+        assert!(
+            wake.contains(" 90 ns): met by shared 80; not by "),
+            "{wake}"
+        );
+        assert!(
+            wake.contains("hlt 150") && !wake.contains("mwait"),
+            "{wake}"
+        );
     }
 
     #[test]
