@@ -18,6 +18,7 @@ use devices::pci::submit::DoorbellMode;
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::board::DeviceSpec;
 use crate::board::device::{BarBinding, Device, PciAttachment};
 use crate::board::resources::MachinePlan;
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
@@ -81,31 +82,6 @@ impl PciError {
     }
 }
 
-/// A `--device` argument.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeviceSpec {
-    /// The submission engine with this doorbell.
-    Engine {
-        /// How its doorbell page reaches it.
-        doorbell: DoorbellMode,
-    },
-    /// A host PCI function passed through with VFIO (`crate::board::vfio`).
-    Vfio {
-        /// Its address, DDDD:BB:DD.F.
-        bdf: String,
-    },
-}
-
-impl std::fmt::Display for DeviceSpec {
-    /// As a user writes it after `--device`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Engine { doorbell } => write!(f, "engine,doorbell={}", doorbell.name()),
-            Self::Vfio { bdf } => write!(f, "vfio={bdf}"),
-        }
-    }
-}
-
 /// Why `new` cannot join the devices already asked for: a second engine, or a function
 /// asked for twice. Several passed-through functions are fine (each its own slot).
 pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {
@@ -121,7 +97,8 @@ pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {
 }
 
 /// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`) or
-/// `vfio=DDDD:BB:DD.F` (refused with the reason when the host cannot pass it through).
+/// `vfio=DDDD:BB:DD.F`. The words only: whether the host can pass a function through is
+/// the launch's host facts' question ([`host_refusal`]).
 pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
     let mut kv = KeyValues::parse_with_kind(spec)?;
     match kv.head() {
@@ -135,13 +112,7 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
         None if spec.starts_with("vfio=") => {
             let bdf: PciAddress = kv.require("vfio")?;
             kv.finish(&["vfio"])?;
-            match crate::board::vfio::missing(std::path::Path::new("/"), &bdf.0) {
-                Some(why) => Err(PciError::Vfio {
-                    spec: spec.into(),
-                    what: why,
-                }),
-                None => Ok(DeviceSpec::Vfio { bdf: bdf.0 }),
-            }
+            Ok(DeviceSpec::Vfio { bdf: bdf.0 })
         }
         other => Err(kv
             .error(format!(
@@ -151,6 +122,17 @@ pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
             ))
             .into()),
     }
+}
+
+/// Why the host under `root` cannot pass `spec`'s function through (no VFIO, no IOMMU
+/// group, a driver other than vfio-pci...), as a usage error naming the request; None for
+/// a request that is not a passed-through function or one the host can take.
+pub fn host_refusal(root: &std::path::Path, spec: &DeviceSpec) -> Option<PciError> {
+    let bdf = spec.vfio()?;
+    crate::board::vfio::missing(root, bdf).map(|what| PciError::Vfio {
+        spec: spec.to_string(),
+        what,
+    })
 }
 
 /// The KVM side of the root's functions.
@@ -216,7 +198,7 @@ impl PciHost for KvmPciHost {
 }
 
 /// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR window, with the host bridge
-/// and the devices of `specs` (None: an empty root on CF8/CFC only, as without PCI), each
+/// and the PCI devices of `specs` (none: an empty root on CF8/CFC only, as without PCI), each
 /// where `plan` placed it; a passed-through function takes its GSIs and memory slots from
 /// `plan`'s pools once its vectors and BARs are known. Returns each kind's device (the
 /// passed-through functions, then the engine).
@@ -238,7 +220,7 @@ pub fn attach(
     });
     let engine_spec = specs.iter().find_map(|s| match s {
         DeviceSpec::Engine { doorbell } => Some(*doorbell),
-        DeviceSpec::Vfio { .. } => None,
+        _ => None,
     });
     if let (Some(doorbell), Some(place)) = (engine_spec, plan.engine) {
         let (function, engine) = crate::board::engine::attach(vm, memory, place, doorbell)?;
@@ -256,7 +238,7 @@ pub fn attach(
         bindings: BTreeMap::new(),
     };
     let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
-    if !specs.is_empty() {
+    if specs.iter().any(DeviceSpec::is_pci) {
         functions.push((0, Box::new(HostBridge::new())));
     }
     for a in attachments {
@@ -311,15 +293,18 @@ pub fn attach(
     Ok(out)
 }
 
-/// The host bridge the boot tables describe when there are PCI functions, with the
+/// The host bridge the boot tables describe when `specs` has PCI functions, with the
 /// 64-bit window `plan` sized.
 pub fn host_bridge(specs: &[DeviceSpec], plan: &MachinePlan) -> Option<boot::acpi::PciHostBridge> {
-    (!specs.is_empty()).then_some(boot::acpi::PciHostBridge {
-        ecam_base: PCI_ECAM_BASE,
-        window_start: PCI_WINDOW_START,
-        window_end: PCI_WINDOW_END,
-        window64: plan.window64,
-    })
+    specs
+        .iter()
+        .any(DeviceSpec::is_pci)
+        .then_some(boot::acpi::PciHostBridge {
+            ecam_base: PCI_ECAM_BASE,
+            window_start: PCI_WINDOW_START,
+            window_end: PCI_WINDOW_END,
+            window64: plan.window64,
+        })
 }
 
 #[cfg(test)]
@@ -361,23 +346,27 @@ mod tests {
                 "{bad:?}: {e}"
             );
         }
-        match parse("vfio=0000:41:00.0") {
-            // A host that could pass it through gets as far as the spec.
-            Ok(s) => assert_eq!(
-                s,
-                DeviceSpec::Vfio {
-                    bdf: "0000:41:00.0".into()
-                }
-            ),
-            Err(e) => {
-                assert!(e.is_usage(), "{e}");
-                assert!(matches!(e, PciError::Vfio { .. }), "{e}");
-                assert!(
-                    crate::board::vfio::missing(std::path::Path::new("/"), "0000:41:00.0")
-                        .is_some()
-                );
+        // The words alone: whether this host can pass it through is not parse's question.
+        assert_eq!(
+            parse("vfio=0000:41:00.0").unwrap(),
+            DeviceSpec::Vfio {
+                bdf: "0000:41:00.0".into()
             }
-        }
+        );
+        // The host's answer, from a made-up root with no VFIO: refused, naming the request.
+        let root = std::env::temp_dir().join(format!("pci-refusal-{}", std::process::id()));
+        std::fs::create_dir_all(&root).unwrap();
+        let vfio = DeviceSpec::Vfio {
+            bdf: "0000:41:00.0".into(),
+        };
+        let e = host_refusal(&root, &vfio).expect("no VFIO under the root");
+        assert!(e.is_usage() && matches!(e, PciError::Vfio { .. }), "{e}");
+        assert!(
+            e.to_string().contains("--device \"vfio=0000:41:00.0\""),
+            "{e}"
+        );
+        assert!(host_refusal(&root, &parse("engine").unwrap()).is_none());
+        std::fs::remove_dir_all(&root).unwrap();
         let engine = parse("engine").unwrap();
         let why = conflict(
             std::slice::from_ref(&engine),

@@ -19,7 +19,7 @@ use super::config::{
 };
 use super::error::LaunchError;
 use super::facts::{HostFacts, HostMemory};
-use crate::board::pci::DeviceSpec;
+use crate::board::DeviceSpec;
 use crate::board::resources::MachinePlan;
 use crate::config::cores;
 use crate::cpu::cpumodel::CpuModel;
@@ -53,8 +53,8 @@ pub struct Plan {
     pub(super) protocol: BootProtocol,
     pub(super) console: Console,
     pub(super) console_limit: u64,
-    pub(super) disks: Vec<devices::virtio::block::BlockConfig>,
     pub(super) ioeventfd: bool,
+    /// Every device asked for, of every kind, in the order asked.
     pub(super) devices: Vec<DeviceSpec>,
     pub(super) api_socket: Option<PathBuf>,
 }
@@ -170,7 +170,7 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         .devices
         .iter()
         .any(|d| matches!(d, DeviceSpec::Engine { .. }));
-    let virtio_mmio: Vec<String> = (0..cfg.disks.len())
+    let virtio_mmio: Vec<String> = (0..cfg.devices.iter().filter_map(DeviceSpec::disk).count())
         .map(crate::board::disks::name)
         .collect();
     let machine = MachinePlan::new(
@@ -208,7 +208,6 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         protocol: cfg.protocol,
         console: cfg.console,
         console_limit: cfg.console_limit,
-        disks: cfg.disks,
         ioeventfd: cfg.ioeventfd,
         devices: cfg.devices,
         api_socket: cfg.api_socket,
@@ -322,10 +321,10 @@ mod tests {
             initrd: Some("/nonexistent/initrd".into()),
             console: Console::File("/nonexistent/dir/console.log".into()),
             idle: IdlePolicy::Auto,
-            disks: vec![BlockConfig::new(
+            devices: vec![DeviceSpec::Disk(BlockConfig::new(
                 "/nonexistent/disk.img".into(),
                 "d0".into(),
-            )],
+            ))],
             ..crate::machine::config::tests::cfg()
         }
     }
@@ -483,9 +482,13 @@ mod tests {
         };
         let e = refused(
             LaunchConfig {
-                devices: vec![crate::board::pci::DeviceSpec::Vfio {
-                    bdf: "0000:41:00.0".into(),
-                }],
+                devices: [
+                    config().devices,
+                    vec![DeviceSpec::Vfio {
+                        bdf: "0000:41:00.0".into(),
+                    }],
+                ]
+                .concat(),
                 ..config()
             },
             &narrow,

@@ -58,8 +58,6 @@ pub struct LaunchConfig {
     pub state_dir: PathBuf,
     /// Idle policy.
     pub idle: IdlePolicy,
-    /// virtio-blk disks.
-    pub disks: Vec<devices::virtio::block::BlockConfig>,
     /// Bind each queue's doorbell to an ioeventfd (else: a VM exit per notify).
     pub ioeventfd: bool,
     /// What the guest is told about its CPU (see [`crate::cpu::cpumodel`]).
@@ -71,8 +69,10 @@ pub struct LaunchConfig {
     pub kubelet_cpu_state: Option<PathBuf>,
     /// Serve the local API ([`crate::api`]) on this Unix socket.
     pub api_socket: Option<PathBuf>,
-    /// PCI functions (`--device`, [`crate::board::pci`]).
-    pub devices: Vec<crate::board::pci::DeviceSpec>,
+    /// Every device, of every kind ([`crate::board::DeviceSpec`]), in the order asked (the
+    /// CLI: each `--disk`, then each `--device`); disks take their virtio-mmio slots in
+    /// their order among them.
+    pub devices: Vec<crate::board::DeviceSpec>,
 }
 
 /// A launch configuration that breaks a rule of its own, whoever built it (the CLI, a plan,
@@ -82,7 +82,7 @@ pub enum ConfigError {
     /// A kubelet checkpoint without cores taken from the cgroup.
     #[error("--kubelet-cpu-state goes with --cores from-cgroup")]
     KubeletStateWithoutCgroup,
-    /// Two PCI functions that cannot be in one partition.
+    /// Two devices that cannot be in one partition.
     #[error("--device {spec:?}: {why}")]
     Devices {
         /// The second of the two, as asked.
@@ -178,7 +178,7 @@ pub struct PoolRequest {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::board::pci::DeviceSpec;
+    use crate::board::DeviceSpec;
 
     /// A configuration that keeps every rule, for tests to change one field of.
     pub(crate) fn cfg() -> LaunchConfig {
@@ -194,7 +194,6 @@ pub(crate) mod tests {
             source: MemorySource::Anonymous(Backing::Anonymous),
             state_dir: "/s".into(),
             idle: IdlePolicy::Shared,
-            disks: Vec::new(),
             ioeventfd: true,
             cpu_model: CpuModelRequest::Auto,
             sandbox: SandboxRequest::Off,
@@ -215,7 +214,16 @@ pub(crate) mod tests {
         let engine = |d| DeviceSpec::Engine { doorbell: d };
         let vfio = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
         let mut c = cfg();
-        c.devices = vec![vfio("0000:41:00.0"), vfio("0000:42:00.0")];
+        let disk = |p: &str| {
+            DeviceSpec::Disk(devices::virtio::block::BlockConfig::new(p.into(), p.into()))
+        };
+        // Disks among the PCI functions: no conflict with them.
+        c.devices = vec![
+            disk("/a.img"),
+            vfio("0000:41:00.0"),
+            disk("/b.img"),
+            vfio("0000:42:00.0"),
+        ];
         assert_eq!(c.validate(), Ok(()));
         c.devices
             .push(engine(devices::pci::submit::DoorbellMode::Mapped));

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use super::config::{CoreSelection, LaunchConfig, MemorySource, SandboxRequest};
 use super::error::LaunchError;
-use crate::board::pci::DeviceSpec;
+use crate::board::DeviceSpec;
 use crate::board::resources::PassthroughAsk;
 use crate::cpu::idle::IdleCaps;
 use crate::host::claim::CoreHolder;
@@ -119,24 +119,31 @@ impl HostFacts {
             ),
             MemorySource::Pool(_) => (None, None),
         };
+        // A function the host cannot pass through is refused here, naming why, before its
+        // BARs are read.
+        let root = std::path::Path::new("/");
+        if let Some(e) = cfg
+            .devices
+            .iter()
+            .find_map(|d| crate::board::pci::host_refusal(root, d))
+        {
+            return Err(e.into());
+        }
         let passthrough = cfg
             .devices
             .iter()
-            .filter_map(|d| match d {
-                DeviceSpec::Vfio { bdf } => Some(bdf),
-                DeviceSpec::Engine { .. } => None,
-            })
+            .filter_map(DeviceSpec::vfio)
             .map(|bdf| {
                 Ok(PassthroughAsk {
-                    bdf: bdf.clone(),
-                    bars: crate::board::vfio::sysfs_bars(std::path::Path::new("/"), bdf)
+                    bdf: bdf.to_string(),
+                    bars: crate::board::vfio::sysfs_bars(root, bdf)
                         .map_err(crate::board::pci::PciError::from)?,
                 })
             })
             .collect::<Result<Vec<_>, LaunchError>>()?;
-        let phys_bits = match cfg.devices.is_empty() {
-            true => 0,
-            false => crate::kvm::vm::guest_phys_bits()?,
+        let phys_bits = match cfg.devices.iter().any(DeviceSpec::is_pci) {
+            false => 0,
+            true => crate::kvm::vm::guest_phys_bits()?,
         };
         Ok(HostFacts {
             online: crate::config::cores::available(),

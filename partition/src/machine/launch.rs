@@ -28,6 +28,7 @@ use super::facts::HostFacts;
 use super::open::{Checked, open};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
 use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
+use crate::board::DeviceSpec;
 use crate::cpu::readback::Readback;
 use crate::host::claim::{ClaimRequest, ExtentClaim};
 use crate::host::isolation::GuestsCpuset;
@@ -282,9 +283,9 @@ pub fn run(
         },
         pool: None,
         devices: device_reports,
-        pci_window64: match checked.plan.devices.is_empty() {
-            true => None,
-            false => checked.plan.machine.window64,
+        pci_window64: match checked.plan.devices.iter().any(DeviceSpec::is_pci) {
+            false => None,
+            true => checked.plan.machine.window64,
         },
         guest_fault_lines: devices
             .console

@@ -86,7 +86,13 @@ pub fn open(plan: Plan) -> Result<Checked, LaunchError> {
         Some(p) => Some(crate::api::ApiPlace::check(p)?),
         None => None,
     };
-    let disks = crate::board::disks::open(&plan.disks)?;
+    let disk_configs: Vec<_> = plan
+        .devices
+        .iter()
+        .filter_map(crate::board::DeviceSpec::disk)
+        .cloned()
+        .collect();
+    let disks = crate::board::disks::open(&disk_configs)?;
     let initrd = match &plan.initrd {
         Some(p) => {
             let rd = read_limited("--initrd", p, MAX_INITRD.min(plan.layout.size()))?;

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod embedded;
 mod verbs;
+use partition::board::DeviceSpec;
 use partition::machine::launch;
 use partition::machine::open::Checked;
 use partition::machine::outcome::Observer;
@@ -427,20 +428,21 @@ fn launch(a: LaunchArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    let mut disks = Vec::new();
+    // Every device in one list, each option's words parsed by its kind: the disks, then
+    // the --device functions.
+    let mut devices = Vec::new();
     for (i, d) in a.disk.iter().enumerate() {
         match partition::board::disks::parse(d, i) {
-            Ok(c) => disks.push(c),
+            Ok(c) => devices.push(DeviceSpec::Disk(c)),
             Err(e) => {
                 eprintln!("partition: error: {e}");
                 return ExitCode::from(EXIT_USAGE);
             }
         }
     }
-    let mut pci_devices = Vec::new();
     for d in &a.device {
         match partition::board::pci::parse(d) {
-            Ok(s) => pci_devices.push(s),
+            Ok(s) => devices.push(s),
             Err(e) => {
                 eprintln!("partition: error: {e}");
                 return ExitCode::from(EXIT_USAGE);
@@ -480,12 +482,11 @@ fn launch(a: LaunchArgs) -> ExitCode {
         },
         state_dir: a.state.state_dir,
         idle: a.idle,
-        disks,
         ioeventfd: !a.no_ioeventfd,
         cpu_model: a.cpu_model,
         kubelet_cpu_state: a.kubelet_cpu_state,
         api_socket: a.api_socket,
-        devices: pci_devices,
+        devices,
         sandbox: if a.no_sandbox {
             partition::SandboxRequest::Off
         } else {
