@@ -13,10 +13,12 @@ use devices::pci::submit::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::board::DeviceSpec;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
 use crate::board::resources::EnginePlace;
+use crate::config::keyvalue::{KeyValueError, KeyValues};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
 use crate::sys::seccomp::Role;
@@ -258,6 +260,16 @@ impl devices::Interrupt for Line {
     fn trigger(&self) -> std::io::Result<()> {
         self.0.write(1)
     }
+}
+
+/// `--device engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`), its words after
+/// the kind ([`crate::board::parse_device`] dispatches on the kind).
+pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {
+    let doorbell = kv.get::<DoorbellMode>("doorbell")?;
+    kv.finish(&["doorbell"])?;
+    Ok(DeviceSpec::Engine {
+        doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
+    })
 }
 
 /// Builds the engine where `place` says, its doorbell served as `doorbell` asks: the

@@ -14,14 +14,13 @@ use boot::layout::{PCI_ECAM_BASE, PCI_ECAM_SIZE, PCI_WINDOW_END, PCI_WINDOW_STAR
 use devices::Bus;
 use devices::pci::config::BarChange;
 use devices::pci::msix::RouteChange;
-use devices::pci::submit::DoorbellMode;
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::board::DeviceSpec;
 use crate::board::device::{BarBinding, Device, PciAttachment};
 use crate::board::resources::MachinePlan;
-use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
+use crate::config::keyvalue::KeyValueError;
 use crate::kvm::{Vm, VmError, routing_table};
 use crate::memory::GuestMemory;
 
@@ -94,34 +93,6 @@ pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {
         }
         _ => None,
     })
-}
-
-/// Parses `engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`) or
-/// `vfio=DDDD:BB:DD.F`. The words only: whether the host can pass a function through is
-/// the launch's host facts' question ([`host_refusal`]).
-pub fn parse(spec: &str) -> Result<DeviceSpec, PciError> {
-    let mut kv = KeyValues::parse_with_kind(spec)?;
-    match kv.head() {
-        Some("engine") => {
-            let doorbell = kv.get::<DoorbellMode>("doorbell")?;
-            kv.finish(&["doorbell"])?;
-            Ok(DeviceSpec::Engine {
-                doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
-            })
-        }
-        None if spec.starts_with("vfio=") => {
-            let bdf: PciAddress = kv.require("vfio")?;
-            kv.finish(&["vfio"])?;
-            Ok(DeviceSpec::Vfio { bdf: bdf.0 })
-        }
-        other => Err(kv
-            .error(format!(
-                "{:?} is not a device: engine[,doorbell=trap|ioeventfd|mapped] or \
-                 vfio=DDDD:BB:DD.F",
-                other.unwrap_or(spec)
-            ))
-            .into()),
-    }
 }
 
 /// Why the host under `root` cannot pass `spec`'s function through (no VFIO, no IOMMU
@@ -310,49 +281,10 @@ pub fn host_bridge(specs: &[DeviceSpec], plan: &MachinePlan) -> Option<boot::acp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::board::parse_device as parse;
 
     #[test]
-    fn device_specs_parse_and_vfio_is_refused_with_a_reason() {
-        assert_eq!(
-            parse("engine").unwrap(),
-            DeviceSpec::Engine {
-                doorbell: DoorbellMode::Mapped
-            }
-        );
-        for (s, m) in [
-            ("engine,doorbell=trap", DoorbellMode::Trap),
-            ("engine,doorbell=ioeventfd", DoorbellMode::Ioeventfd),
-            ("engine,doorbell=mapped", DoorbellMode::Mapped),
-        ] {
-            assert_eq!(parse(s).unwrap(), DeviceSpec::Engine { doorbell: m });
-        }
-        for bad in [
-            "",
-            "gpu",
-            "engine,doorbell=fast",
-            "engine,queues=2",
-            "engine,doorbell",
-            "engine,doorbell=trap,doorbell=mapped",
-            "vfio=",
-            "vfio=41:00.0",
-            "vfio=0000:41:00.8",
-            "vfio=0000:41:20.0",
-            "vfio=0000:4g:00.0",
-            "vfio=0000:41:00.0:1",
-        ] {
-            let e = parse(bad).unwrap_err();
-            assert!(
-                e.is_usage() && matches!(e, PciError::Spec { .. }),
-                "{bad:?}: {e}"
-            );
-        }
-        // The words alone: whether this host can pass it through is not parse's question.
-        assert_eq!(
-            parse("vfio=0000:41:00.0").unwrap(),
-            DeviceSpec::Vfio {
-                bdf: "0000:41:00.0".into()
-            }
-        );
+    fn a_function_the_host_cannot_take_is_refused_and_two_that_clash_are_named() {
         // The host's answer, from a made-up root with no VFIO: refused, naming the request.
         let root = std::env::temp_dir().join(format!("pci-refusal-{}", std::process::id()));
         std::fs::create_dir_all(&root).unwrap();

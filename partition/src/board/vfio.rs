@@ -40,9 +40,11 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::board::DeviceSpec;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
+use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
 use crate::sys::seccomp::{Fds, IoctlGrant, Role};
@@ -91,6 +93,15 @@ pub enum VfioError {
         /// Why.
         source: std::io::Error,
     },
+}
+
+/// `--device vfio=DDDD:BB:DD.F`, its words ([`crate::board::parse_device`] dispatches on
+/// the kind). Whether this host can pass the function through is not asked here but with
+/// the launch's host facts ([`missing`], through `crate::board::pci::host_refusal`).
+pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {
+    let bdf: PciAddress = kv.require("vfio")?;
+    kv.finish(&["vfio"])?;
+    Ok(DeviceSpec::Vfio { bdf: bdf.0 })
 }
 
 /// What this host lacks to pass `bdf` through, under `sys` (normally `/`): None when it

@@ -441,7 +441,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     }
     for d in &a.device {
-        match partition::board::pci::parse(d) {
+        match partition::board::parse_device(d) {
             Ok(s) => devices.push(s),
             Err(e) => {
                 eprintln!("partition: error: {e}");
