@@ -13,11 +13,11 @@ use devices::pci::submit::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::board::DeviceSpec;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
 use crate::board::resources::EnginePlace;
+use crate::board::spec::DeviceSpec;
 use crate::config::keyvalue::{KeyValueError, KeyValues};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
@@ -263,7 +263,7 @@ impl devices::Interrupt for Line {
 }
 
 /// `--device engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`), its words after
-/// the kind ([`crate::board::parse_device`] dispatches on the kind).
+/// the kind ([`crate::board::kinds::parse_device`] dispatches on the kind).
 pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {
     let doorbell = kv.get::<DoorbellMode>("doorbell")?;
     kv.finish(&["doorbell"])?;

@@ -17,9 +17,9 @@ use devices::pci::msix::RouteChange;
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::board::DeviceSpec;
 use crate::board::device::{BarBinding, Device, PciAttachment};
 use crate::board::resources::MachinePlan;
+use crate::board::spec::DeviceSpec;
 use crate::config::keyvalue::KeyValueError;
 use crate::kvm::{Vm, VmError, routing_table};
 use crate::memory::GuestMemory;
@@ -281,7 +281,11 @@ pub fn host_bridge(specs: &[DeviceSpec], plan: &MachinePlan) -> Option<boot::acp
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::board::parse_device as parse;
+    use devices::pci::submit::DoorbellMode;
+
+    fn engine(doorbell: DoorbellMode) -> DeviceSpec {
+        DeviceSpec::Engine { doorbell }
+    }
 
     #[test]
     fn a_function_the_host_cannot_take_is_refused_and_two_that_clash_are_named() {
@@ -297,16 +301,13 @@ mod tests {
             e.to_string().contains("--device \"vfio=0000:41:00.0\""),
             "{e}"
         );
-        assert!(host_refusal(&root, &parse("engine").unwrap()).is_none());
+        assert!(host_refusal(&root, &engine(DoorbellMode::Mapped)).is_none());
         std::fs::remove_dir_all(&root).unwrap();
-        let engine = parse("engine").unwrap();
-        let why = conflict(
-            std::slice::from_ref(&engine),
-            &parse("engine,doorbell=trap").unwrap(),
-        );
+        let mapped = engine(DoorbellMode::Mapped);
+        let why = conflict(std::slice::from_ref(&mapped), &engine(DoorbellMode::Trap));
         assert!(why.is_some_and(|w| w.contains("one submission engine")));
         let f = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
-        let asked = [engine, f("0000:41:00.0")];
+        let asked = [mapped, f("0000:41:00.0")];
         assert_eq!(conflict(&asked, &f("0000:42:00.0")), None);
         let why = conflict(&asked, &f("0000:41:00.0"));
         assert!(why.is_some_and(|w| w.contains("0000:41:00.0 is asked for twice")));

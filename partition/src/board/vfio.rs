@@ -40,10 +40,10 @@ use vfio_bindings::bindings::vfio::{
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioDeviceFd, VfioOps};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::board::DeviceSpec;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
+use crate::board::spec::DeviceSpec;
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
@@ -95,7 +95,7 @@ pub enum VfioError {
     },
 }
 
-/// `--device vfio=DDDD:BB:DD.F`, its words ([`crate::board::parse_device`] dispatches on
+/// `--device vfio=DDDD:BB:DD.F`, its words ([`crate::board::kinds::parse_device`] dispatches on
 /// the kind). Whether this host can pass the function through is not asked here but with
 /// the launch's host facts ([`missing`], through `crate::board::pci::host_refusal`).
 pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {

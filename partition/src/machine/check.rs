@@ -19,8 +19,8 @@ use super::config::{
 };
 use super::error::LaunchError;
 use super::facts::{HostFacts, HostMemory};
-use crate::board::DeviceSpec;
 use crate::board::resources::MachinePlan;
+use crate::board::spec::DeviceSpec;
 use crate::config::cores;
 use crate::cpu::cpumodel::CpuModel;
 use crate::cpu::idle::IdlePlan;

@@ -69,10 +69,10 @@ pub struct LaunchConfig {
     pub kubelet_cpu_state: Option<PathBuf>,
     /// Serve the local API ([`crate::api`]) on this Unix socket.
     pub api_socket: Option<PathBuf>,
-    /// Every device, of every kind ([`crate::board::DeviceSpec`]), in the order asked (the
+    /// Every device, of every kind ([`crate::board::spec::DeviceSpec`]), in the order asked (the
     /// CLI: each `--disk`, then each `--device`); disks take their virtio-mmio slots in
     /// their order among them.
-    pub devices: Vec<crate::board::DeviceSpec>,
+    pub devices: Vec<crate::board::spec::DeviceSpec>,
 }
 
 /// A launch configuration that breaks a rule of its own, whoever built it (the CLI, a plan,
@@ -178,7 +178,7 @@ pub struct PoolRequest {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::board::DeviceSpec;
+    use crate::board::spec::DeviceSpec;
 
     /// A configuration that keeps every rule, for tests to change one field of.
     pub(crate) fn cfg() -> LaunchConfig {

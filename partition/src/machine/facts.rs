@@ -13,8 +13,8 @@ use std::path::PathBuf;
 
 use super::config::{CoreSelection, LaunchConfig, MemorySource, SandboxRequest};
 use super::error::LaunchError;
-use crate::board::DeviceSpec;
 use crate::board::resources::PassthroughAsk;
+use crate::board::spec::DeviceSpec;
 use crate::cpu::idle::IdleCaps;
 use crate::host::claim::CoreHolder;
 use crate::sys::sandbox::Identity;

@@ -28,7 +28,7 @@ use super::facts::HostFacts;
 use super::open::{Checked, open};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
 use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
-use crate::board::DeviceSpec;
+use crate::board::spec::DeviceSpec;
 use crate::cpu::readback::Readback;
 use crate::host::claim::{ClaimRequest, ExtentClaim};
 use crate::host::isolation::GuestsCpuset;

@@ -89,7 +89,7 @@ pub fn open(plan: Plan) -> Result<Checked, LaunchError> {
     let disk_configs: Vec<_> = plan
         .devices
         .iter()
-        .filter_map(crate::board::DeviceSpec::disk)
+        .filter_map(crate::board::spec::DeviceSpec::disk)
         .cloned()
         .collect();
     let disks = crate::board::disks::open(&disk_configs)?;

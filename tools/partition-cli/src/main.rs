@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod embedded;
 mod verbs;
-use partition::board::DeviceSpec;
+use partition::board::spec::DeviceSpec;
 use partition::machine::launch;
 use partition::machine::open::Checked;
 use partition::machine::outcome::Observer;
@@ -441,7 +441,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     }
     for d in &a.device {
-        match partition::board::parse_device(d) {
+        match partition::board::kinds::parse_device(d) {
             Ok(s) => devices.push(s),
             Err(e) => {
                 eprintln!("partition: error: {e}");
