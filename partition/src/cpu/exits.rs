@@ -263,7 +263,9 @@ impl ExitCounters {
 /// serialize and read this one record.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VcpuCounters {
-    /// vCPU index (= APIC ID).
+    /// vCPU index (= APIC ID). Read as `index` too: the launch report's key before this
+    /// record was shared (so the benchmarks' `builds` section can read an older build's).
+    #[serde(alias = "index")]
     pub vcpu: usize,
     /// Host core it is pinned to.
     pub core: usize,
@@ -369,6 +371,19 @@ fn internal_error_name(sub: u32) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An older build's report names the vCPU `index`: read the same.
+    #[test]
+    fn a_vcpu_record_reads_its_older_key_too() {
+        let now: VcpuCounters =
+            serde_json::from_str(r#"{"vcpu": 1, "core": 3, "exits": {"io_out": 2}}"#).unwrap();
+        let old: VcpuCounters =
+            serde_json::from_str(r#"{"index": 1, "core": 3, "exits": {"io_out": 2}}"#).unwrap();
+        assert_eq!(now, old);
+        assert_eq!(now.vcpu, 1);
+        // Written with the one key.
+        assert!(serde_json::to_string(&old).unwrap().contains("\"vcpu\":1"));
+    }
     use devices::BusDevice;
     use std::sync::Arc;
     use std::sync::Mutex as StdMutex;
