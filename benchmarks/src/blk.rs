@@ -381,7 +381,7 @@ fn record_guest(s: &mut Series, r: std::io::Result<crate::Run>, ok_code: i32, ex
 /// Runs the section.
 pub fn run(env: &Env) -> BlkSection {
     let mut section = BlkSection {
-        head: Head::start_with_peers(env),
+        head: Head::start_with_peers(env, &crate::peers::infos(env)),
         params: BlkParams {
             runs: env.runs,
             image_bytes: IMAGE_BYTES,
@@ -403,7 +403,6 @@ pub fn run(env: &Env) -> BlkSection {
         ours: None,
         qemu: None,
         rust_peers: Vec::new(),
-        peer_builds: crate::peers::infos(env),
         orderings: None,
         ours_vs_qemu_best: None,
     };
@@ -558,7 +557,7 @@ pub fn run(env: &Env) -> BlkSection {
         Peers::Note("qemu-system-x86_64 not found: no peer rows".into())
     });
 
-    // A peer not given is said once, in `peer_builds`.
+    // A peer not given is said once, with the peers of the provenance.
     section.rust_peers = vec![PeerBlk {
         name: Peer::CloudHypervisor.name().into(),
         rows: Peers::Note(CLOUD_HYPERVISOR_NOTE.into()),

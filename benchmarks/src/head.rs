@@ -38,16 +38,26 @@ impl Head {
     }
 
     /// A section that runs the peer VMMs starting now: its provenance names each peer's
-    /// binary, version and commit too (`peers`), as it names our build.
-    pub fn start_with_peers(env: &Env) -> Self {
+    /// binary, version and commit too (`peers`, from [`crate::peers::infos`]), as it names
+    /// our build.
+    pub fn start_with_peers(env: &Env, peers: &[crate::peers::PeerInfo]) -> Self {
         let mut h = Self::start(env);
         if let Some(p) = h.provenance.as_object_mut() {
             p.insert(
                 "peers".into(),
-                serde_json::to_value(crate::peers::infos(env)).unwrap_or_default(),
+                serde_json::to_value(peers).unwrap_or_default(),
             );
         }
         h
+    }
+
+    /// The peers its provenance names (none for a section that runs no peer, or one whose
+    /// list does not read).
+    pub fn peers(&self) -> Vec<crate::peers::PeerInfo> {
+        self.provenance
+            .get("peers")
+            .and_then(|p| serde_json::from_value(p.clone()).ok())
+            .unwrap_or_default()
     }
 
     /// Ends it: `completed`, and the reason when it did not.

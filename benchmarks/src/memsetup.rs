@@ -149,8 +149,10 @@ fn ok(source: &str, status: std::process::ExitStatus) -> bool {
 }
 
 pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
+    // Each peer's --version and checkout are read once, for the provenance and the rows.
+    let peers = crate::peers::infos(env);
     let mut section = MemSetupSection {
-        head: Head::start_with_peers(env),
+        head: Head::start_with_peers(env, &peers),
         method: "time from spawn to the first byte of the guest's serial output; memory part \
                  from the VMM's --json report (mmap + prefault); at the first byte, the VMM \
                  process's CPU time (all threads, /proc/PID/task/*/schedstat) and its VmRSS \
@@ -167,7 +169,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         pool_preallocation: None,
         qemu_note: None,
         qemu_hugetlbfs_note: None,
-        peers: crate::peers::infos(env),
+        peers,
         rows: None,
         checks: None,
         against_peers: Vec::new(),

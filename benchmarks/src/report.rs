@@ -367,7 +367,7 @@ fn wake(o: &mut String, w: &WakeSection) {
         );
     }
     wake_goal(o, w);
-    peer_builds(o, &w.peer_builds);
+    peer_builds(o, &w.head.peers());
 }
 
 /// The wake goal, each of our policies' IPI round trip at or under every peer's: which
@@ -594,7 +594,7 @@ fn blk(o: &mut String, b: &BlkSection) {
             let _ = writeln!(o, "\n{n}.");
         }
     }
-    peer_builds(o, &b.peer_builds);
+    peer_builds(o, &b.head.peers());
 }
 
 /// Each Rust peer a section ran: its binary, version and commit, or why it did not run.

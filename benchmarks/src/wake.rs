@@ -327,7 +327,7 @@ fn ratio(a: Option<Summary>, b: Option<Summary>) -> Option<f64> {
 /// Runs the section.
 pub fn run(env: &Env) -> WakeSection {
     let mut section = WakeSection {
-        head: Head::start_with_peers(env),
+        head: Head::start_with_peers(env, &crate::peers::infos(env)),
         params: WakeParams {
             runs: env.runs,
             samples_per_run: SAMPLES,
@@ -347,7 +347,6 @@ pub fn run(env: &Env) -> WakeSection {
         host: None,
         policies: None,
         peers: None,
-        peer_builds: crate::peers::infos(env),
         orderings: None,
     };
     let caps = crate::caps(env);

@@ -33,9 +33,6 @@ pub struct BlkSection {
     /// peer has none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rust_peers: Vec<PeerBlk>,
-    /// The Rust peers' binaries, versions and commits, or why one was not run.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peer_builds: Vec<crate::peers::PeerInfo>,
     /// The orderings the section checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orderings: Option<Vec<Ordering>>,

@@ -28,9 +28,6 @@ pub struct WakeSection {
     /// QEMU's rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers: Option<Vec<WakeRow>>,
-    /// The Rust peers' binaries, versions and commits, or why one has no row.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peer_builds: Vec<crate::peers::PeerInfo>,
     /// The orderings the seeds predict, checked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub orderings: Option<Vec<Claim>>,
