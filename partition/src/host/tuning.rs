@@ -527,31 +527,25 @@ impl Host<'_> {
         // The hierarchies a pool partition's cpuset lives in (cgroup2, or v1's cpuset) make
         // the finding matter; favordynmods on any hierarchy makes every move cheap, since
         // the semaphore is one for the whole host.
-        let cgroups: Vec<(bool, bool)> = mounts
+        // Per cgroup mount: (v1 with the cpuset controller, cgroup2, favordynmods).
+        let cgroups: Vec<(bool, bool, bool)> = mounts
             .lines()
             .filter_map(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();
                 let (kind, opts) = (*w.get(2)?, *w.get(3)?);
-                let cpuset = kind == "cgroup2"
-                    || (kind == "cgroup" && opts.split(',').any(|o| o == "cpuset"));
-                let cgroup = kind == "cgroup2" || kind == "cgroup";
-                cgroup.then(|| (cpuset, opts.split(',').any(|o| o == "favordynmods")))
+                let has = |o: &str| opts.split(',').any(|x| x == o);
+                let v2 = kind == "cgroup2";
+                (v2 || kind == "cgroup").then(|| (!v2 && has("cpuset"), v2, has("favordynmods")))
             })
             .collect();
-        if !cgroups.iter().any(|(cpuset, _)| *cpuset) {
+        if !cgroups.iter().any(|(v1, v2, _)| *v1 || *v2) {
             f.push(host_unseen(
                 "cgroup-moves",
                 "not available here (no cgroup2 or cpuset hierarchy mounted)",
             ));
             return;
         }
-        let v1_cpuset = mounts.lines().any(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            w.get(2) == Some(&"cgroup")
-                && w.get(3)
-                    .is_some_and(|o| o.split(',').any(|o| o == "cpuset"))
-        });
-        if v1_cpuset {
+        if cgroups.iter().any(|(v1, _, _)| *v1) {
             f.push(host_ok(
                 "cgroup-moves",
                 "cgroup v1 cpuset: each vCPU thread moves itself, which takes no grace \
@@ -559,7 +553,7 @@ impl Host<'_> {
             ));
             return;
         }
-        let favoured = cgroups.iter().any(|(_, fav)| *fav);
+        let favoured = cgroups.iter().any(|(_, _, fav)| *fav);
         let at_boot = self.read("proc/cmdline").is_some_and(|c| {
             c.split_whitespace().any(|w| {
                 matches!(
