@@ -335,21 +335,15 @@ const KINDS: [&str; 3] = ["board::disks", "board::engine", "board::vfio"];
 
 #[test]
 fn the_generic_device_code_names_no_kind() {
-    // The device layer and the pipeline's steps that start, confine, run and stop the
-    // devices hold them as `board::device::Device`s; only the lists (machine::devices'
-    // attach calls, machine::outcome's report keys) and the planning (check, facts, the
-    // plan's placement) name kinds.
+    // One list names the kinds (board::spec, a line each); every other module, the
+    // launch's pipeline whole, the PCI root, the placement and the kind's own trait, drives
+    // them through `board::kind::Kind` and holds them as `board::device::Device`s.
     let g = graph(&modules(&crate_src("src")));
     let mut wrong = Vec::new();
-    for m in [
-        "board::device",
-        "board::virtio_mmio",
-        "machine::launch",
-        "machine::confine",
-        "machine::vcpus",
-        "machine::control",
-    ] {
-        let deps = g.get(m).unwrap_or_else(|| panic!("no module {m}"));
+    for (m, deps) in &g {
+        if m == "board::spec" || KINDS.contains(&m.as_str()) {
+            continue;
+        }
         wrong.extend(
             deps.iter()
                 .filter(|d| KINDS.contains(&d.as_str()))
@@ -358,10 +352,29 @@ fn the_generic_device_code_names_no_kind() {
     }
     assert!(
         wrong.is_empty(),
-        "generic device code names a kind: {wrong:?}"
+        "a module other than the list of kinds names a kind: {wrong:?}"
     );
-    // The PCI root takes its kinds' functions as PciAttachments; it names them only to
-    // call their attach (pci -> engine, vfio), never the other way.
+    for m in [
+        "board::spec",
+        "board::kind",
+        "machine::devices",
+        "board::pci",
+    ] {
+        assert!(g.contains_key(m), "no module {m}");
+    }
+    // No kind imports the list or another kind: each stands alone beside the others.
+    for k in KINDS {
+        let deps = &g[k];
+        let others: Vec<&String> = deps
+            .iter()
+            .filter(|d| {
+                d.as_str() == "board::spec" || (KINDS.contains(&d.as_str()) && d.as_str() != k)
+            })
+            .collect();
+        assert!(others.is_empty(), "{k} imports {others:?}");
+    }
+    // The PCI root takes the kinds' functions as PciAttachments and names none of them,
+    // and no kind reaches for the root.
     for k in ["board::engine", "board::vfio"] {
         assert!(!g[k].contains("board::pci"), "{k} imports the PCI root");
     }

@@ -8,15 +8,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use boot::acpi::MmioDevice;
-use devices::Bus;
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
 use devices::virtio::mmio::MmioTransport;
 
 use crate::board::device::{Device, DeviceError, DeviceFds, DeviceReport, FilterOf, Section};
+use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
+use crate::board::resources::{Ask, Needs, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
-use crate::kvm::Vm;
-use crate::memory::GuestMemory;
 use crate::sys::seccomp::Role;
 
 /// The disks' key in the launch's JSON report: a list, there even with no disk.
@@ -54,6 +52,85 @@ pub enum DiskError {
     /// Its virtio-mmio window could not be wired.
     #[error("{0}")]
     Wiring(#[from] crate::board::virtio_mmio::VirtioMmioError),
+}
+
+impl DiskError {
+    /// A mistake in what the user asked (exit 2): the words, too many disks, a backing
+    /// that cannot be opened; not a failure to wire the window.
+    pub fn is_usage(&self) -> bool {
+        !matches!(self, Self::Wiring(_))
+    }
+}
+
+impl From<DiskError> for KindError {
+    fn from(e: DiskError) -> Self {
+        let usage = e.is_usage();
+        KindError::new(e, usage)
+    }
+}
+
+/// A disk (`--disk`) as a kind: its request is the block device's configuration.
+impl Kind for BlockConfig {
+    const SECTION: Section = SECTION;
+    type Opened = VirtioBlock;
+
+    fn written(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// A virtio-mmio window and pin, named `virtio-blk<index>`.
+    fn ask(&self, index: usize, _facts: &DeviceFacts) -> Ask {
+        Ask {
+            owner: name(index),
+            written: self.written(),
+            needs: Needs::VirtioMmio,
+        }
+    }
+
+    /// Every backing, once, checked against the others ([`open`]).
+    fn open(all: &[&Self]) -> Result<Vec<VirtioBlock>, KindError> {
+        let configs: Vec<BlockConfig> = all.iter().map(|c| (*c).clone()).collect();
+        Ok(open(&configs)?)
+    }
+
+    /// Its buffered descriptor, which the queue workers write.
+    fn example_fds(fds: &mut DeviceFds, first: i32) {
+        fds.worker_writes.push(first);
+    }
+
+    /// Each disk on the MMIO bus in its window, wired through KVM; its queue workers
+    /// default to the device threads' core.
+    fn attach(board: &mut Board<'_>, all: Vec<Placed<Self>>) -> Result<Attached, KindError> {
+        let mut out = Attached::default();
+        for (i, p) in all.into_iter().enumerate() {
+            let Place::VirtioMmio(w) = p.place else {
+                return Err(KindError::new(
+                    format!("{}: not placed on virtio-mmio", p.request.written()),
+                    false,
+                ));
+            };
+            let mut d = p.opened;
+            d.set_default_core(board.worker_core);
+            let disk_fd = std::os::fd::AsRawFd::as_raw_fd(&d.disk().file);
+            let transport = crate::board::virtio_mmio::attach(
+                board.vm,
+                board.memory,
+                board.mmio,
+                &name(i),
+                Box::new(d),
+                &w,
+                board.ioeventfd,
+            )
+            .map_err(DiskError::from)?;
+            out.devices.push(Box::new(AttachedDisk {
+                transport,
+                base: w.base,
+                gsi: w.gsi,
+                disk_fd,
+            }));
+        }
+        Ok(out)
+    }
 }
 
 impl From<KeyValueError> for DiskError {
@@ -241,33 +318,6 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
         .zip(files)
         .map(|(c, f)| VirtioBlock::from_file(c.clone(), f).map_err(DiskError::from))
         .collect()
-}
-
-/// Puts `disks` on `bus`, each in its window of `windows` (in order), wired through KVM;
-/// their queue workers default to `worker_core`.
-pub fn attach(
-    vm: &Vm,
-    mem: &GuestMemory,
-    bus: &mut Bus,
-    disks: Vec<VirtioBlock>,
-    windows: &[MmioDevice],
-    ioeventfd: bool,
-    worker_core: Option<usize>,
-) -> Result<Vec<AttachedDisk>, DiskError> {
-    let mut out = Vec::new();
-    for (i, (mut d, w)) in disks.into_iter().zip(windows).enumerate() {
-        d.set_default_core(worker_core);
-        let disk_fd = std::os::fd::AsRawFd::as_raw_fd(&d.disk().file);
-        let transport =
-            crate::board::virtio_mmio::attach(vm, mem, bus, &name(i), Box::new(d), w, ioeventfd)?;
-        out.push(AttachedDisk {
-            transport,
-            base: w.base,
-            gsi: w.gsi,
-            disk_fd,
-        });
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
-use crate::board::resources::EnginePlace;
-use crate::board::spec::DeviceSpec;
+use crate::board::kind::{Attached, Board, Kind, KindError, Placed};
+use crate::board::resources::{Ask, ENGINE_SLOT, Needs, PciNeeds, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
@@ -262,14 +262,104 @@ impl devices::Interrupt for Line {
     }
 }
 
-/// `--device engine[,doorbell=trap|ioeventfd|mapped]` (default `mapped`), its words after
-/// the kind ([`crate::board::kinds::parse_device`] dispatches on the kind).
-pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {
-    let doorbell = kv.get::<DoorbellMode>("doorbell")?;
-    kv.finish(&["doorbell"])?;
-    Ok(DeviceSpec::Engine {
-        doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
-    })
+/// A request for the engine: `--device engine[,doorbell=trap|ioeventfd|mapped]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Engine {
+    /// How its doorbell page reaches it.
+    pub doorbell: DoorbellMode,
+}
+
+/// Where the submission engine went: its slot, its three BARs (registers, MSI-X,
+/// doorbell), one page each, the GSI of its vector 0 and its doorbell page's memory slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EnginePlace {
+    /// Its slot on bus 0.
+    pub slot: u8,
+    /// Its three BARs (registers, MSI-X, doorbell), one page each.
+    pub bars: [u64; 3],
+    /// The GSI of its MSI-X vector 0 (vector v is `first_gsi + v`).
+    pub first_gsi: u32,
+    /// The KVM memory slot of its mapped doorbell page.
+    pub doorbell_slot: u32,
+}
+
+impl EnginePlace {
+    /// The engine's place from the one the plan gave its ask (None: not an engine's).
+    pub fn from_place(place: &Place) -> Option<Self> {
+        let Place::Pci(p) = place else { return None };
+        Some(Self {
+            slot: p.slot,
+            bars: p.pages.clone().try_into().ok()?,
+            first_gsi: p.first_gsi?,
+            doorbell_slot: p.first_memory_slot?,
+        })
+    }
+}
+
+impl Kind for Engine {
+    const SECTION: Section = SECTION;
+    const DEVICE_FORM: Option<(&'static str, &'static str)> =
+        Some(("engine", "engine[,doorbell=trap|ioeventfd|mapped]"));
+    type Opened = ();
+
+    /// Its words after the kind (default doorbell `mapped`).
+    fn parse(mut kv: KeyValues<'_>) -> Result<Self, KeyValueError> {
+        let doorbell = kv.get::<DoorbellMode>("doorbell")?;
+        kv.finish(&["doorbell"])?;
+        Ok(Engine {
+            doorbell: doorbell.unwrap_or(DoorbellMode::Mapped),
+        })
+    }
+
+    fn written(&self) -> String {
+        format!("engine,doorbell={}", self.doorbell.name())
+    }
+
+    fn conflict(&self, earlier: &[&Self]) -> Option<String> {
+        (!earlier.is_empty()).then(|| "one submission engine per partition".into())
+    }
+
+    /// Slot 01.0 (our guest ABI), its three pages, its vectors and its doorbell page's
+    /// memory slot.
+    fn ask(&self, _index: usize, _facts: &crate::board::kind::DeviceFacts) -> Ask {
+        Ask {
+            owner: "the submission engine".into(),
+            written: self.written(),
+            needs: Needs::Pci(PciNeeds {
+                slot: Some(ENGINE_SLOT),
+                pages: 3,
+                vectors: VECTORS as u64,
+                memory_slots: 1,
+                host_bars: None,
+            }),
+        }
+    }
+
+    fn open(all: &[&Self]) -> Result<Vec<()>, KindError> {
+        Ok(vec![(); all.len()])
+    }
+
+    /// A PCI function: the vCPUs update KVM's slots, routes and ioeventfds.
+    fn example_fds(fds: &mut DeviceFds, _first: i32) {
+        fds.pci = true;
+    }
+
+    fn attach(board: &mut Board<'_>, all: Vec<Placed<Self>>) -> Result<Attached, KindError> {
+        let mut out = Attached::default();
+        for p in all {
+            let place = EnginePlace::from_place(&p.place).ok_or_else(|| {
+                KindError::new(
+                    format!("the engine's place {:?} is not one", p.place),
+                    false,
+                )
+            })?;
+            let (function, engine) = attach(board.vm, board.memory, place, p.request.doorbell)
+                .map_err(|e| KindError::new(e, false))?;
+            out.functions.push(function);
+            out.devices.push(Box::new(engine));
+        }
+        Ok(out)
+    }
 }
 
 /// Builds the engine where `place` says, its doorbell served as `doorbell` asks: the
@@ -357,10 +447,9 @@ mod tests {
             (DoorbellMode::Mapped, "memory"),
         ] {
             let kick = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
-            let place = MachinePlan::new(1, &[], true, &[], 48)
-                .unwrap()
-                .engine
-                .unwrap();
+            let ask = Engine { doorbell: mode }.ask(0, &Default::default());
+            let plan = MachinePlan::new(1, &[ask], 48).unwrap();
+            let place = EnginePlace::from_place(&plan.places[0]).unwrap();
             let (_, shared) = SubmitFunction::new(
                 place.bars,
                 mode,

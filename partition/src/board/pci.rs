@@ -1,11 +1,10 @@
-//! A partition's PCI functions (`--device`): the host bridge at 00.0, the submission
-//! engine at 01.0 (`docs/pci.md`) and a passed-through host function at 02.0
-//! (`--device vfio=BDF`, `crate::board::vfio`, `docs/passthrough.md`), and the KVM side of them
+//! A partition's PCI root: the host bridge at 00.0 and the functions of the PCI kinds at the
+//! slots the plan gave them (the submission engine at 01.0, `docs/pci.md`; passed-through
+//! host functions from 02.0, `docs/passthrough.md`), and the KVM side of them
 //! ([`KvmPciHost`]): MSI-X routes in front of one irqfd per vector, and what each function
 //! binds to a BAR (the engine's doorbell memory slot or ioeventfd, a passed-through BAR's
 //! memory slots), which follows the BAR when the guest moves it. Each function comes from
-//! its kind's file ([`crate::board::engine`], [`crate::board::vfio`]) as a
-//! [`PciAttachment`]; the root here knows no kind.
+//! its kind's attach step as a [`PciAttachment`]; the root here knows no kind.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -17,93 +16,19 @@ use devices::pci::msix::RouteChange;
 use devices::pci::{HostBridge, PciHost, PciRoot};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::board::device::{BarBinding, Device, PciAttachment};
+use crate::board::device::{BarBinding, PciAttachment};
 use crate::board::resources::MachinePlan;
-use crate::board::spec::DeviceSpec;
-use crate::config::keyvalue::KeyValueError;
-use crate::kvm::{Vm, VmError, routing_table};
-use crate::memory::GuestMemory;
+use crate::kvm::{Vm, routing_table};
 
-/// Errors parsing or attaching PCI devices.
+/// Errors putting the PCI root together.
 #[derive(Debug, thiserror::Error)]
 pub enum PciError {
-    /// `--device` does not parse.
-    #[error("--device {spec:?}: {why}")]
-    Spec {
-        /// The argument.
-        spec: String,
-        /// What is wrong.
-        why: String,
-    },
-    /// VFIO passthrough was asked for on a host that cannot do it.
-    #[error("--device {spec:?}: {what}")]
-    Vfio {
-        /// The argument.
-        spec: String,
-        /// What the host lacks or has.
-        what: String,
-    },
-    /// The engine could not be attached.
-    #[error("{0}")]
-    Engine(#[from] crate::board::engine::EngineError),
-    /// A function could not be passed through.
-    #[error("{0}")]
-    Passthrough(#[from] crate::board::vfio::VfioError),
     /// The root refused a function.
     #[error("{0}")]
     Root(#[from] devices::pci::PciError),
     /// The bus refused a range.
     #[error("{0}")]
     Bus(#[from] devices::BusError),
-    /// KVM refused something.
-    #[error("{0}")]
-    Vm(#[from] VmError),
-}
-
-impl From<KeyValueError> for PciError {
-    fn from(e: KeyValueError) -> Self {
-        Self::Spec {
-            spec: e.spec,
-            why: e.why,
-        }
-    }
-}
-
-impl PciError {
-    /// A mistake in what the user asked (exit 2), not a failure of the host.
-    pub fn is_usage(&self) -> bool {
-        matches!(
-            self,
-            Self::Spec { .. }
-                | Self::Vfio { .. }
-                | Self::Passthrough(crate::board::vfio::VfioError::Refused { .. })
-        )
-    }
-}
-
-/// Why `new` cannot join the devices already asked for: a second engine, or a function
-/// asked for twice. Several passed-through functions are fine (each its own slot).
-pub fn conflict(asked: &[DeviceSpec], new: &DeviceSpec) -> Option<String> {
-    asked.iter().find_map(|a| match (a, new) {
-        (DeviceSpec::Engine { .. }, DeviceSpec::Engine { .. }) => {
-            Some("one submission engine per partition".into())
-        }
-        (DeviceSpec::Vfio { bdf: x }, DeviceSpec::Vfio { bdf: y }) if x == y => {
-            Some(format!("{y} is asked for twice"))
-        }
-        _ => None,
-    })
-}
-
-/// Why the host under `root` cannot pass `spec`'s function through (no VFIO, no IOMMU
-/// group, a driver other than vfio-pci...), as a usage error naming the request; None for
-/// a request that is not a passed-through function or one the host can take.
-pub fn host_refusal(root: &std::path::Path, spec: &DeviceSpec) -> Option<PciError> {
-    let bdf = spec.vfio()?;
-    crate::board::vfio::missing(root, bdf).map(|what| PciError::Vfio {
-        spec: spec.to_string(),
-        what,
-    })
 }
 
 /// The KVM side of the root's functions.
@@ -168,51 +93,27 @@ impl PciHost for KvmPciHost {
     }
 }
 
-/// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR window, with the host bridge
-/// and the PCI devices of `specs` (none: an empty root on CF8/CFC only, as without PCI), each
-/// where `plan` placed it; a passed-through function takes its GSIs and memory slots from
-/// `plan`'s pools once its vectors and BARs are known. Returns each kind's device (the
-/// passed-through functions, then the engine).
+/// Puts the PCI root on the buses: CF8/CFC, ECAM and the BAR windows, with the host bridge
+/// and `functions` (each kind's, from its attach step, at the slots `plan` gave them); with
+/// none, an empty root on CF8/CFC only, as without PCI.
 pub fn attach(
     vm: &Arc<Vm>,
-    memory: &GuestMemory,
     pio: &mut Bus,
     mmio: &mut Bus,
-    specs: &[DeviceSpec],
-    plan: &mut MachinePlan,
-    cores: &[usize],
-) -> Result<Vec<Box<dyn Device>>, PciError> {
-    let mut attachments: Vec<PciAttachment> = Vec::new();
-    let mut out: Vec<Box<dyn Device>> = Vec::new();
-    let passthrough = crate::board::vfio::attach_all(vm, memory, plan, cores)?;
-    let passthrough = passthrough.map(|(mut functions, pass)| {
-        attachments.append(&mut functions);
-        pass
-    });
-    let engine_spec = specs.iter().find_map(|s| match s {
-        DeviceSpec::Engine { doorbell } => Some(*doorbell),
-        _ => None,
-    });
-    if let (Some(doorbell), Some(place)) = (engine_spec, plan.engine) {
-        let (function, engine) = crate::board::engine::attach(vm, memory, place, doorbell)?;
-        attachments.push(function);
-        out.push(Box::new(engine));
-    }
-    // Given back last: its mappings outlive the engine's.
-    if let Some(pass) = passthrough {
-        out.push(Box::new(pass));
-    }
+    functions: Vec<PciAttachment>,
+    plan: &MachinePlan,
+) -> Result<(), PciError> {
     let mut host = KvmPciHost {
         vm: vm.clone(),
         routes: BTreeMap::new(),
         vectors: BTreeMap::new(),
         bindings: BTreeMap::new(),
     };
-    let mut functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
-    if specs.iter().any(DeviceSpec::is_pci) {
-        functions.push((0, Box::new(HostBridge::new())));
+    let mut root_functions: Vec<(usize, Box<dyn devices::pci::PciFunction>)> = Vec::new();
+    if plan.has_pci() {
+        root_functions.push((0, Box::new(HostBridge::new())));
     }
-    for a in attachments {
+    for a in functions {
         for (v, line) in a.vectors.into_iter().enumerate() {
             host.vectors.insert((a.slot, v as u16), line);
         }
@@ -222,14 +123,14 @@ pub fn attach(
                 .or_default()
                 .push(binding);
         }
-        functions.push((usize::from(a.slot), a.function));
+        root_functions.push((usize::from(a.slot), a.function));
     }
-    let has_functions = !functions.is_empty();
+    let has_functions = !root_functions.is_empty();
     let mut root = PciRoot::new(PCI_WINDOW_START, PCI_WINDOW_END, Box::new(host));
     if let Some((start, end)) = plan.window64 {
         root.add_window(start, end);
     }
-    for (slot, f) in functions {
+    for (slot, f) in root_functions {
         root.add(slot, f)?;
     }
     let root = Arc::new(Mutex::new(root));
@@ -261,55 +162,16 @@ pub fn attach(
             )?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// The host bridge the boot tables describe when `specs` has PCI functions, with the
-/// 64-bit window `plan` sized.
-pub fn host_bridge(specs: &[DeviceSpec], plan: &MachinePlan) -> Option<boot::acpi::PciHostBridge> {
-    specs
-        .iter()
-        .any(DeviceSpec::is_pci)
-        .then_some(boot::acpi::PciHostBridge {
-            ecam_base: PCI_ECAM_BASE,
-            window_start: PCI_WINDOW_START,
-            window_end: PCI_WINDOW_END,
-            window64: plan.window64,
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use devices::pci::submit::DoorbellMode;
-
-    fn engine(doorbell: DoorbellMode) -> DeviceSpec {
-        DeviceSpec::Engine { doorbell }
-    }
-
-    #[test]
-    fn a_function_the_host_cannot_take_is_refused_and_two_that_clash_are_named() {
-        // The host's answer, from a made-up root with no VFIO: refused, naming the request.
-        let root = std::env::temp_dir().join(format!("pci-refusal-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
-        let vfio = DeviceSpec::Vfio {
-            bdf: "0000:41:00.0".into(),
-        };
-        let e = host_refusal(&root, &vfio).expect("no VFIO under the root");
-        assert!(e.is_usage() && matches!(e, PciError::Vfio { .. }), "{e}");
-        assert!(
-            e.to_string().contains("--device \"vfio=0000:41:00.0\""),
-            "{e}"
-        );
-        assert!(host_refusal(&root, &engine(DoorbellMode::Mapped)).is_none());
-        std::fs::remove_dir_all(&root).unwrap();
-        let mapped = engine(DoorbellMode::Mapped);
-        let why = conflict(std::slice::from_ref(&mapped), &engine(DoorbellMode::Trap));
-        assert!(why.is_some_and(|w| w.contains("one submission engine")));
-        let f = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
-        let asked = [mapped, f("0000:41:00.0")];
-        assert_eq!(conflict(&asked, &f("0000:42:00.0")), None);
-        let why = conflict(&asked, &f("0000:41:00.0"));
-        assert!(why.is_some_and(|w| w.contains("0000:41:00.0 is asked for twice")));
-    }
+/// The host bridge the boot tables describe when `plan` has PCI functions, with the
+/// 64-bit window it sized.
+pub fn host_bridge(plan: &MachinePlan) -> Option<boot::acpi::PciHostBridge> {
+    plan.has_pci().then_some(boot::acpi::PciHostBridge {
+        ecam_base: PCI_ECAM_BASE,
+        window_start: PCI_WINDOW_START,
+        window_end: PCI_WINDOW_END,
+        window64: plan.window64,
+    })
 }

@@ -19,7 +19,6 @@ use boot::layout::{
 use boot::acpi::MmioDevice;
 use devices::i8042::{I8042_BASE, I8042_LEN};
 use devices::pci::passthrough::{PhysicalBar, Windows};
-use devices::pci::submit::{BAR_SIZE, VECTORS};
 use devices::pci::windows::{WindowError, WindowLimits};
 use devices::pci::{PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use devices::power::{ACPI_PM_BASE, ACPI_PM_LEN, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
@@ -92,10 +91,10 @@ pub enum ResourceError {
         with: String,
     },
     /// A passed-through function's BARs do not fit the windows.
-    #[error("--device vfio={bdf}: {source}")]
+    #[error("--device {written}: {source}")]
     Bars {
-        /// The function.
-        bdf: String,
+        /// The function, as the user wrote it after `--device`.
+        written: String,
         /// What did not fit.
         source: WindowError,
     },
@@ -335,39 +334,74 @@ impl Resources {
     }
 }
 
-/// Where the submission engine goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EnginePlace {
-    /// Its slot on bus 0.
-    pub slot: u8,
-    /// Its three BARs (registers, MSI-X, doorbell), one page each.
-    pub bars: [u64; 3],
-    /// The GSI of its MSI-X vector 0 (vector v is `first_gsi + v`).
-    pub first_gsi: u32,
-    /// The KVM memory slot of its mapped doorbell page.
-    pub doorbell_slot: u32,
+/// What one device takes from the board, for [`MachinePlan`] (its kind says, `crate::board::kind::Kind::ask`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// Who asks, in the pools' records and their refusals ("virtio-blk0", "the submission
+    /// engine").
+    pub owner: String,
+    /// The request as the user wrote it after its option, for refusals that name it.
+    pub written: String,
+    /// What it needs.
+    pub needs: Needs,
 }
 
-/// Where a passed-through function goes; its GSIs and memory slots are taken when its
-/// vector count and BARs are known (`crate::board::vfio::attach`).
+/// Where a device goes on the board.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VfioPlace {
-    /// The host function, `DDDD:BB:DD.F`.
-    pub bdf: String,
-    /// Its slot on bus 0.
-    pub slot: u8,
-    /// Its parts of the 32- and 64-bit BAR windows (`devices::pci::windows`).
-    pub windows: Windows,
+pub enum Needs {
+    /// A virtio-mmio window and an IOAPIC pin ([`crate::board::virtio_mmio`]).
+    VirtioMmio,
+    /// A function on PCI bus 0.
+    Pci(PciNeeds),
 }
 
-/// A function to pass through, as the plan needs it: its address and its BARs (from
-/// sysfs, `devices::pci::windows::bars_from_resource`).
+/// What a PCI function takes from the board.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PciNeeds {
+    /// The slot our guest ABI gives the kind (docs/pci.md); None: the first free one from
+    /// [`VFIO_SLOT`] up, in the order asked.
+    pub slot: Option<u8>,
+    /// BARs of its own, one page each, placed together at the bottom of the 32-bit window
+    /// in a megabyte of their own.
+    pub pages: u64,
+    /// MSI GSIs taken with the plan (vector v is the first plus v).
+    pub vectors: u64,
+    /// KVM memory slots taken with the plan.
+    pub memory_slots: u64,
+    /// A host function's BARs, planned in the BAR windows with every other host function's
+    /// (its GSIs and memory slots are taken when it is attached and they are known).
+    pub host_bars: Option<Vec<PhysicalBar>>,
+}
+
+/// Where a device went: the place the plan gave its [`crate::board::resources::Ask`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PassthroughAsk {
-    /// The host function.
-    pub bdf: String,
-    /// Its BARs.
-    pub bars: Vec<PhysicalBar>,
+pub enum Place {
+    /// A virtio-mmio window and its pin.
+    VirtioMmio(MmioDevice),
+    /// A function on PCI bus 0.
+    Pci(PciPlace),
+}
+
+impl Place {
+    /// A function on the PCI root.
+    pub fn is_pci(&self) -> bool {
+        matches!(self, Self::Pci(_))
+    }
+}
+
+/// Where a PCI function went.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PciPlace {
+    /// Its slot on bus 0.
+    pub slot: u8,
+    /// Its own pages' addresses, in the order asked.
+    pub pages: Vec<u64>,
+    /// The GSI of its vector 0, when it asked for vectors with the plan.
+    pub first_gsi: Option<u32>,
+    /// Its first KVM memory slot, when it asked for slots with the plan.
+    pub first_memory_slot: Option<u32>,
+    /// A host function's parts of the 32- and 64-bit BAR windows.
+    pub windows: Option<Windows>,
 }
 
 /// Where everything of one launch goes, decided before anything is built.
@@ -377,13 +411,8 @@ pub struct MachinePlan {
     pub resources: Resources,
     /// The KVM memory slot of the first RAM range (the others follow).
     pub first_ram_slot: u32,
-    /// Each virtio-mmio device's window and pin, in the order asked (the disks, in
-    /// `--disk` order).
-    pub virtio_mmio: Vec<MmioDevice>,
-    /// The engine's place, with `--device engine`.
-    pub engine: Option<EnginePlace>,
-    /// Each passed-through function's place, in `--device vfio=` order.
-    pub vfio: Vec<VfioPlace>,
+    /// Each device's place, in the order asked.
+    pub places: Vec<Place>,
     /// The 64-bit BAR window the host bridge announces, `[start, end)`: sized from the
     /// functions' BARs, within the guest's physical address width (None: no PCI, or the
     /// width does not reach [`PCI_WINDOW64_START`]).
@@ -391,61 +420,90 @@ pub struct MachinePlan {
 }
 
 impl MachinePlan {
-    /// Places a machine of `ram_ranges` RAM ranges, a virtio-mmio device for each of
-    /// `virtio_mmio` (its name) and the PCI functions asked for, for a guest of `phys_bits`
-    /// physical address bits. The PCI slots are our
-    /// guest ABI (docs/pci.md), reserved at fixed numbers; everything else is taken in
-    /// order.
-    pub fn new(
-        ram_ranges: usize,
-        virtio_mmio: &[String],
-        engine: bool,
-        vfio: &[PassthroughAsk],
-        phys_bits: u8,
-    ) -> Result<Self, ResourceError> {
+    /// Places a machine of `ram_ranges` RAM ranges and every device of `asks` (of any
+    /// kind), for a guest of `phys_bits` physical address bits: the virtio-mmio windows
+    /// and pins in order; then the PCI functions, each at its kind's slot of our guest ABI
+    /// (docs/pci.md) or the next free one, their own pages at the bottom of the 32-bit
+    /// window and their vectors and memory slots; then the host functions' BARs, planned
+    /// together in what is left of the windows.
+    pub fn new(ram_ranges: usize, asks: &[Ask], phys_bits: u8) -> Result<Self, ResourceError> {
         let mut r = Resources::board(&LEGACY_PORTS)?;
         let first_ram_slot = r.memory_slots.take(ram_ranges as u64, 1, "guest RAM")? as u32;
-        let virtio_mmio = virtio_mmio
-            .iter()
-            .map(|owner| {
-                Ok(MmioDevice {
-                    base: r.virtio.take(WINDOW, WINDOW, owner)?,
+        let mut places: Vec<Option<Place>> = asks.iter().map(|_| None).collect();
+        for (i, a) in asks.iter().enumerate() {
+            if a.needs == Needs::VirtioMmio {
+                places[i] = Some(Place::VirtioMmio(MmioDevice {
+                    base: r.virtio.take(WINDOW, WINDOW, &a.owner)?,
                     len: WINDOW,
-                    gsi: r.pins.take(1, 1, owner)? as u32,
-                })
+                    gsi: r.pins.take(1, 1, &a.owner)? as u32,
+                }));
+            }
+        }
+        let pci: Vec<(usize, &Ask, &PciNeeds)> = asks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match &a.needs {
+                Needs::Pci(n) => Some((i, a, n)),
+                Needs::VirtioMmio => None,
             })
-            .collect::<Result<Vec<_>, ResourceError>>()?;
-        let pci = engine || !vfio.is_empty();
-        if pci {
+            .collect();
+        if !pci.is_empty() {
             r.pci_slots
                 .reserve(u64::from(HOST_BRIDGE_SLOT), 1, "the host bridge")?;
         }
-        let engine = match engine {
-            false => None,
-            true => {
-                let owner = "the submission engine";
-                r.pci_slots.reserve(u64::from(ENGINE_SLOT), 1, owner)?;
-                // Its pages at the bottom of the window, the rest of that megabyte kept
-                // free so a passed-through function's BARs start on a megabyte.
-                let base = r.pci32.take(0x10_0000, 0x10_0000, owner)?;
-                Some(EnginePlace {
-                    slot: ENGINE_SLOT,
-                    bars: [base, base + BAR_SIZE, base + 2 * BAR_SIZE],
-                    first_gsi: r.msi.take(VECTORS as u64, 1, owner)? as u32,
-                    doorbell_slot: r.memory_slots.take(1, 1, "the engine's doorbell page")? as u32,
-                })
+        // The slots of our guest ABI first, so a function placed in order cannot take one.
+        for (_, a, n) in &pci {
+            if let Some(s) = n.slot {
+                r.pci_slots.reserve(u64::from(s), 1, &a.owner)?;
             }
-        };
-        let mut places = Vec::new();
+        }
         let mut window64 = None;
-        if pci {
-            let low = match vfio.is_empty() {
+        let mut hosted: Vec<(usize, u8, &Vec<PhysicalBar>)> = Vec::new();
+        for (i, a, n) in &pci {
+            let slot = match n.slot {
+                Some(s) => s,
+                None => next_slot(&mut r.pci_slots, &a.owner)?,
+            };
+            // Its pages at the bottom of the window, the rest of that megabyte kept free so
+            // a passed-through function's BARs start on a megabyte.
+            let pages = match n.pages {
+                0 => Vec::new(),
+                k => {
+                    let base = r.pci32.take(
+                        (k * PAGE).next_multiple_of(0x10_0000),
+                        0x10_0000,
+                        &a.owner,
+                    )?;
+                    (0..k).map(|p| base + p * PAGE).collect()
+                }
+            };
+            let first_gsi = match n.vectors {
+                0 => None,
+                k => Some(r.msi.take(k, 1, &a.owner)? as u32),
+            };
+            let first_memory_slot = match n.memory_slots {
+                0 => None,
+                k => Some(r.memory_slots.take(k, 1, &a.owner)? as u32),
+            };
+            if let Some(bars) = &n.host_bars {
+                hosted.push((*i, slot, bars));
+            }
+            places[*i] = Some(Place::Pci(PciPlace {
+                slot,
+                pages,
+                first_gsi,
+                first_memory_slot,
+                windows: None,
+            }));
+        }
+        if !pci.is_empty() {
+            let low = match hosted.is_empty() {
                 true => (PCI_WINDOW_END, PCI_WINDOW_END),
                 false => r
                     .pci32
                     .take_rest(0x10_0000, "the passed-through functions")?,
             };
-            let bars: Vec<Vec<PhysicalBar>> = vfio.iter().map(|a| a.bars.clone()).collect();
+            let bars: Vec<Vec<PhysicalBar>> = hosted.iter().map(|(_, _, b)| (*b).clone()).collect();
             let plan = devices::pci::windows::plan(
                 &bars,
                 &WindowLimits {
@@ -463,7 +521,10 @@ impl MachinePlan {
                     WindowError::Resource { .. } => 0,
                 };
                 ResourceError::Bars {
-                    bdf: vfio.get(f).map(|a| a.bdf.clone()).unwrap_or_default(),
+                    written: hosted
+                        .get(f)
+                        .map(|(i, _, _)| asks[*i].written.clone())
+                        .unwrap_or_default(),
                     source,
                 }
             })?;
@@ -471,38 +532,74 @@ impl MachinePlan {
             if let Some((start, end)) = plan.high {
                 r.pci64 = Pool::new("64-bit PCI window", start, end);
             }
-            for (i, (ask, w)) in vfio.iter().zip(plan.functions).enumerate() {
-                let owner = format!("the passed-through function {}", ask.bdf);
-                let slot = u64::from(VFIO_SLOT) + i as u64;
-                r.pci_slots.reserve(slot, 1, &owner)?;
+            for ((i, _, _), w) in hosted.iter().zip(plan.functions) {
                 if let Some((s, e)) = w.high.filter(|(s, e)| e > s) {
-                    r.pci64.reserve(s, e - s, &owner)?;
+                    r.pci64.reserve(s, e - s, &asks[*i].owner)?;
                 }
-                places.push(VfioPlace {
-                    bdf: ask.bdf.clone(),
-                    slot: slot as u8,
-                    windows: w,
-                });
+                if let Some(Place::Pci(p)) = &mut places[*i] {
+                    p.windows = Some(w);
+                }
             }
         }
         Ok(Self {
             resources: r,
             first_ram_slot,
-            virtio_mmio,
-            engine,
-            vfio: places,
+            places: places.into_iter().flatten().collect(),
             window64,
         })
     }
+
+    /// The virtio-mmio windows, in the order asked (what the ACPI DSDT and the command
+    /// line announce).
+    pub fn virtio_mmio(&self) -> Vec<MmioDevice> {
+        self.places
+            .iter()
+            .filter_map(|p| match p {
+                Place::VirtioMmio(w) => Some(*w),
+                Place::Pci(_) => None,
+            })
+            .collect()
+    }
+
+    /// Whether the machine has PCI functions (and so a host bridge).
+    pub fn has_pci(&self) -> bool {
+        self.places.iter().any(Place::is_pci)
+    }
+}
+
+/// A page: the size of a function's own BARs ([`PciNeeds::pages`]).
+pub const PAGE: u64 = 0x1000;
+
+/// The first free slot from [`VFIO_SLOT`] up, reserved for `owner`.
+fn next_slot(slots: &mut Pool, owner: &str) -> Result<u8, ResourceError> {
+    for s in u64::from(VFIO_SLOT)..PCI_SLOTS {
+        if slots.overlapping(s, 1).is_none() {
+            return Ok(slots.reserve(s, 1, owner)? as u8);
+        }
+    }
+    Err(ResourceError::Exhausted {
+        what: slots.what,
+        owner: owner.into(),
+        len: 1,
+        start: u64::from(VFIO_SLOT),
+        end: PCI_SLOTS,
+        taken: slots.describe(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The names of `n` disks.
-    fn disks(n: usize) -> Vec<String> {
-        (0..n).map(|i| format!("virtio-blk{i}")).collect()
+    /// The asks of `n` disks.
+    fn disks(n: usize) -> Vec<Ask> {
+        (0..n)
+            .map(|i| Ask {
+                owner: format!("virtio-blk{i}"),
+                written: format!("/disk{i}"),
+                needs: Needs::VirtioMmio,
+            })
+            .collect()
     }
 
     #[test]
@@ -622,6 +719,41 @@ mod tests {
         assert!(Resources::board(&[("a", 0x60, 1), ("b", 0x60, 5)]).is_err());
     }
 
+    /// An engine's ask, as `board::engine` makes it: three pages, its vectors, a slot for
+    /// its doorbell page, at our ABI's slot.
+    fn engine() -> Ask {
+        Ask {
+            owner: "the submission engine".into(),
+            written: "engine".into(),
+            needs: Needs::Pci(PciNeeds {
+                slot: Some(ENGINE_SLOT),
+                pages: 3,
+                vectors: 2,
+                memory_slots: 1,
+                host_bars: None,
+            }),
+        }
+    }
+
+    /// A host function's ask, as `board::vfio` makes it.
+    fn function(bdf: &str, bars: Vec<PhysicalBar>) -> Ask {
+        Ask {
+            owner: format!("the passed-through function {bdf}"),
+            written: format!("vfio={bdf}"),
+            needs: Needs::Pci(PciNeeds {
+                host_bars: Some(bars),
+                ..PciNeeds::default()
+            }),
+        }
+    }
+
+    fn pci(p: &Place) -> &PciPlace {
+        match p {
+            Place::Pci(p) => p,
+            Place::VirtioMmio(_) => panic!("{p:?} is not a PCI function"),
+        }
+    }
+
     #[test]
     fn a_machine_plan_places_everything_once() {
         let bar = |index, size, is64| PhysicalBar {
@@ -632,31 +764,47 @@ mod tests {
             prefetchable: is64,
             mmap: true,
         };
-        let nvme = PassthroughAsk {
-            bdf: "0000:00:04.0".into(),
-            bars: vec![bar(0, 0x4000, false)],
-        };
-        let p = MachinePlan::new(2, &disks(8), true, std::slice::from_ref(&nvme), 48).unwrap();
+        let nvme = function("0000:00:04.0", vec![bar(0, 0x4000, false)]);
+        // The function asked before the engine and the disks: each still gets its kind's
+        // place, and every device its place in the order asked.
+        let mut asks = vec![nvme.clone(), engine()];
+        asks.extend(disks(8));
+        let p = MachinePlan::new(2, &asks, 48).unwrap();
         assert_eq!(p.first_ram_slot, 0);
+        assert_eq!(p.places.len(), 10);
         // Disks: 4 KiB windows from the virtio base, pins from 5 (what the ACPI DSDT and
         // the command line announce).
-        for (i, d) in p.virtio_mmio.iter().enumerate() {
+        assert_eq!(p.virtio_mmio().len(), 8);
+        for (i, d) in p.virtio_mmio().iter().enumerate() {
+            assert_eq!(p.places[2 + i], Place::VirtioMmio(*d));
             assert_eq!(
                 (d.base, d.gsi),
                 (VIRTIO_MMIO_BASE + i as u64 * WINDOW, 5 + i as u32)
             );
         }
-        let e = p.engine.unwrap();
+        let e = pci(&p.places[1]);
         assert_eq!(
-            (e.slot, e.bars[0], e.bars[2]),
-            (1, PCI_WINDOW_START, PCI_WINDOW_START + 2 * BAR_SIZE)
+            (e.slot, e.pages.clone()),
+            (
+                1,
+                vec![
+                    PCI_WINDOW_START,
+                    PCI_WINDOW_START + PAGE,
+                    PCI_WINDOW_START + 2 * PAGE
+                ]
+            )
         );
-        assert_eq!((e.first_gsi, e.doorbell_slot), (IOAPIC_PINS, 2));
-        let v = &p.vfio[0];
         assert_eq!(
-            (v.slot, v.windows.low),
-            (2, (PCI_WINDOW_END - 0x4000, PCI_WINDOW_END))
+            (e.first_gsi, e.first_memory_slot, e.windows),
+            (Some(IOAPIC_PINS), Some(2), None)
         );
+        let v = pci(&p.places[0]);
+        assert_eq!(
+            (v.slot, v.windows.as_ref().map(|w| w.low)),
+            (2, Some((PCI_WINDOW_END - 0x4000, PCI_WINDOW_END)))
+        );
+        assert_eq!((v.first_gsi, v.first_memory_slot), (None, None));
+        assert!(p.has_pci());
         assert_eq!(p.window64, Some((PCI_WINDOW64_START, PCI_WINDOW64_END)));
         // Nothing is held twice, in any pool.
         let mut r = p.resources.clone();
@@ -664,34 +812,43 @@ mod tests {
         assert!(
             r.msi
                 .take(1, 1, "x")
-                .is_ok_and(|g| g == u64::from(IOAPIC_PINS) + VECTORS as u64)
+                .is_ok_and(|g| g == u64::from(IOAPIC_PINS) + 2)
         );
         // Two functions, one with a 256 GiB BAR: slots 2 and 3, the window sized to reach
         // it; too few address bits refuse it naming the function.
-        let gpu = PassthroughAsk {
-            bdf: "0000:00:05.0".into(),
-            bars: vec![bar(0, 0x100, false), bar(2, 256 << 30, true)],
-        };
-        let two = MachinePlan::new(1, &[], false, &[nvme.clone(), gpu.clone()], 40).unwrap();
+        let gpu = function(
+            "0000:00:05.0",
+            vec![bar(0, 0x100, false), bar(2, 256 << 30, true)],
+        );
+        let two = MachinePlan::new(1, &[nvme.clone(), gpu.clone()], 40).unwrap();
         assert_eq!(
-            (two.vfio[0].slot, two.vfio[1].slot),
+            (pci(&two.places[0]).slot, pci(&two.places[1]).slot),
             (VFIO_SLOT, VFIO_SLOT + 1)
         );
-        assert_eq!(two.vfio[1].windows.high, Some((256 << 30, 512 << 30)));
+        assert_eq!(
+            pci(&two.places[1]).windows.as_ref().and_then(|w| w.high),
+            Some((256 << 30, 512 << 30))
+        );
         assert_eq!(two.window64, Some((PCI_WINDOW64_START, 512 << 30)));
-        let e = MachinePlan::new(1, &[], false, &[nvme, gpu], 38).unwrap_err();
+        let e = MachinePlan::new(1, &[nvme, gpu], 38).unwrap_err();
         let msg = e.to_string();
         assert!(
-            msg.contains("vfio=0000:00:05.0") && msg.contains("BAR 2"),
+            msg.contains("--device vfio=0000:00:05.0") && msg.contains("BAR 2"),
             "{msg}"
         );
-        // No function: no window the width cannot reach.
-        assert_eq!(
-            MachinePlan::new(1, &[], true, &[], 36).unwrap().window64,
-            None
-        );
+        // No function: no window the width cannot reach; no PCI at all: no host bridge.
+        assert_eq!(MachinePlan::new(1, &[engine()], 36).unwrap().window64, None);
+        let none = MachinePlan::new(1, &disks(1), 48).unwrap();
+        assert!(!none.has_pci() && none.window64.is_none());
+        assert!(none.resources.pci_slots.blocks().next().is_none());
         // More disks than pins: refused, naming the disk.
-        let e = MachinePlan::new(1, &disks(20), false, &[], 48).unwrap_err();
+        let e = MachinePlan::new(1, &disks(20), 48).unwrap_err();
         assert!(e.to_string().contains("virtio-blk19"), "{e}");
+        // Two asking for one slot of the ABI: refused, naming both.
+        let e = MachinePlan::new(1, &[engine(), engine()], 48).unwrap_err();
+        assert!(
+            matches!(&e, ResourceError::Overlap { with, .. } if with == "the submission engine"),
+            "{e}"
+        );
     }
 }

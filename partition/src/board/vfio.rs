@@ -43,7 +43,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::board::device::{
     BarBinding, Device, DeviceError, DeviceFds, DeviceReport, FilterOf, PciAttachment, Section,
 };
-use crate::board::spec::DeviceSpec;
+use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
+use crate::board::resources::{Ask, Needs, PciNeeds, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
@@ -95,13 +96,92 @@ pub enum VfioError {
     },
 }
 
-/// `--device vfio=DDDD:BB:DD.F`, its words ([`crate::board::kinds::parse_device`] dispatches on
-/// the kind). Whether this host can pass the function through is not asked here but with
-/// the launch's host facts ([`missing`], through `crate::board::pci::host_refusal`).
-pub fn parse(mut kv: KeyValues<'_>) -> Result<DeviceSpec, KeyValueError> {
-    let bdf: PciAddress = kv.require("vfio")?;
-    kv.finish(&["vfio"])?;
-    Ok(DeviceSpec::Vfio { bdf: bdf.0 })
+/// A request to pass a host function through: `--device vfio=DDDD:BB:DD.F`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    /// Its address, DDDD:BB:DD.F.
+    pub bdf: String,
+}
+
+impl Kind for Function {
+    const SECTION: Section = SECTION;
+    const DEVICE_FORM: Option<(&'static str, &'static str)> = Some(("vfio", "vfio=DDDD:BB:DD.F"));
+    type Opened = ();
+
+    /// Its words. Whether this host can pass the function through is not asked here but
+    /// with the launch's host facts ([`Kind::facts`], [`missing`]).
+    fn parse(mut kv: KeyValues<'_>) -> Result<Self, KeyValueError> {
+        let bdf: PciAddress = kv.require("vfio")?;
+        kv.finish(&["vfio"])?;
+        Ok(Function { bdf: bdf.0 })
+    }
+
+    fn written(&self) -> String {
+        format!("vfio={}", self.bdf)
+    }
+
+    /// Several functions are fine (each its own slot); one asked for twice is not.
+    fn conflict(&self, earlier: &[&Self]) -> Option<String> {
+        earlier
+            .iter()
+            .any(|e| e.bdf == self.bdf)
+            .then(|| format!("{} is asked for twice", self.bdf))
+    }
+
+    /// Refused when the host cannot pass it through (no VFIO, no IOMMU group, a driver
+    /// other than vfio-pci...), naming why; else its BARs, from sysfs.
+    fn facts(&self, root: &Path) -> Result<DeviceFacts, KindError> {
+        if let Some(what) = missing(root, &self.bdf) {
+            return Err(KindError::new(
+                format!("--device {:?}: {what}", self.written()),
+                true,
+            ));
+        }
+        let bars = sysfs_bars(root, &self.bdf).map_err(|e| KindError::new(e, true))?;
+        Ok(DeviceFacts { bars: Some(bars) })
+    }
+
+    /// The next free slot from 02.0 up, its BARs planned in the windows with the other
+    /// functions' (its GSIs and memory slots are taken at attach, when known).
+    fn ask(&self, _index: usize, facts: &DeviceFacts) -> Ask {
+        Ask {
+            owner: format!("the passed-through function {}", self.bdf),
+            written: self.written(),
+            needs: Needs::Pci(PciNeeds {
+                host_bars: Some(facts.bars.clone().unwrap_or_default()),
+                ..PciNeeds::default()
+            }),
+        }
+    }
+
+    fn open(all: &[&Self]) -> Result<Vec<()>, KindError> {
+        Ok(vec![(); all.len()])
+    }
+
+    /// The function's interrupt counter (read by the launcher), its device (whose regions
+    /// the vCPUs read and write) and, for the `vfio-return` thread, the device and its
+    /// container.
+    fn example_fds(fds: &mut DeviceFds, first: i32) {
+        let (counter, device, container) = (first, first + 1, first + 2);
+        fds.pci = true;
+        fds.irq_counts.push(counter);
+        fds.vcpu_regions.push(device);
+        fds.role_ioctls
+            .extend(return_grants(vec![device], container));
+    }
+
+    /// Every function in one container.
+    fn attach(board: &mut Board<'_>, all: Vec<Placed<Self>>) -> Result<Attached, KindError> {
+        let usage = |e: VfioError| {
+            let u = matches!(e, VfioError::Refused { .. });
+            KindError::new(e, u)
+        };
+        let (functions, pass) = attach_all(board, &all).map_err(usage)?;
+        Ok(Attached {
+            devices: vec![Box::new(pass)],
+            functions,
+        })
+    }
 }
 
 /// What this host lacks to pass `bdf` through, under `sys` (normally `/`): None when it
@@ -675,38 +755,48 @@ pub fn iommu_reason(iommufd: bool, sysfs: &Path) -> String {
 /// the guest reads all ones, as past a ROM image).
 const ROM_COPY_MAX: u64 = 16 << 20;
 
-/// Passes through every function `plan` placed, each where it was placed, all in one
-/// container: the functions for the PCI root and the set the launch keeps (None when no
-/// function was asked for).
-pub fn attach_all(
-    vm: &Vm,
-    memory: &GuestMemory,
-    plan: &mut crate::board::resources::MachinePlan,
-    cores: &[usize],
-) -> Result<Option<(Vec<PciAttachment>, Passthrough)>, VfioError> {
-    if plan.vfio.is_empty() {
-        return Ok(None);
+impl Placed<Function> {
+    /// Its parts of the BAR windows, as the plan gave them.
+    fn place_windows(&self) -> Option<Windows> {
+        match &self.place {
+            Place::Pci(p) => p.windows,
+            Place::VirtioMmio(_) => None,
+        }
     }
-    let mut pass = Passthrough::new(Shared::open(vm)?);
+}
+
+/// Passes through every function of `all`, each where it was placed, all in one
+/// container: the functions for the PCI root and the set the launch keeps.
+fn attach_all(
+    board: &mut Board<'_>,
+    all: &[Placed<Function>],
+) -> Result<(Vec<PciAttachment>, Passthrough), VfioError> {
+    let mut pass = Passthrough::new(Shared::open(board.vm)?);
     let mut out = Vec::new();
-    for place in plan.vfio.clone() {
+    for p in all {
+        let bdf = &p.request.bdf;
+        let (Place::Pci(place), Some(windows)) = (&p.place, p.place_windows()) else {
+            return Err(VfioError::Os {
+                what: "placing a passed-through function",
+                source: std::io::Error::other(format!("{bdf} has no place in the BAR windows")),
+            });
+        };
         let slot = place.slot;
         let (f, attached) = attach(
-            vm,
-            memory,
+            board.vm,
+            board.memory,
             Target {
-                bdf: &place.bdf,
+                bdf,
                 guest_slot: slot,
-                resources: &mut plan.resources,
-                irq_cores: cores,
+                resources: board.resources,
+                irq_cores: board.cores,
             },
-            &place.windows,
+            &windows,
             pass.shared(),
         )?;
         log::info!(
-            "PCI: {} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} MSI-X \
+            "PCI: {bdf} passed through at 00:{slot:02x}.0: {} BARs, {} pieces mapped, {} MSI-X \
              vectors",
-            place.bdf,
             f.bars().len(),
             attached.pieces().len(),
             attached.vectors.len()
@@ -723,7 +813,7 @@ pub fn attach_all(
         });
         pass.functions.push(attached);
     }
-    Ok(Some((out, pass)))
+    Ok((out, pass))
 }
 
 /// What [`attach`] passes through and where.

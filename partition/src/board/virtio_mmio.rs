@@ -86,16 +86,19 @@ mod tests {
 
     #[test]
     fn the_command_line_names_each_window_and_its_pin() {
+        let ask = |owner: &str| crate::board::resources::Ask {
+            owner: owner.into(),
+            written: owner.into(),
+            needs: crate::board::resources::Needs::VirtioMmio,
+        };
         let plan = crate::board::resources::MachinePlan::new(
             1,
-            &["virtio-blk0".into(), "virtio-blk1".into()],
-            false,
-            &[],
+            &[ask("virtio-blk0"), ask("virtio-blk1")],
             48,
         )
         .unwrap();
         assert_eq!(
-            cmdline(&plan.virtio_mmio),
+            cmdline(&plan.virtio_mmio()),
             "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
         );
         assert_eq!(cmdline(&[]), "");

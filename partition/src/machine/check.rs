@@ -166,18 +166,9 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         }
     }
     let idle = crate::cpu::idle::resolve(cfg.idle, &host.idle_caps)?;
-    let engine = cfg
-        .devices
-        .iter()
-        .any(|d| matches!(d, DeviceSpec::Engine { .. }));
-    let virtio_mmio: Vec<String> = (0..cfg.devices.iter().filter_map(DeviceSpec::disk).count())
-        .map(crate::board::disks::name)
-        .collect();
     let machine = MachinePlan::new(
         layout.ram_ranges().len(),
-        &virtio_mmio,
-        engine,
-        &host.passthrough,
+        &DeviceSpec::asks(&cfg.devices, &host.devices),
         host.phys_bits,
     )?;
     let cpu_model = crate::cpu::cpumodel::resolve(cfg.cpu_model, host.kvm_pvm);
@@ -188,7 +179,7 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         &crate::cpu::cpumodel::command_line(&cpu_model, &cfg.cmdline),
         &[
             idle.cmdline,
-            &crate::board::virtio_mmio::cmdline(&machine.virtio_mmio),
+            &crate::board::virtio_mmio::cmdline(&machine.virtio_mmio()),
         ],
         boot::layout::CMDLINE_MAX - 1,
     )?;
@@ -276,7 +267,7 @@ fn check_host_memory(size: u64, backing: Backing, host: &HostMemory) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::board::resources::PassthroughAsk;
+    use crate::board::kind::DeviceFacts;
     use crate::cpu::idle::{DisableExits, IdleCaps, IdlePolicy};
     use crate::host::claim::{ClaimError, CoreHolder};
     use crate::machine::config::LaunchConfig;
@@ -307,7 +298,7 @@ mod tests {
             },
             kvm_pvm: false,
             phys_bits: 48,
-            passthrough: Vec::new(),
+            devices: Vec::new(),
         }
     }
 
@@ -348,10 +339,10 @@ mod tests {
         assert_eq!(plan.memory(), 64 << 20);
         assert_eq!(plan.idle().policy, IdlePolicy::Mwait);
         assert_eq!(plan.cpu_model().name, "host");
-        assert_eq!(plan.machine.virtio_mmio.len(), 1);
+        assert_eq!(plan.machine.virtio_mmio().len(), 1);
         assert!(
             plan.cmdline().contains(&crate::board::virtio_mmio::cmdline(
-                &plan.machine.virtio_mmio
+                &plan.machine.virtio_mmio()
             )),
             "{}",
             plan.cmdline()
@@ -464,19 +455,18 @@ mod tests {
         );
         assert!(matches!(e, LaunchError::Idle(_)) && e.is_usage(), "{e}");
         // A 512 GiB BAR past a 39-bit guest address width.
-        let gpu = PassthroughAsk {
-            bdf: "0000:41:00.0".into(),
-            bars: vec![PhysicalBar {
+        let gpu = DeviceFacts {
+            bars: Some(vec![PhysicalBar {
                 index: 2,
                 size: 512 << 30,
                 io: false,
                 is64: true,
                 prefetchable: true,
                 mmap: true,
-            }],
+            }]),
         };
         let narrow = HostFacts {
-            passthrough: vec![gpu],
+            devices: vec![DeviceFacts::default(), gpu],
             phys_bits: 39,
             ..host()
         };
@@ -484,9 +474,7 @@ mod tests {
             LaunchConfig {
                 devices: [
                     config().devices,
-                    vec![DeviceSpec::Vfio {
-                        bdf: "0000:41:00.0".into(),
-                    }],
+                    vec![crate::board::spec::parse_device("vfio=0000:41:00.0").unwrap()],
                 ]
                 .concat(),
                 ..config()

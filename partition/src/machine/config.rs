@@ -128,7 +128,7 @@ impl LaunchConfig {
             return Err(ConfigError::KubeletStateWithoutCgroup);
         }
         for (i, d) in self.devices.iter().enumerate() {
-            if let Some(why) = crate::board::pci::conflict(&self.devices[..i], d) {
+            if let Some(why) = d.conflict(&self.devices[..i]) {
                 return Err(ConfigError::Devices {
                     spec: d.to_string(),
                     why,
@@ -211,8 +211,10 @@ pub(crate) mod tests {
         assert_eq!(c.validate(), Err(ConfigError::KubeletStateWithoutCgroup));
         c.cores = CoreSelection::FromCgroup;
         assert_eq!(c.validate(), Ok(()));
-        let engine = |d| DeviceSpec::Engine { doorbell: d };
-        let vfio = |b: &str| DeviceSpec::Vfio { bdf: b.into() };
+        // Requests as the CLI makes them, by their words (no kind named here).
+        let device = |words: &str| crate::board::spec::parse_device(words).unwrap();
+        let engine = |d: &str| device(&format!("engine,doorbell={d}"));
+        let vfio = |b: &str| device(&format!("vfio={b}"));
         let mut c = cfg();
         let disk = |p: &str| {
             DeviceSpec::Disk(devices::virtio::block::BlockConfig::new(p.into(), p.into()))
@@ -225,10 +227,8 @@ pub(crate) mod tests {
             vfio("0000:42:00.0"),
         ];
         assert_eq!(c.validate(), Ok(()));
-        c.devices
-            .push(engine(devices::pci::submit::DoorbellMode::Mapped));
-        c.devices
-            .push(engine(devices::pci::submit::DoorbellMode::Trap));
+        c.devices.push(engine("mapped"));
+        c.devices.push(engine("trap"));
         let e = c.validate().unwrap_err();
         assert_eq!(
             e.to_string(),

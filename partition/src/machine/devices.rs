@@ -13,7 +13,9 @@ use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT};
 
 use crate::board::console::AttachedConsole;
-use crate::board::device::{Device, DeviceFds, DeviceReport};
+use crate::board::device::{Device, DeviceReport};
+use crate::board::kind::Board;
+use crate::board::spec::DeviceSpec;
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
 
@@ -46,7 +48,8 @@ pub(super) struct Devices {
     pub(super) mmio: Arc<Bus>,
     pub(super) console: AttachedConsole,
     /// Every device the user asked for, of every kind, in the order they are given back:
-    /// the disks, the engine, the passed-through functions.
+    /// the kinds in the order of `board::spec`'s list (the disks, the engine, the
+    /// passed-through functions).
     pub(super) list: Vec<Box<dyn Device>>,
     /// The core device threads (queue workers, the engine) run on, when one is free.
     pub(super) worker_core: Option<usize>,
@@ -117,29 +120,27 @@ pub(super) fn attach_devices(
     let worker_core = crate::config::cores::available()
         .into_iter()
         .find(|c| !checked.plan.cores.contains(c));
-    let mut list: Vec<Box<dyn Device>> = Vec::new();
-    // The PCI root: with no --device, empty on CF8/CFC only (a guest finds no PCI).
-    let pci = crate::board::pci::attach(
+    // Every kind's devices, each kind's together, in the list's order of kinds
+    // (`board::spec`): the devices the launch keeps, and the PCI kinds' functions.
+    let machine = &mut checked.plan.machine;
+    let mut board = Board {
         vm,
         memory,
-        &mut pio,
-        &mut mmio,
-        &checked.plan.devices,
-        &mut checked.plan.machine,
-        &checked.plan.cores,
-    )?;
-    for d in crate::board::disks::attach(
-        vm,
-        memory,
-        &mut mmio,
-        std::mem::take(&mut checked.disks),
-        &checked.plan.machine.virtio_mmio,
-        checked.plan.ioeventfd,
+        mmio: &mut mmio,
+        resources: &mut machine.resources,
+        cores: &checked.plan.cores,
         worker_core,
-    )? {
-        list.push(Box::new(d));
+        ioeventfd: checked.plan.ioeventfd,
+    };
+    let opened = std::mem::take(&mut checked.opened);
+    let mut list: Vec<Box<dyn Device>> = Vec::new();
+    let mut functions = Vec::new();
+    for a in DeviceSpec::attach_all(&mut board, &checked.plan.devices, &machine.places, opened)? {
+        list.extend(a.devices);
+        functions.extend(a.functions);
     }
-    list.extend(pci);
+    // The PCI root: with no PCI function, empty on CF8/CFC only (a guest finds no PCI).
+    crate::board::pci::attach(vm, &mut pio, &mut mmio, functions, machine)?;
     Ok(Devices {
         pio: Arc::new(pio),
         mmio: Arc::new(mmio),
@@ -149,18 +150,11 @@ pub(super) fn attach_devices(
     })
 }
 
-/// docs/security.md's table of the seccomp filters: `confine::table` for a machine with
-/// every kind of device (placeholder descriptors: a disk's, a passed-through function's
-/// device, container and interrupt counter), so every condition shows.
+/// docs/security.md's table of the seccomp filters: `confine::table` for a machine with a
+/// device of every kind (each kind's placeholder descriptors: a disk's, a passed-through
+/// function's device, container and interrupt counter...), so every condition shows.
 pub fn security_table() -> String {
-    let (device, container) = (8, 9);
-    super::confine::table(DeviceFds {
-        worker_writes: vec![7],
-        pci: true,
-        irq_counts: vec![6],
-        vcpu_regions: vec![device],
-        role_ioctls: crate::board::vfio::return_grants(vec![device], container),
-    })
+    super::confine::table(crate::board::spec::example_fds())
 }
 
 #[cfg(test)]

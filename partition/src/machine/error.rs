@@ -99,10 +99,11 @@ pub enum LaunchError {
     /// KVM setup failed.
     #[error("{0}")]
     Vm(#[from] VmError),
-    /// A disk cannot be used.
+    /// A device cannot be had: refused by the host, its backing, its place or its attach
+    /// (its kind says whether the user's request is at fault).
     #[error("{0}")]
-    Disk(#[from] crate::board::disks::DiskError),
-    /// A PCI device cannot be had.
+    Kind(#[from] crate::board::kind::KindError),
+    /// The PCI root could not be put together.
     #[error("{0}")]
     Pci(#[from] crate::board::pci::PciError),
     /// The idle policy cannot be had here.
@@ -185,15 +186,9 @@ impl LaunchError {
             | Self::Resources(_)
             | Self::Reservation(_)
             | Self::Config(_) => true,
-            Self::Disk(d) => matches!(
-                d,
-                crate::board::disks::DiskError::Spec { .. }
-                    | crate::board::disks::DiskError::TooMany
-                    | crate::board::disks::DiskError::Open(_)
-            ),
+            Self::Kind(e) => e.is_usage(),
             Self::Boot(b) => !matches!(b, BootError::GuestMemory { .. }),
             Self::Sandbox(e) => e.is_usage(),
-            Self::Pci(e) => e.is_usage(),
             Self::Pod(e) => e.is_usage(),
             Self::Api(e) => e.is_usage(),
             Self::Ledger(e) => e.is_usage(),

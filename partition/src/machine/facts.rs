@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 use super::config::{CoreSelection, LaunchConfig, MemorySource, SandboxRequest};
 use super::error::LaunchError;
-use crate::board::resources::PassthroughAsk;
+use crate::board::kind::DeviceFacts;
+use crate::board::resources::Needs;
 use crate::board::spec::DeviceSpec;
 use crate::cpu::idle::IdleCaps;
 use crate::host::claim::CoreHolder;
@@ -83,8 +84,9 @@ pub struct HostFacts {
     pub kvm_pvm: bool,
     /// With PCI devices: the guest's physical address width (0 without).
     pub phys_bits: u8,
-    /// The functions to pass through, each with its BARs (from sysfs).
-    pub passthrough: Vec<PassthroughAsk>,
+    /// What the host has for each device asked for, in the order asked (a passed-through
+    /// function's BARs, from sysfs).
+    pub devices: Vec<DeviceFacts>,
 }
 
 impl HostFacts {
@@ -122,26 +124,15 @@ impl HostFacts {
         // A function the host cannot pass through is refused here, naming why, before its
         // BARs are read.
         let root = std::path::Path::new("/");
-        if let Some(e) = cfg
+        let devices = cfg
             .devices
             .iter()
-            .find_map(|d| crate::board::pci::host_refusal(root, d))
-        {
-            return Err(e.into());
-        }
-        let passthrough = cfg
-            .devices
+            .map(|d| d.facts(root))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pci = DeviceSpec::asks(&cfg.devices, &devices)
             .iter()
-            .filter_map(DeviceSpec::vfio)
-            .map(|bdf| {
-                Ok(PassthroughAsk {
-                    bdf: bdf.to_string(),
-                    bars: crate::board::vfio::sysfs_bars(root, bdf)
-                        .map_err(crate::board::pci::PciError::from)?,
-                })
-            })
-            .collect::<Result<Vec<_>, LaunchError>>()?;
-        let phys_bits = match cfg.devices.iter().any(DeviceSpec::is_pci) {
+            .any(|a| matches!(a.needs, Needs::Pci(_)));
+        let phys_bits = match pci {
             false => 0,
             true => crate::kvm::vm::guest_phys_bits()?,
         };
@@ -155,7 +146,7 @@ impl HostFacts {
             idle_caps: crate::kvm::idle_caps()?,
             kvm_pvm: crate::cpu::cpumodel::host_is_kvm_pvm(),
             phys_bits,
-            passthrough,
+            devices,
         })
     }
 }

@@ -28,7 +28,6 @@ use super::facts::HostFacts;
 use super::open::{Checked, open};
 use super::outcome::{LaunchReport, MemoryReport, Observer, PoolOutcome, Timings, VcpuReport};
 use super::vcpus::{Seats, create_vcpus, reports, run_vcpus};
-use crate::board::spec::DeviceSpec;
 use crate::cpu::readback::Readback;
 use crate::host::claim::{ClaimRequest, ExtentClaim};
 use crate::host::isolation::GuestsCpuset;
@@ -283,10 +282,7 @@ pub fn run(
         },
         pool: None,
         devices: device_reports,
-        pci_window64: match checked.plan.devices.iter().any(DeviceSpec::is_pci) {
-            false => None,
-            true => checked.plan.machine.window64,
-        },
+        pci_window64: checked.plan.machine.window64,
         guest_fault_lines: devices
             .console
             .guest_faults
@@ -334,10 +330,10 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             cmdline: &checked.plan.cmdline,
             cpus: checked.plan.cores.len(),
             protocol: checked.plan.protocol,
-            virtio_mmio: &checked.plan.machine.virtio_mmio,
+            virtio_mmio: &checked.plan.machine.virtio_mmio(),
             isa: &LEGACY_DEVICES,
             sleep_port: ACPI_PM_BASE as u16,
-            pci: crate::board::pci::host_bridge(&checked.plan.devices, &checked.plan.machine),
+            pci: crate::board::pci::host_bridge(&checked.plan.machine),
             // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed
             // from the kernel, a pool extent was scrubbed when it was given back
             // (docs/pool.md), and a partition stops on reset instead of booting again.

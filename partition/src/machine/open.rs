@@ -20,7 +20,8 @@ pub(super) const MAX_INITRD: u64 = 1 << 30;
 pub struct Checked {
     /// The plan.
     pub plan: Plan,
-    pub(super) disks: Vec<devices::virtio::block::VirtioBlock>,
+    /// What each device's kind opened for it, in the order asked.
+    pub(super) opened: Vec<crate::board::spec::Opened>,
     pub(super) kernel: KernelImage,
     pub(super) kernel_name: String,
     pub(super) initrd: Option<Vec<u8>>,
@@ -86,13 +87,7 @@ pub fn open(plan: Plan) -> Result<Checked, LaunchError> {
         Some(p) => Some(crate::api::ApiPlace::check(p)?),
         None => None,
     };
-    let disk_configs: Vec<_> = plan
-        .devices
-        .iter()
-        .filter_map(crate::board::spec::DeviceSpec::disk)
-        .cloned()
-        .collect();
-    let disks = crate::board::disks::open(&disk_configs)?;
+    let opened = crate::board::spec::DeviceSpec::open_all(&plan.devices)?;
     let initrd = match &plan.initrd {
         Some(p) => {
             let rd = read_limited("--initrd", p, MAX_INITRD.min(plan.layout.size()))?;
@@ -108,7 +103,7 @@ pub fn open(plan: Plan) -> Result<Checked, LaunchError> {
     };
     Ok(Checked {
         plan,
-        disks,
+        opened,
         kernel,
         kernel_name,
         initrd,

@@ -335,13 +335,6 @@ pub struct PoolDoc {
     pub scrub_ms: f64,
 }
 
-/// Each device kind's key in the JSON report, in the order it lists them: one line a kind.
-pub(super) const SECTIONS: [crate::board::device::Section; 3] = [
-    crate::board::disks::SECTION,
-    crate::board::engine::SECTION,
-    crate::board::vfio::SECTION,
-];
-
 /// The launch report, for `partition launch --json`.
 #[derive(Clone, Debug, Serialize)]
 pub struct ReportDoc {
@@ -417,7 +410,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
             shown_anyway: r.cpu_model_shown_anyway.clone(),
         },
         vcpus: r.vcpus.iter().map(VcpuDoc::from).collect(),
-        devices: crate::board::device::sections(&SECTIONS, &r.devices),
+        devices: crate::board::device::sections(&crate::board::spec::sections(), &r.devices),
         pci_window64: r.pci_window64,
         guest_fault_lines: r.guest_fault_lines,
         pool: r.pool.as_ref().map(|p| PoolDoc {

@@ -441,7 +441,7 @@ fn launch(a: LaunchArgs) -> ExitCode {
         }
     }
     for d in &a.device {
-        match partition::board::kinds::parse_device(d) {
+        match partition::board::spec::parse_device(d) {
             Ok(s) => devices.push(s),
             Err(e) => {
                 eprintln!("partition: error: {e}");
