@@ -1,11 +1,11 @@
 //! The one list of device kinds: [`DeviceSpec`], a request of any kind, each kind one line
-//! of the [`device_kinds!`] list below (its variant and its request type, which implements
-//! [`Kind`] in the kind's file). From that line come the variant, the kind's `--device`
-//! words ([`parse_device`]), its report section ([`sections`]), and every step the launch
-//! drives all kinds through: the configuration's rules ([`DeviceSpec::conflict`]), the
-//! host's facts, the plan's asks, the open step and the attach step, each kind's devices
-//! handed to it together. The top floor of `board/`: it names the kinds, and no kind
-//! imports it.
+//! of the `device_kinds!` list below (its variant and its request type, which implements
+//! [`Kind`] in the kind's file). From that line come the variant and one visit of the kind
+//! ([`each_kind`]), through which every step drives all kinds: the `--device` words
+//! ([`parse_device`]), the report's sections ([`sections`]), the configuration's rules
+//! ([`DeviceSpec::conflict`]), the host's facts, the plan's asks, the open step and the
+//! attach step, each kind's devices handed to it together. The top floor of `board/`: it
+//! names the kinds, and no kind imports it.
 
 use std::path::Path;
 
@@ -33,6 +33,25 @@ impl From<KeyValueError> for DeviceArgError {
     }
 }
 
+/// One kind of the list, as [`each_kind`] hands it to a [`Visit`]: how to find a request
+/// of it among any, and how its opened parts go in and out of [`Opened`].
+pub struct KindOf<K: Kind> {
+    /// A request of this kind, if `d` is one.
+    pub pick: fn(&DeviceSpec) -> Option<&K>,
+    /// A request of it as a [`DeviceSpec`].
+    pub spec: fn(K) -> DeviceSpec,
+    /// What was opened for one of its devices, as any kind's.
+    pub wrap: fn(K::Opened) -> Opened,
+    /// Back out (None: it is another kind's).
+    pub unwrap: fn(Opened) -> Option<K::Opened>,
+}
+
+/// Something done with each kind of the list in turn ([`each_kind`]).
+pub trait Visit {
+    /// Does it with kind `K`.
+    fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError>;
+}
+
 /// The list of kinds: `Variant(RequestType)`, one line a kind, in the order the launch
 /// attaches, stops and reports them (the disks, the engine, the passed-through functions:
 /// those last, as their mappings must outlive the engine's).
@@ -55,168 +74,33 @@ macro_rules! device_kinds {
             )+
         }
 
-        /// The descriptors a machine with a device of every kind gives the seccomp filters,
-        /// placeholders from 6 up (docs/security.md's table).
-        pub fn example_fds() -> DeviceFds {
-            let mut fds = DeviceFds::default();
-            let mut next = 6;
-            $(
-                <$ty as Kind>::example_fds(&mut fds, next);
-                next += 4;
-            )+
-            let _ = next;
-            fds
-        }
-
-        /// Each kind's key in the launch's JSON report, in the order the report lists them.
-        pub fn sections() -> Vec<Section> {
-            vec![$(<$ty as Kind>::SECTION),+]
-        }
-
-        /// The kinds `--device` names: (word, form, parser).
-        type ParseKind = fn(KeyValues<'_>) -> Result<DeviceSpec, KeyValueError>;
-        fn device_forms() -> Vec<(&'static str, &'static str, ParseKind)> {
-            let mut v: Vec<(&'static str, &'static str, ParseKind)> = Vec::new();
-            $(
-                if let Some((word, form)) = <$ty as Kind>::DEVICE_FORM {
-                    v.push((word, form, |kv| <$ty as Kind>::parse(kv).map(DeviceSpec::$variant)));
-                }
-            )+
-            v
-        }
-
-        #[allow(unreachable_patterns)]
         impl DeviceSpec {
-            /// As a user writes it after its option (`--disk PATH...`, `--device ...`).
-            pub fn written(&self) -> String {
+            /// The request, as any kind's.
+            fn request(&self) -> &dyn Request {
                 match self {
-                    $(Self::$variant(r) => r.written(),)+
+                    $(Self::$variant(r) => r,)+
                 }
             }
+        }
 
-            /// Why `self` cannot join the devices `asked` before it.
-            pub fn conflict(&self, asked: &[DeviceSpec]) -> Option<String> {
-                match self {
-                    $(Self::$variant(r) => {
-                        let earlier: Vec<&$ty> = asked
-                            .iter()
-                            .filter_map(|a| match a {
-                                Self::$variant(x) => Some(x),
-                                _ => None,
-                            })
-                            .collect();
-                        r.conflict(&earlier)
-                    })+
-                }
-            }
-
-            /// What the host under `root` has for it (refused: why it cannot serve it).
-            pub fn facts(&self, root: &Path) -> Result<DeviceFacts, KindError> {
-                match self {
-                    $(Self::$variant(r) => r.facts(root),)+
-                }
-            }
-
-            /// What each of `devices` takes from the board, with its facts (`facts[i]`).
-            pub fn asks(devices: &[DeviceSpec], facts: &[DeviceFacts]) -> Vec<Ask> {
-                let none = DeviceFacts::default();
-                devices
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| {
-                        let f = facts.get(i).unwrap_or(&none);
-                        let index = devices[..i]
-                            .iter()
-                            .filter(|e| std::mem::discriminant(*e) == std::mem::discriminant(d))
-                            .count();
-                        match d {
-                            $(Self::$variant(r) => r.ask(index, f),)+
-                        }
-                    })
-                    .collect()
-            }
-
-            /// Opens what `devices` name, each kind's together: one [`Opened`] a device.
-            pub fn open_all(devices: &[DeviceSpec]) -> Result<Vec<Opened>, KindError> {
-                let mut out: Vec<Option<Opened>> = devices.iter().map(|_| None).collect();
-                $(
-                    let idx: Vec<usize> = devices
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, d)| matches!(d, Self::$variant(_)))
-                        .map(|(i, _)| i)
-                        .collect();
-                    let group: Vec<&$ty> = idx
-                        .iter()
-                        .filter_map(|i| match &devices[*i] {
-                            Self::$variant(r) => Some(r),
-                            _ => None,
-                        })
-                        .collect();
-                    if !group.is_empty() {
-                        let opened = <$ty as Kind>::open(&group)?;
-                        if opened.len() != idx.len() {
-                            return Err(KindError::new(
-                                format!("{}: opened {} of {}", stringify!($ty), opened.len(), idx.len()),
-                                false,
-                            ));
-                        }
-                        for (i, o) in idx.into_iter().zip(opened) {
-                            out[i] = Some(Opened::$variant(o));
-                        }
-                    }
-                )+
-                Ok(out.into_iter().flatten().collect())
-            }
-
-            /// Attaches `devices`, each at `places[i]` with `opened[i]`, each kind's together,
-            /// in the list's order of kinds.
-            pub fn attach_all(
-                board: &mut Board<'_>,
-                devices: &[DeviceSpec],
-                places: &[Place],
-                opened: Vec<Opened>,
-            ) -> Result<Vec<Attached>, KindError> {
-                if places.len() != devices.len() || opened.len() != devices.len() {
-                    return Err(KindError::new(
-                        format!(
-                            "{} devices, {} places, {} opened",
-                            devices.len(),
-                            places.len(),
-                            opened.len()
-                        ),
-                        false,
-                    ));
-                }
-                let mut items: Vec<Option<(&DeviceSpec, &Place, Opened)>> = devices
-                    .iter()
-                    .zip(places)
-                    .zip(opened)
-                    .map(|((d, p), o)| Some((d, p, o)))
-                    .collect();
-                let mut out = Vec::new();
-                $(
-                    let mut group: Vec<Placed<$ty>> = Vec::new();
-                    for slot in items.iter_mut() {
-                        if let Some((Self::$variant(_), _, Opened::$variant(_))) = slot {
-                            if let Some((Self::$variant(r), p, Opened::$variant(o))) = slot.take() {
-                                group.push(Placed {
-                                    request: r.clone(),
-                                    place: p.clone(),
-                                    opened: o,
-                                });
-                            }
-                        }
-                    }
-                    if !group.is_empty() {
-                        out.push(<$ty as Kind>::attach(board, group)?);
-                    }
-                )+
-                if items.iter().any(Option::is_some) {
-                    return Err(KindError::new("a device's opened part is of another kind", false));
-                }
-                Ok(out)
-            }
+        /// Hands each kind of the list to `v`, in the list's order.
+        #[allow(unreachable_patterns)]
+        pub fn each_kind(v: &mut impl Visit) -> Result<(), KindError> {
+            $(
+                v.kind::<$ty>(KindOf {
+                    pick: |d| match d {
+                        DeviceSpec::$variant(r) => Some(r),
+                        _ => None,
+                    },
+                    spec: DeviceSpec::$variant,
+                    wrap: Opened::$variant,
+                    unwrap: |o| match o {
+                        Opened::$variant(x) => Some(x),
+                        _ => None,
+                    },
+                })?;
+            )+
+            Ok(())
         }
     };
 }
@@ -225,6 +109,210 @@ device_kinds! {
     Disk(devices::virtio::block::BlockConfig),
     Engine(crate::board::engine::Engine),
     Vfio(crate::board::vfio::Function),
+}
+
+/// What is asked of one request whatever its kind (the [`Kind`] methods that take `self`).
+trait Request {
+    fn written(&self) -> String;
+    fn facts(&self, root: &Path) -> Result<DeviceFacts, KindError>;
+    fn ask(&self, index: usize, facts: &DeviceFacts) -> Ask;
+}
+
+impl<K: Kind> Request for K {
+    fn written(&self) -> String {
+        Kind::written(self)
+    }
+    fn facts(&self, root: &Path) -> Result<DeviceFacts, KindError> {
+        Kind::facts(self, root)
+    }
+    fn ask(&self, index: usize, facts: &DeviceFacts) -> Ask {
+        Kind::ask(self, index, facts)
+    }
+}
+
+/// [`each_kind`] for a visit that cannot fail.
+fn visit_all(v: &mut impl Visit) {
+    let _ = each_kind(v);
+}
+
+/// Each kind's key in the launch's JSON report, in the order the report lists them.
+pub fn sections() -> Vec<Section> {
+    struct Sections(Vec<Section>);
+    impl Visit for Sections {
+        fn kind<K: Kind>(&mut self, _: KindOf<K>) -> Result<(), KindError> {
+            self.0.push(K::SECTION);
+            Ok(())
+        }
+    }
+    let mut s = Sections(Vec::new());
+    visit_all(&mut s);
+    s.0
+}
+
+/// The descriptors a machine with a device of every kind gives the seccomp filters,
+/// each kind's placeholders four apart from 6 up (docs/security.md's table).
+pub fn example_fds() -> DeviceFds {
+    struct Example(DeviceFds, i32);
+    impl Visit for Example {
+        fn kind<K: Kind>(&mut self, _: KindOf<K>) -> Result<(), KindError> {
+            K::example_fds(&mut self.0, self.1);
+            self.1 += 4;
+            Ok(())
+        }
+    }
+    let mut e = Example(DeviceFds::default(), 6);
+    visit_all(&mut e);
+    e.0
+}
+
+impl DeviceSpec {
+    /// As a user writes it after its option (`--disk PATH...`, `--device ...`).
+    pub fn written(&self) -> String {
+        self.request().written()
+    }
+
+    /// What the host under `root` has for it (refused: why it cannot serve it).
+    pub fn facts(&self, root: &Path) -> Result<DeviceFacts, KindError> {
+        self.request().facts(root)
+    }
+
+    /// Why `self` cannot join the devices `asked` before it.
+    pub fn conflict(&self, asked: &[DeviceSpec]) -> Option<String> {
+        struct Conflict<'a>(&'a DeviceSpec, &'a [DeviceSpec], Option<String>);
+        impl Visit for Conflict<'_> {
+            fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError> {
+                if let Some(r) = (of.pick)(self.0) {
+                    let earlier: Vec<&K> = self.1.iter().filter_map(of.pick).collect();
+                    self.2 = r.conflict(&earlier);
+                }
+                Ok(())
+            }
+        }
+        let mut c = Conflict(self, asked, None);
+        visit_all(&mut c);
+        c.2
+    }
+
+    /// What each of `devices` takes from the board, with its facts (`facts[i]`); each
+    /// request's index is its place among its kind's.
+    pub fn asks(devices: &[DeviceSpec], facts: &[DeviceFacts]) -> Vec<Ask> {
+        let none = DeviceFacts::default();
+        devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let same = std::mem::discriminant(d);
+                let index = devices[..i]
+                    .iter()
+                    .filter(|e| std::mem::discriminant(*e) == same)
+                    .count();
+                d.request().ask(index, facts.get(i).unwrap_or(&none))
+            })
+            .collect()
+    }
+
+    /// Opens what `devices` name, each kind's together: one [`Opened`] a device.
+    pub fn open_all(devices: &[DeviceSpec]) -> Result<Vec<Opened>, KindError> {
+        struct Open<'a>(&'a [DeviceSpec], Vec<Option<Opened>>);
+        impl Visit for Open<'_> {
+            fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError> {
+                let (at, group): (Vec<usize>, Vec<&K>) = self
+                    .0
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| Some((i, (of.pick)(d)?)))
+                    .unzip();
+                if group.is_empty() {
+                    return Ok(());
+                }
+                let opened = K::open(&group)?;
+                if opened.len() != at.len() {
+                    return Err(mismatch("opened parts", opened.len(), at.len()));
+                }
+                for (i, o) in at.into_iter().zip(opened) {
+                    self.1[i] = Some((of.wrap)(o));
+                }
+                Ok(())
+            }
+        }
+        let mut o = Open(devices, devices.iter().map(|_| None).collect());
+        each_kind(&mut o)?;
+        let opened: Vec<Opened> = o.1.into_iter().flatten().collect();
+        match opened.len() == devices.len() {
+            true => Ok(opened),
+            false => Err(mismatch("opened parts", opened.len(), devices.len())),
+        }
+    }
+
+    /// Attaches `devices`, each at `places[i]` with `opened[i]`, each kind's together, in
+    /// the list's order of kinds: what each kind hands back.
+    pub fn attach_all(
+        board: &mut Board<'_>,
+        devices: &[DeviceSpec],
+        places: &[Place],
+        opened: Vec<Opened>,
+    ) -> Result<Vec<Attached>, KindError> {
+        if places.len() != devices.len() {
+            return Err(mismatch("places", places.len(), devices.len()));
+        }
+        if opened.len() != devices.len() {
+            return Err(mismatch("opened parts", opened.len(), devices.len()));
+        }
+        type Item<'a> = Option<(&'a DeviceSpec, &'a Place, Opened)>;
+        struct Attach<'a, 'b> {
+            board: &'a mut Board<'b>,
+            items: Vec<Item<'a>>,
+            out: Vec<Attached>,
+        }
+        impl Visit for Attach<'_, '_> {
+            fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError> {
+                let mut group = Vec::new();
+                for item in &mut self.items {
+                    let Some((d, place, _)) = item else { continue };
+                    let (Some(request), place) = ((of.pick)(d), *place) else {
+                        continue;
+                    };
+                    let request = request.clone();
+                    let Some((_, _, opened)) = item.take() else {
+                        continue;
+                    };
+                    let opened = (of.unwrap)(opened).ok_or_else(|| {
+                        KindError::new(
+                            format!("{}: opened as another kind", request.written()),
+                            false,
+                        )
+                    })?;
+                    group.push(Placed {
+                        request,
+                        place: place.clone(),
+                        opened,
+                    });
+                }
+                if !group.is_empty() {
+                    self.out.push(K::attach(self.board, group)?);
+                }
+                Ok(())
+            }
+        }
+        let items = devices
+            .iter()
+            .zip(places)
+            .zip(opened)
+            .map(|((d, p), o)| Some((d, p, o)))
+            .collect();
+        let mut a = Attach {
+            board,
+            items,
+            out: Vec::new(),
+        };
+        each_kind(&mut a)?;
+        Ok(a.out)
+    }
+}
+
+/// A list that should be one a device is not.
+fn mismatch(what: &str, got: usize, devices: usize) -> KindError {
+    KindError::new(format!("{got} {what} for {devices} devices"), false)
 }
 
 impl std::fmt::Display for DeviceSpec {
@@ -237,23 +325,55 @@ impl std::fmt::Display for DeviceSpec {
 /// A `--device` argument: the kind its first word names, parsed by that kind (the words
 /// only; what the host must offer is asked with its facts).
 pub fn parse_device(spec: &str) -> Result<DeviceSpec, DeviceArgError> {
-    let kv = KeyValues::parse_with_kind(spec)?;
-    let named = |word: &str| match kv.head() {
-        Some(h) => h == word,
-        None => spec
-            .strip_prefix(word)
-            .is_some_and(|rest| rest.starts_with('=')),
+    struct Parse<'a> {
+        spec: &'a str,
+        forms: Vec<&'static str>,
+        done: Option<Result<DeviceSpec, KeyValueError>>,
+    }
+    impl Visit for Parse<'_> {
+        fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError> {
+            let Some((word, form)) = K::DEVICE_FORM else {
+                return Ok(());
+            };
+            self.forms.push(form);
+            if self.done.is_some() {
+                return Ok(());
+            }
+            let kv = match KeyValues::parse_with_kind(self.spec) {
+                Ok(kv) => kv,
+                Err(e) => {
+                    self.done = Some(Err(e));
+                    return Ok(());
+                }
+            };
+            let named = match kv.head() {
+                Some(h) => h == word,
+                None => self
+                    .spec
+                    .strip_prefix(word)
+                    .is_some_and(|rest| rest.starts_with('=')),
+            };
+            if named {
+                self.done = Some(K::parse(kv).map(of.spec));
+            }
+            Ok(())
+        }
+    }
+    let mut p = Parse {
+        spec,
+        forms: Vec::new(),
+        done: None,
     };
-    let forms = device_forms();
-    match forms.iter().find(|(word, _, _)| named(word)) {
-        Some((_, _, parse)) => Ok(parse(kv)?),
+    visit_all(&mut p);
+    match p.done {
+        Some(r) => Ok(r?),
         None => {
-            let all: Vec<&str> = forms.iter().map(|(_, form, _)| *form).collect();
+            let kv = KeyValues::parse_with_kind(spec)?;
             Err(kv
                 .error(format!(
                     "{:?} is not a device: {}",
                     kv.head().unwrap_or(spec),
-                    all.join(" or ")
+                    p.forms.join(" or ")
                 ))
                 .into())
         }
@@ -399,5 +519,42 @@ mod tests {
         // Each kind's report section, in the list's order.
         let keys: Vec<&str> = sections().iter().map(|s| s.key).collect();
         assert_eq!(keys, ["disks", "engine", "passthrough"]);
+    }
+
+    #[test]
+    fn each_kind_opens_its_devices_together_and_each_keeps_its_place() {
+        let dir = std::env::temp_dir().join(format!("spec-open-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+        for p in [&a, &b] {
+            std::fs::write(p, vec![0u8; 1 << 20]).unwrap();
+        }
+        let disk = |p: &std::path::Path| {
+            DeviceSpec::Disk(devices::virtio::block::BlockConfig::new(
+                p.to_path_buf(),
+                "d".into(),
+            ))
+        };
+        let engine = parse_device("engine").unwrap();
+        let opened = DeviceSpec::open_all(&[disk(&a), engine.clone(), disk(&b)]).unwrap();
+        assert!(matches!(
+            opened.as_slice(),
+            [Opened::Disk(_), Opened::Engine(()), Opened::Disk(_)]
+        ));
+        // Checked against each other: one file read-write twice is the user's mistake.
+        let e = DeviceSpec::open_all(&[disk(&a), engine, disk(&a)])
+            .err()
+            .expect("the same file twice");
+        assert!(
+            e.is_usage() && e.to_string().contains("already attached"),
+            "{e}"
+        );
+        // A backing that is not there is refused, naming it.
+        let e = DeviceSpec::open_all(&[disk(&dir.join("none.img"))])
+            .err()
+            .expect("no such file");
+        assert!(e.is_usage() && e.to_string().contains("none.img"), "{e}");
+        assert!(DeviceSpec::open_all(&[]).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
