@@ -23,6 +23,10 @@
 # docs/testing.md, "Which QEMU"). RIG_VRAM=SIZE: ivshmem's BAR (default 256G, a sparse file;
 # 512G does not fit the outer machine's 40-bit physical address width). RIG_SILENCE=SECS: a machine silent that long on the
 # command's line is hung, stopped and reported as a death (exit 125; default 420).
+# RIG_TRACE_EVENTS="kvm/kvm_exit ...": tracepoints enabled while the machine has one CPU,
+# before the second comes online (tracing itself off), so a command that traces only turns
+# the buffer on and off: enabling an event patches kernel text, which QEMU's multi-threaded
+# TCG has run stale with two CPUs (docs/testing.md, "Which TCG threading").
 # RIG_STALL=SECS: a machine whose heartbeat (a console line every 10 s of its own clock)
 # stops that long is poked once through QEMU's monitor, and hung if it stays silent as
 # long again (default 60). Before the command runs, the machine checks it is what it must
@@ -165,6 +169,16 @@ done
 # when the first of either appears or the last goes (scripts/rig-holder.c says why).
 mkdir /sys/fs/cgroup/rig-hold
 kvm-holder &
+# Tracepoints a command asked for (RIG_TRACE_EVENTS), enabled with one CPU too: enabling
+# one patches kernel text.
+if [ -s /rig/trace-events ]; then
+    t=/sys/kernel/tracing
+    [ -e $t/events ] || mount -t tracefs nodev $t
+    echo 0 > $t/tracing_on
+    for e in $(cat /rig/trace-events); do
+        echo 1 > $t/events/$e/enable || echo "rig: trace event $e failed" > /dev/console
+    done
+fi
 # The second CPU only now (maxcpus=1): the kernel's boot-time code patching and the
 # modules' (kvm updates static calls in the core kernel) ran with one CPU.
 echo 1 > /sys/devices/system/cpu/cpu1/online
@@ -248,6 +262,7 @@ done
     printf '\n'
 } > "$extra/rig/cmd"
 for m in ${RIG_OMIT_MODULES:-}; do echo "${m//-/_}"; echo "${m//_/-}"; done > "$extra/rig/omit-modules"
+for e in ${RIG_TRACE_EVENTS:-}; do echo "$e"; done > "$extra/rig/trace-events"
 (cd "$extra" && find . | cpio -o -H newc --quiet) > "$run/extra.cpio"
 cat "$base" "$run/extra.cpio" > "$run/initrd.cpio"
 

@@ -234,7 +234,14 @@ pub struct Tracer {
     root: PathBuf,
     mounted: bool,
     old_kb: String,
+    /// The events this tracer enabled (it leaves alone those already on: enabling or
+    /// disabling one patches kernel text, which the rig does once, with one CPU online).
+    enabled: Vec<&'static str>,
 }
+
+/// The events a trace records: every exit, and which MSR an msr exit touched (where the
+/// kernel has that event).
+const EVENTS: [(&str, bool); 2] = [("kvm/kvm_exit", true), ("kvm/kvm_msr", false)];
 
 impl Tracer {
     fn write(&self, file: &str, v: &str) -> Result<(), String> {
@@ -261,10 +268,11 @@ impl Tracer {
             .unwrap_or_default()
             .trim()
             .to_string();
-        let t = Self {
+        let mut t = Self {
             root,
             mounted,
             old_kb,
+            enabled: Vec::new(),
         };
         if !t.root.join("events/kvm/kvm_exit").exists() {
             return Err("no kvm:kvm_exit tracepoint (is the kvm module loaded?)".into());
@@ -272,9 +280,18 @@ impl Tracer {
         t.write("tracing_on", "0")?;
         t.write("buffer_size_kb", &TRACE_KB.to_string())?;
         t.write("trace", "")?;
-        t.write("events/kvm/kvm_exit/enable", "1")?;
-        // Which MSR an msr exit touched (where the kernel has the event).
-        let _ = t.write("events/kvm/kvm_msr/enable", "1");
+        for (event, needed) in EVENTS {
+            let file = format!("events/{event}/enable");
+            let on = std::fs::read_to_string(t.root.join(&file)).is_ok_and(|v| v.trim() == "1");
+            if on {
+                continue;
+            }
+            match t.write(&file, "1") {
+                Ok(()) => t.enabled.push(event),
+                Err(e) if needed => return Err(e),
+                Err(_) => {}
+            }
+        }
         t.write("tracing_on", "1")?;
         Ok(t)
     }
@@ -307,8 +324,9 @@ impl Tracer {
 impl Drop for Tracer {
     fn drop(&mut self) {
         let _ = self.write("tracing_on", "0");
-        let _ = self.write("events/kvm/kvm_exit/enable", "0");
-        let _ = self.write("events/kvm/kvm_msr/enable", "0");
+        for event in &self.enabled {
+            let _ = self.write(&format!("events/{event}/enable"), "0");
+        }
         let _ = self.write("trace", "");
         if !self.old_kb.is_empty() {
             let _ = self.write("buffer_size_kb", &self.old_kb);
