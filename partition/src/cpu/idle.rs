@@ -139,6 +139,11 @@ pub struct IdlePlan {
     pub cmdline: &'static str,
 }
 
+/// What the `mwait` policy adds to a guest's command line: no cpuidle driver, so a Linux
+/// guest idles in the architecture's own loop (MWAIT where it prefers it, else HLT), with
+/// no exit either way.
+pub const MWAIT_GUEST_CMDLINE: &str = "cpuidle.off=1";
+
 fn missing(policy: IdlePolicy, what: Vec<String>) -> Result<(), IdleError> {
     if what.is_empty() {
         Ok(())
@@ -231,13 +236,17 @@ pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleErro
         halt_poll_ns: dedicated.then_some(0),
         expose_mwait: policy_reason == IdlePolicy::Mwait,
         hints_realtime: dedicated,
-        // Only `poll` changes the guest's command line: without idle=poll it is haltpoll.
-        // The user's command line is otherwise passed exactly as given (a Linux guest that
-        // should HLT without polling first under `hlt` is given `idle=halt` by its owner).
-        cmdline: if policy_reason == IdlePolicy::Poll {
-            "idle=poll"
-        } else {
-            ""
+        // `poll` makes the guest spin (without idle=poll it is haltpoll). `mwait` keeps a
+        // Linux guest out of cpuidle: KVM_HINTS_REALTIME would load cpuidle-haltpoll, which
+        // idles in HLT (never MWAIT) and, under the menu governor, re-arms the TSC-deadline
+        // timer around every idle period, a wrmsr exit each (docs/idle.md, "The mwait
+        // policy's guest idle"). The user's command line is otherwise passed as given (a
+        // Linux guest that should HLT without polling first under `hlt` is given
+        // `idle=halt` by its owner).
+        cmdline: match policy_reason {
+            IdlePolicy::Poll => "idle=poll",
+            IdlePolicy::Mwait => MWAIT_GUEST_CMDLINE,
+            _ => "",
         },
     })
 }
@@ -348,6 +357,10 @@ mod tests {
         );
         let p = resolve(IdlePolicy::Poll, &METAL).unwrap();
         assert_eq!(p.cmdline, "idle=poll");
+        // Only mwait and poll add words; mwait keeps a Linux guest out of cpuidle.
+        let m = resolve(IdlePolicy::Mwait, &METAL).unwrap();
+        assert_eq!(m.cmdline, "cpuidle.off=1");
+        assert_eq!(hp.cmdline, "");
         let s = resolve(IdlePolicy::Shared, &METAL).unwrap();
         assert_eq!(
             (s.disable_exits, s.halt_poll_ns, s.hints_realtime),

@@ -137,9 +137,14 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
             out.stdout
         );
         // The user's command line reaches the guest untouched, after the CPU model's words,
-        // except that poll adds idle=poll; the guest gets exactly what the VMM says.
+        // except that poll adds idle=poll and mwait cpuidle.off=1; the guest gets exactly
+        // what the VMM says.
         let user = "probe.memtest=0 probe.bench=wake probe.wake_n=20 probe.wake_warmup=2";
-        let idle_words = if resolved == "poll" { " idle=poll" } else { "" };
+        let idle_words = match resolved {
+            "poll" => " idle=poll",
+            "mwait" => " cpuidle.off=1",
+            _ => "",
+        };
         let want = format!("{}{user}{idle_words}", cpu_model_words());
         assert_eq!(report(&out.stdout)["cmdline"], want.as_str(), "{policy}");
         assert!(
