@@ -130,6 +130,19 @@ pub fn cpu_model_words() -> &'static str {
     }
 }
 
+/// What the idle policy a launch resolved (its `idle policy NAME (` line on `stderr`) adds
+/// to the guest's command line, after the user's words: ` cpuidle.off=1` under `mwait`
+/// (docs/idle.md, "The mwait policy's guest idle"), ` idle=poll` under `poll`.
+pub fn idle_words(stderr: &str) -> &'static str {
+    if stderr.contains("idle policy mwait (") {
+        " cpuidle.off=1"
+    } else if stderr.contains("idle policy poll (") {
+        " idle=poll"
+    } else {
+        ""
+    }
+}
+
 /// Number of cores this process may use.
 pub fn host_cores() -> usize {
     std::thread::available_parallelism()
