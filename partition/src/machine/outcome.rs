@@ -301,6 +301,9 @@ pub struct IdleDoc {
     pub expose_mwait: bool,
     /// KVM_HINTS_REALTIME set.
     pub hints_realtime: bool,
+    /// The words the policy added to the guest's command line (`cpuidle.off=1` under
+    /// `mwait`, `idle=poll` under `poll`; empty otherwise).
+    pub cmdline: &'static str,
     /// What KVM reported back about the plan.
     pub readback: crate::cpu::readback::Readback,
 }
@@ -399,6 +402,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
             halt_poll_ns: r.idle.halt_poll_ns,
             expose_mwait: r.idle.expose_mwait,
             hints_realtime: r.idle.hints_realtime,
+            cmdline: r.idle.cmdline,
             readback: r.idle_readback.clone(),
         },
         cpu_model: CpuModelDoc {

@@ -155,6 +155,7 @@ fn cpu_model_host_leaves_cpuid_and_the_command_line_alone() {
             "host",
             "--cmdline",
             "probe.memtest=0",
+            "--json",
         ],
         LIMIT,
     );
@@ -165,7 +166,10 @@ fn cpu_model_host_leaves_cpuid_and_the_command_line_alone() {
         out.stderr
     );
     // The CPU model adds nothing; the idle policy's own words may follow the user's.
-    let want = format!("probe: cmdline=probe.memtest=0{}", idle_words(&out.stderr));
+    let want = format!(
+        "probe: cmdline=probe.memtest=0{}",
+        idle_words(&report(&out.stdout))
+    );
     assert!(
         out.stdout.contains(&format!("{want}\n")) || out.stdout.contains(&format!("{want}\r\n")),
         "{want}:\n{}",

@@ -87,7 +87,11 @@ fn one_core_linux64_reports_what_it_was_given() {
     );
     let r = parse_probe(&out.stdout);
     assert_eq!(r.protocol, "linux64");
-    let want = format!("{}{cmdline}{}", cpu_model_words(), idle_words(&out.stderr));
+    let want = format!(
+        "{}{cmdline}{}",
+        cpu_model_words(),
+        idle_words(&report(&out.stdout))
+    );
     assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
     assert_eq!(report(&out.stdout)["cmdline"], want.as_str());
     // The sentence the launch prints for a person says the same.
@@ -222,7 +226,11 @@ fn pvh_entry_sees_the_same_machine() {
     );
     let r = parse_probe(&out.stdout);
     assert_eq!(r.protocol, "pvh");
-    let want = format!("{}via pvh{}", cpu_model_words(), idle_words(&out.stderr));
+    let want = format!(
+        "{}via pvh{}",
+        cpu_model_words(),
+        idle_words(&report(&out.stdout))
+    );
     assert_eq!(r.cmdline.as_deref(), Some(want.as_str()));
     assert_eq!(r.e820, expected_e820(64 << 20));
     assert_eq!(r.madt_ids, Some(vec![0]));

@@ -130,16 +130,13 @@ pub fn cpu_model_words() -> &'static str {
     }
 }
 
-/// What the idle policy a launch resolved (its `idle policy NAME (` line on `stderr`) adds
-/// to the guest's command line, after the user's words: ` cpuidle.off=1` under `mwait`
-/// (docs/idle.md, "The mwait policy's guest idle"), ` idle=poll` under `poll`.
-pub fn idle_words(stderr: &str) -> &'static str {
-    if stderr.contains("idle policy mwait (") {
-        " cpuidle.off=1"
-    } else if stderr.contains("idle policy poll (") {
-        " idle=poll"
-    } else {
-        ""
+/// What the idle policy a launch resolved added to the guest's command line after the
+/// user's words, as its `--json` report says (`idle.cmdline`: `cpuidle.off=1` under
+/// `mwait`, `idle=poll` under `poll`), with the space before it; empty when none.
+pub fn idle_words(report: &serde_json::Value) -> String {
+    match report["idle"]["cmdline"].as_str().unwrap_or_default() {
+        "" => String::new(),
+        w => format!(" {w}"),
     }
 }
 
