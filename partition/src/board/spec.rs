@@ -327,6 +327,9 @@ impl std::fmt::Display for DeviceSpec {
 pub fn parse_device(spec: &str) -> Result<DeviceSpec, DeviceArgError> {
     struct Parse<'a> {
         spec: &'a str,
+        head: Option<&'a str>,
+        /// The words, parsed once, until the kind they name takes them.
+        kv: Option<KeyValues<'a>>,
         forms: Vec<&'static str>,
         done: Option<Result<DeviceSpec, KeyValueError>>,
     }
@@ -336,47 +339,39 @@ pub fn parse_device(spec: &str) -> Result<DeviceSpec, DeviceArgError> {
                 return Ok(());
             };
             self.forms.push(form);
-            if self.done.is_some() {
-                return Ok(());
-            }
-            let kv = match KeyValues::parse_with_kind(self.spec) {
-                Ok(kv) => kv,
-                Err(e) => {
-                    self.done = Some(Err(e));
-                    return Ok(());
-                }
-            };
-            let named = match kv.head() {
+            let named = match self.head {
                 Some(h) => h == word,
                 None => self
                     .spec
                     .strip_prefix(word)
                     .is_some_and(|rest| rest.starts_with('=')),
             };
-            if named {
+            if named && let Some(kv) = self.kv.take() {
                 self.done = Some(K::parse(kv).map(of.spec));
             }
             Ok(())
         }
     }
+    let kv = KeyValues::parse_with_kind(spec)?;
+    let head = kv.head();
     let mut p = Parse {
         spec,
+        head,
+        kv: Some(kv),
         forms: Vec::new(),
         done: None,
     };
     visit_all(&mut p);
     match p.done {
         Some(r) => Ok(r?),
-        None => {
-            let kv = KeyValues::parse_with_kind(spec)?;
-            Err(kv
-                .error(format!(
-                    "{:?} is not a device: {}",
-                    kv.head().unwrap_or(spec),
-                    p.forms.join(" or ")
-                ))
-                .into())
-        }
+        None => Err(DeviceArgError {
+            spec: spec.into(),
+            why: format!(
+                "{:?} is not a device: {}",
+                head.unwrap_or(spec),
+                p.forms.join(" or ")
+            ),
+        }),
     }
 }
 
