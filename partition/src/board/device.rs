@@ -12,15 +12,12 @@ use std::sync::Arc;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::kvm::{Vm, VmError};
-use crate::sys::seccomp::{IoctlGrant, Role};
+use crate::sys::seccomp::{Grants, Role};
 
 /// The descriptors the devices' threads and the vCPUs' calls name, gathered from every
 /// device ([`Device::fds`]); the seccomp filters allow those calls on these alone.
 #[derive(Clone, Debug, Default)]
 pub struct DeviceFds {
-    /// Files a queue worker writes (a disk's buffered descriptor: it zeroes ranges with
-    /// `pwrite64`).
-    pub worker_writes: Vec<RawFd>,
     /// A PCI function exists: a vCPU taking a guest's configuration write updates KVM's
     /// memory slots, routes and ioeventfds.
     pub pci: bool,
@@ -29,9 +26,26 @@ pub struct DeviceFds {
     /// Descriptors whose regions the vCPU threads read and write (`pread64`/`pwrite64`:
     /// a passed-through function's trapped BAR parts and configuration space).
     pub vcpu_regions: Vec<RawFd>,
-    /// The ioctls a kind's own thread role makes, each on its descriptors (the
-    /// `vfio-return` thread's on the VFIO devices and their container).
-    pub role_ioctls: Vec<(Role, IoctlGrant)>,
+    /// What a kind's own thread roles may call on its descriptors (`Kind::THREADS`: the
+    /// queue workers' `pwrite64` on the disks, the `vfio-return` thread's ioctls on the
+    /// VFIO devices and their container).
+    pub roles: Vec<(Role, Grants)>,
+}
+
+impl DeviceFds {
+    /// `role` may also make `grants`' calls.
+    pub fn grant(&mut self, role: Role, grants: Grants) {
+        self.roles.push((role, grants));
+    }
+
+    /// Everything the devices granted `role`, together.
+    pub fn granted(&self, role: Role) -> Grants {
+        let mut g = Grants::default();
+        for (_, more) in self.roles.iter().filter(|(r, _)| *r == role) {
+            g.merge(more);
+        }
+        g
+    }
 }
 
 /// The compiled filter of a thread role, when the launch is confined (`None`: it is not,
@@ -186,6 +200,24 @@ mod tests {
         always: false,
     };
 
+    /// The fakes' thread role.
+    const FAKE_THREAD: Role = Role {
+        name: "fake",
+        thread: "`fake`",
+        calls: &[],
+    };
+
+    /// What a fake grants its role on `fd`.
+    fn fake_grants(fd: RawFd) -> Grants {
+        Grants {
+            pwrite: Some(crate::sys::seccomp::Fds {
+                what: "the fakes' descriptors",
+                fds: vec![fd],
+            }),
+            ..Grants::default()
+        }
+    }
+
     /// A device that records what the launch did with it.
     struct Fake {
         fd: RawFd,
@@ -194,10 +226,10 @@ mod tests {
 
     impl Device for Fake {
         fn fds(&self, fds: &mut DeviceFds) {
-            fds.worker_writes.push(self.fd);
+            fds.grant(FAKE_THREAD, fake_grants(self.fd));
         }
         fn start(&mut self, filter: FilterOf<'_>, core: Option<usize>) -> Result<(), DeviceError> {
-            let confined = filter(Role::BlockWorker).is_some();
+            let confined = filter(FAKE_THREAD).is_some();
             self.log
                 .lock()
                 .unwrap()
@@ -228,7 +260,10 @@ mod tests {
                 }) as Box<dyn Device>
             })
             .collect();
-        assert_eq!(fds_of(&list).worker_writes, vec![7, 9]);
+        // Both fakes' descriptors, granted to their role together; none to another role.
+        let fds = fds_of(&list);
+        assert_eq!(fds.granted(FAKE_THREAD).pwrite.unwrap().fds, vec![7, 9]);
+        assert!(fds.granted(Role::MAIN).pwrite.is_none());
         for d in &mut list {
             d.start(&|_| None, Some(3)).unwrap();
         }

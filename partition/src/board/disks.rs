@@ -15,7 +15,29 @@ use crate::board::device::{Device, DeviceError, DeviceFds, DeviceReport, FilterO
 use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
 use crate::board::resources::{Ask, Needs, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
-use crate::sys::seccomp::Role;
+use crate::sys::seccomp::{Fds, Grants, Role};
+
+/// The disks' queue workers (`blk-q<i>`): `io_uring_enter` on the ring each made before
+/// its filter (the devices' `worker::ring`, restricted to the worker's operations; no
+/// `io_uring_setup` or `io_uring_register` after it, so no ring without those
+/// restrictions), and `pwrite64` on the disks' descriptors ([`disk_grants`]).
+pub const BLOCK_WORKER: Role = Role {
+    name: "blk-worker",
+    thread: "`blk-q<i>` (virtio-blk queue worker)",
+    calls: crate::sys::seccomp::syscalls![io_uring_enter],
+};
+
+/// What the queue workers may call on a disk's buffered descriptor `fd`: `pwrite64` (they
+/// zero ranges with it).
+fn disk_grants(fd: std::os::fd::RawFd) -> Grants {
+    Grants {
+        pwrite: Some(Fds {
+            what: "the disks' descriptors",
+            fds: vec![fd],
+        }),
+        ..Grants::default()
+    }
+}
 
 /// The disks' key in the launch's JSON report: a list, there even with no disk.
 pub const SECTION: Section = Section {
@@ -72,6 +94,7 @@ impl From<DiskError> for KindError {
 /// A disk (`--disk`) as a kind: its request is the block device's configuration.
 impl Kind for BlockConfig {
     const SECTION: Section = SECTION;
+    const THREADS: &'static [Role] = &[BLOCK_WORKER];
     type Opened = VirtioBlock;
 
     fn written(&self) -> String {
@@ -95,7 +118,7 @@ impl Kind for BlockConfig {
 
     /// Its buffered descriptor, which the queue workers write.
     fn example_fds(fds: &mut DeviceFds, first: i32) {
-        fds.worker_writes.push(first);
+        fds.grant(BLOCK_WORKER, disk_grants(first));
     }
 
     /// Each disk on the MMIO bus in its window, wired through KVM; its queue workers
@@ -229,7 +252,7 @@ impl std::fmt::Display for DiskReport {
 
 impl Device for AttachedDisk {
     fn fds(&self, fds: &mut DeviceFds) {
-        fds.worker_writes.push(self.disk_fd);
+        fds.grant(BLOCK_WORKER, disk_grants(self.disk_fd));
     }
 
     /// Its queue workers, each installing the block worker's filter before it serves
@@ -239,9 +262,9 @@ impl Device for AttachedDisk {
         filter: FilterOf<'_>,
         _worker_core: Option<usize>,
     ) -> Result<(), DeviceError> {
-        let filter = filter(Role::BlockWorker);
+        let filter = filter(BLOCK_WORKER);
         let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &filter {
-            Some(f) => crate::sys::seccomp::apply(Role::BlockWorker, f).map_err(Into::into),
+            Some(f) => crate::sys::seccomp::apply(BLOCK_WORKER, f).map_err(Into::into),
             None => Ok(()),
         });
         self.transport
@@ -323,6 +346,39 @@ pub fn open(configs: &[BlockConfig]) -> Result<Vec<VirtioBlock>, DiskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_confined_block_worker_cannot_make_or_change_an_io_uring() {
+        // io_uring_setup (a fresh ring without the worker's restrictions) and
+        // io_uring_register (changing a ring's) end a confined worker; io_uring_enter on
+        // the ring it already has is its job.
+        let prog = crate::sys::seccomp::filter(BLOCK_WORKER, &Grants::default()).unwrap();
+        let setup = || {
+            let mut params = [0u8; 120];
+            // SAFETY: io_uring_setup with a local parameter block; refused by the filter.
+            unsafe { libc::syscall(libc::SYS_io_uring_setup, 8u32, params.as_mut_ptr()) };
+        };
+        assert_eq!(
+            crate::sys::seccomp::confined_child(BLOCK_WORKER, &prog, setup),
+            crate::sys::seccomp::EXIT_SECCOMP
+        );
+        let register = || {
+            // SAFETY: io_uring_register on fd -1; refused by the filter before EBADF.
+            unsafe { libc::syscall(libc::SYS_io_uring_register, -1, 0u32, 0usize, 0u32) };
+        };
+        assert_eq!(
+            crate::sys::seccomp::confined_child(BLOCK_WORKER, &prog, register),
+            crate::sys::seccomp::EXIT_SECCOMP
+        );
+        let enter = || {
+            // SAFETY: io_uring_enter on fd -1 fails with EBADF once the filter lets it by.
+            unsafe { libc::syscall(libc::SYS_io_uring_enter, -1, 0u32, 0u32, 0u32, 0usize) };
+        };
+        assert_eq!(
+            crate::sys::seccomp::confined_child(BLOCK_WORKER, &prog, enter),
+            0
+        );
+    }
 
     #[test]
     fn parses_disk_specs() {

@@ -23,6 +23,15 @@ use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
 use crate::sys::seccomp::Role;
 
+/// The engine's thread (`engine`): waiting on its eventfd (`poll`, `ppoll`) or polling its
+/// doorbell page, writing fences into guest memory, raising its MSI-X vector through an
+/// irqfd (a write); nothing tied to a descriptor beyond the common set.
+pub const ENGINE_THREAD: Role = Role {
+    name: "engine",
+    thread: "`engine` (`--device engine`)",
+    calls: crate::sys::seccomp::syscalls![poll, ppoll],
+};
+
 /// The engine's key in the launch's JSON report: one object.
 pub const SECTION: Section = Section {
     key: "engine",
@@ -190,9 +199,9 @@ impl Device for AttachedEngine {
         filter: FilterOf<'_>,
         worker_core: Option<usize>,
     ) -> Result<(), DeviceError> {
-        let filter = filter(Role::Engine);
+        let filter = filter(ENGINE_THREAD);
         let hook: devices::virtio::ThreadHook = Arc::new(move |_kind| match &filter {
-            Some(f) => crate::sys::seccomp::apply(Role::Engine, f).map_err(Into::into),
+            Some(f) => crate::sys::seccomp::apply(ENGINE_THREAD, f).map_err(Into::into),
             None => Ok(()),
         });
         let wake = match &self.page {
@@ -298,6 +307,7 @@ impl EnginePlace {
 
 impl Kind for Engine {
     const SECTION: Section = SECTION;
+    const THREADS: &'static [Role] = &[ENGINE_THREAD];
     const DEVICE_FORM: Option<(&'static str, &'static str)> =
         Some(("engine", "engine[,doorbell=trap|ioeventfd|mapped]"));
     type Opened = ();

@@ -17,6 +17,7 @@ use crate::board::resources::{Ask, Place, Resources};
 use crate::config::keyvalue::{KeyValueError, KeyValues};
 use crate::kvm::Vm;
 use crate::memory::GuestMemory;
+use crate::sys::seccomp::Role;
 
 /// A kind's failure at any step, with whether it is the user's mistake (exit 2) or the
 /// host's.
@@ -99,6 +100,11 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + PartialEq + Eq {
     /// `KIND=VALUE`) and how it is written, for the refusal of an unknown kind; None: the
     /// kind is asked another way (`--disk`).
     const DEVICE_FORM: Option<(&'static str, &'static str)> = None;
+    /// The roles of the threads a device of the kind starts, each with the system calls
+    /// it makes beyond the common set: the launch compiles each one's filter (tied to the
+    /// descriptors the kind's devices grant it in [`Device::fds`]) and docs/security.md's
+    /// table lists it.
+    const THREADS: &'static [Role] = &[];
     /// What the open step opens for a device of the kind (a disk's backing).
     type Opened: Send;
 

@@ -13,6 +13,7 @@ use crate::board::device::{DeviceFds, Section};
 use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
 use crate::board::resources::{Ask, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues};
+use crate::sys::seccomp::Role;
 
 /// A `--device` argument no kind takes, or whose words its kind refuses.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -147,6 +148,21 @@ pub fn sections() -> Vec<Section> {
     let mut s = Sections(Vec::new());
     visit_all(&mut s);
     s.0
+}
+
+/// The roles of every kind's threads, in the list's order (`Kind::THREADS`): the launch
+/// compiles a filter for each, and docs/security.md's table lists them.
+pub fn thread_roles() -> Vec<Role> {
+    struct Roles(Vec<Role>);
+    impl Visit for Roles {
+        fn kind<K: Kind>(&mut self, _: KindOf<K>) -> Result<(), KindError> {
+            self.0.extend_from_slice(K::THREADS);
+            Ok(())
+        }
+    }
+    let mut r = Roles(Vec::new());
+    visit_all(&mut r);
+    r.0
 }
 
 /// The descriptors a machine with a device of every kind gives the seccomp filters,

@@ -48,7 +48,16 @@ use crate::board::resources::{Ask, Needs, PciNeeds, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues, PciAddress};
 use crate::kvm::{Vm, VmError};
 use crate::memory::GuestMemory;
-use crate::sys::seccomp::{Fds, IoctlGrant, Role};
+use crate::sys::seccomp::{Fds, Grants, IoctlGrant, Role};
+
+/// The thread that quiets the passed-through functions once the guest has stopped
+/// (`vfio-return`): only the ioctls of [`return_grants`], on the functions' descriptors
+/// and their container's; no other thread of a confined VMM makes a VFIO call.
+pub const VFIO_RETURN: Role = Role {
+    name: "vfio-return",
+    thread: "`vfio-return` (with `--device vfio=`)",
+    calls: &[],
+};
 
 /// The passed-through functions' key in the launch's JSON report: a list, left out when
 /// there is none.
@@ -104,6 +113,7 @@ pub struct Function {
 }
 
 impl Kind for Function {
+    const THREADS: &'static [Role] = &[VFIO_RETURN];
     const SECTION: Section = SECTION;
     const DEVICE_FORM: Option<(&'static str, &'static str)> = Some(("vfio", "vfio=DDDD:BB:DD.F"));
     type Opened = ();
@@ -166,8 +176,7 @@ impl Kind for Function {
         fds.pci = true;
         fds.irq_counts.push(counter);
         fds.vcpu_regions.push(device);
-        fds.role_ioctls
-            .extend(return_grants(vec![device], container));
+        fds.grant(VFIO_RETURN, return_grants(vec![device], container));
     }
 
     /// Every function in one container.
@@ -301,14 +310,10 @@ pub fn return_ioctls() -> (Ioctls, Ioctls) {
 
 /// What the `vfio-return` thread may call: [`return_ioctls`] on the functions' `devices` and
 /// on their `container`.
-pub fn return_grants(
-    devices: Vec<std::os::fd::RawFd>,
-    container: std::os::fd::RawFd,
-) -> Vec<(Role, IoctlGrant)> {
+pub fn return_grants(devices: Vec<std::os::fd::RawFd>, container: std::os::fd::RawFd) -> Grants {
     let (on_device, on_container) = return_ioctls();
-    vec![
-        (
-            Role::VfioReturn,
+    Grants {
+        ioctls: vec![
             IoctlGrant {
                 on: Fds {
                     what: "the VFIO devices' descriptors",
@@ -316,9 +321,6 @@ pub fn return_grants(
                 },
                 requests: on_device,
             },
-        ),
-        (
-            Role::VfioReturn,
             IoctlGrant {
                 on: Fds {
                     what: "the VFIO container's descriptor",
@@ -326,8 +328,9 @@ pub fn return_grants(
                 },
                 requests: on_container,
             },
-        ),
-    ]
+        ],
+        ..Grants::default()
+    }
 }
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + nr)`.
@@ -578,7 +581,7 @@ impl Device for Passthrough {
         fds.irq_counts.extend(self.count_fds());
         let (devices, container) = self.quiet().fds();
         fds.vcpu_regions.extend(&devices);
-        fds.role_ioctls.extend(return_grants(devices, container));
+        fds.grant(VFIO_RETURN, return_grants(devices, container));
     }
 
     /// Confined, the functions are quieted by a thread of their own once the guest has
@@ -588,7 +591,7 @@ impl Device for Passthrough {
         filter: FilterOf<'_>,
         _worker_core: Option<usize>,
     ) -> Result<(), DeviceError> {
-        if let Some(f) = filter(Role::VfioReturn) {
+        if let Some(f) = filter(VFIO_RETURN) {
             self.keep_open_until_exit();
             self.vfio_return = Some(VfioReturn::start(self.quiet(), f)?);
         }
@@ -633,7 +636,7 @@ impl VfioReturn {
         let thread = std::thread::Builder::new()
             .name("vfio-return".into())
             .spawn(move || {
-                if let Err(e) = crate::sys::seccomp::apply(Role::VfioReturn, &filter) {
+                if let Err(e) = crate::sys::seccomp::apply(VFIO_RETURN, &filter) {
                     log::error!("{e}; the function is quieted without it");
                 }
                 // A message, or the launcher gone: either way the guest no longer runs.

@@ -107,7 +107,7 @@ impl Keeper {
         let filter = match mode {
             KeeperMode::Confined => {
                 match crate::sys::seccomp::filter(
-                    crate::sys::seccomp::Role::Keeper,
+                    crate::sys::seccomp::Role::KEEPER,
                     &crate::sys::seccomp::Grants::default(),
                 ) {
                     Ok(f) => Some(f),
@@ -283,7 +283,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
             .and_then(|()| Ok(crate::sys::seccomp::install_violation_handler()?))
             .and_then(|()| {
                 Ok(crate::sys::seccomp::apply(
-                    crate::sys::seccomp::Role::Keeper,
+                    crate::sys::seccomp::Role::KEEPER,
                     f,
                 )?)
             });

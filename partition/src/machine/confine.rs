@@ -32,82 +32,66 @@ pub(super) struct Descriptors {
 }
 
 /// What `role`'s calls may name, given the machine's descriptors (`vcpu`: which vCPU, for
-/// [`Role::Vcpu`]).
+/// [`Role::VCPU`]): the launch's own roles' grants here, a device kind's role's from its
+/// devices ([`DeviceFds::granted`]).
 pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
     let fds = |what, fds: Vec<RawFd>| Fds { what, fds };
     let mut g = Grants::default();
-    match role {
-        Role::Vcpu => {
+    if role == Role::VCPU {
+        g.ioctls.push(IoctlGrant {
+            on: fds(
+                "its own vCPU's descriptor",
+                d.vcpus.get(vcpu).copied().into_iter().collect(),
+            ),
+            requests: crate::kvm::vcpu_thread_ioctls(),
+        });
+        if d.devices.pci {
             g.ioctls.push(IoctlGrant {
-                on: fds(
-                    "its own vCPU's descriptor",
-                    d.vcpus.get(vcpu).copied().into_iter().collect(),
-                ),
-                requests: crate::kvm::vcpu_thread_ioctls(),
+                on: fds("the VM's descriptor, with a PCI function", vec![d.vm]),
+                requests: crate::kvm::vm_device_ioctls(),
             });
-            if d.devices.pci {
-                g.ioctls.push(IoctlGrant {
-                    on: fds("the VM's descriptor, with a PCI function", vec![d.vm]),
-                    requests: crate::kvm::vm_device_ioctls(),
-                });
-            }
-            let own_stats: Vec<RawFd> = d
-                .vcpu_stats
-                .get(vcpu)
-                .copied()
-                .flatten()
-                .into_iter()
-                .collect();
-            match d.devices.vcpu_regions.is_empty() {
-                false => {
-                    let mut read = own_stats;
-                    read.extend(&d.devices.vcpu_regions);
-                    g.pread = Some(fds(
-                        "its own KVM statistics (at the guest's marks) and, with passed-through \
+        }
+        let own_stats: Vec<RawFd> = d
+            .vcpu_stats
+            .get(vcpu)
+            .copied()
+            .flatten()
+            .into_iter()
+            .collect();
+        match d.devices.vcpu_regions.is_empty() {
+            false => {
+                let mut read = own_stats;
+                read.extend(&d.devices.vcpu_regions);
+                g.pread = Some(fds(
+                    "its own KVM statistics (at the guest's marks) and, with passed-through \
                          functions, the VFIO devices' descriptors",
-                        read,
-                    ));
-                    g.pwrite = Some(fds(
-                        "the VFIO devices' descriptors, with passed-through functions",
-                        d.devices.vcpu_regions.clone(),
-                    ));
-                }
-                true => {
-                    g.pread = Some(fds(
-                        "its own KVM statistics (at the guest's marks) and, with a passed-through \
+                    read,
+                ));
+                g.pwrite = Some(fds(
+                    "the VFIO devices' descriptors, with passed-through functions",
+                    d.devices.vcpu_regions.clone(),
+                ));
+            }
+            true => {
+                g.pread = Some(fds(
+                    "its own KVM statistics (at the guest's marks) and, with a passed-through \
                          function, the VFIO device's descriptor",
-                        own_stats,
-                    ));
-                }
+                    own_stats,
+                ));
             }
         }
-        Role::BlockWorker => {
-            g.pwrite = Some(fds(
-                "the disks' descriptors",
-                d.devices.worker_writes.clone(),
-            ));
-        }
-        Role::Main => {
-            let mut v = d.stats.clone();
-            v.extend(&d.devices.irq_counts);
-            g.pread = Some(fds(
-                "KVM's statistics and a passed-through function's interrupt counters",
-                v,
-            ));
-        }
-        Role::Api => {
-            g.pread = Some(fds("KVM's statistics", d.stats.clone()));
-        }
-        Role::Engine | Role::Keeper | Role::VfioReturn => {}
+    } else if role == Role::MAIN {
+        let mut v = d.stats.clone();
+        v.extend(&d.devices.irq_counts);
+        g.pread = Some(fds(
+            "KVM's statistics and a passed-through function's interrupt counters",
+            v,
+        ));
+    } else if role == Role::API {
+        g.pread = Some(fds("KVM's statistics", d.stats.clone()));
     }
-    // A kind's own thread's calls on its own descriptors.
-    g.ioctls.extend(
-        d.devices
-            .role_ioctls
-            .iter()
-            .filter(|(r, _)| *r == role)
-            .map(|(_, i)| i.clone()),
-    );
+    // A kind's own threads' calls on its own descriptors.
+    g.merge(&d.devices.granted(role));
     g
 }
 
@@ -115,22 +99,19 @@ pub(super) fn grants(role: Role, d: &Descriptors, vcpu: usize) -> Grants {
 pub(super) struct Filters {
     /// One per vCPU (each names its own descriptor).
     pub(super) vcpu: Vec<Arc<seccompiler::BpfProgram>>,
-    pub(super) worker: Arc<seccompiler::BpfProgram>,
-    pub(super) engine: Arc<seccompiler::BpfProgram>,
     pub(super) api: Arc<seccompiler::BpfProgram>,
     pub(super) main: seccompiler::BpfProgram,
-    pub(super) vfio_return: Arc<seccompiler::BpfProgram>,
+    /// Every device kind's thread roles' (`crate::board::spec::thread_roles`).
+    pub(super) devices: Vec<(Role, Arc<seccompiler::BpfProgram>)>,
 }
 
 impl Filters {
     /// The filter of a device thread's role (`crate::board::device::FilterOf`).
     pub(super) fn of(&self, role: Role) -> Option<Arc<seccompiler::BpfProgram>> {
-        match role {
-            Role::BlockWorker => Some(self.worker.clone()),
-            Role::Engine => Some(self.engine.clone()),
-            Role::VfioReturn => Some(self.vfio_return.clone()),
-            Role::Vcpu | Role::Main | Role::Keeper | Role::Api => None,
-        }
+        self.devices
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, f)| f.clone())
     }
 }
 
@@ -146,14 +127,15 @@ pub(super) fn confine(sandbox: &Sandbox, d: &Descriptors) -> Result<Option<Filte
     let f = Filters {
         vcpu: (0..d.vcpus.len())
             .map(|i| {
-                crate::sys::seccomp::filter(Role::Vcpu, &grants(Role::Vcpu, d, i)).map(Arc::new)
+                crate::sys::seccomp::filter(Role::VCPU, &grants(Role::VCPU, d, i)).map(Arc::new)
             })
             .collect::<Result<_, _>>()?,
-        worker: one(Role::BlockWorker)?,
-        engine: one(Role::Engine)?,
-        api: one(Role::Api)?,
-        main: crate::sys::seccomp::filter(Role::Main, &grants(Role::Main, d, 0))?,
-        vfio_return: one(Role::VfioReturn)?,
+        api: one(Role::API)?,
+        main: crate::sys::seccomp::filter(Role::MAIN, &grants(Role::MAIN, d, 0))?,
+        devices: crate::board::spec::thread_roles()
+            .into_iter()
+            .map(|role| Ok((role, one(role)?)))
+            .collect::<Result<_, crate::sys::seccomp::SeccompError>>()?,
     };
     crate::sys::seccomp::install_violation_handler()?;
     crate::sys::timeline::mark("filters");
@@ -174,20 +156,14 @@ pub(super) fn table(devices: DeviceFds) -> String {
         vcpu_stats: vec![Some(5)],
         devices,
     };
-    let thread = |role: Role| match role {
-        Role::Vcpu => "`vcpu<i>`",
-        Role::BlockWorker => "`blk-q<i>` (virtio-blk queue worker)",
-        Role::Engine => "`engine` (`--device engine`)",
-        Role::Api => "`api` (with `--api-socket`)",
-        Role::Main => "`partition` (the launcher's main thread, once the guest runs)",
-        Role::VfioReturn => "`vfio-return` (with `--device vfio=`)",
-        Role::Keeper => "`partition-keep` (the keeper process)",
-    };
+    let mut roles = vec![Role::VCPU];
+    roles.extend(crate::board::spec::thread_roles());
+    roles.extend([Role::API, Role::MAIN, Role::KEEPER]);
     let mut out = String::from("| thread | may call, beyond the common set* |\n|---|---|\n");
-    for role in Role::ALL {
+    for role in roles {
         out.push_str(&format!(
             "| {} | {} |\n",
-            thread(role),
+            role.thread,
             crate::sys::seccomp::describe(role, &grants(role, &d, 0))
         ));
     }
@@ -207,6 +183,18 @@ pub(super) fn raw(f: &impl AsRawFd) -> RawFd {
 mod tests {
     use super::*;
 
+    /// A device kind's thread role, and another's.
+    const KIND_THREAD: Role = Role {
+        name: "kind",
+        thread: "`kind`",
+        calls: &[],
+    };
+    const OTHER_KIND_THREAD: Role = Role {
+        name: "other",
+        thread: "`other`",
+        calls: &[],
+    };
+
     #[test]
     fn each_thread_names_only_its_own_descriptors() {
         let d = Descriptors {
@@ -216,22 +204,21 @@ mod tests {
             vcpu_stats: vec![Some(13), Some(14)],
             devices: DeviceFds {
                 irq_counts: vec![15],
-                worker_writes: vec![16],
                 pci: false,
                 vcpu_regions: Vec::new(),
-                role_ioctls: Vec::new(),
+                roles: Vec::new(),
             },
         };
         // vCPU 1's ioctls name descriptor 12 only; no VM ioctl without a PCI function; it
         // reads its own statistics (14) and nothing else, and writes nothing, without
         // passthrough.
-        let g = grants(Role::Vcpu, &d, 1);
+        let g = grants(Role::VCPU, &d, 1);
         assert_eq!(g.ioctls.len(), 1);
         assert_eq!(g.ioctls[0].on.fds, vec![12]);
         assert_eq!(g.pread.as_ref().unwrap().fds, vec![14]);
         assert!(g.pwrite.is_none());
         let g = grants(
-            Role::Vcpu,
+            Role::VCPU,
             &Descriptors {
                 devices: DeviceFds {
                     pci: true,
@@ -247,13 +234,13 @@ mod tests {
         assert_eq!(g.pwrite.as_ref().unwrap().fds, vec![20]);
         // The launcher reads statistics and counters, the API statistics only.
         assert_eq!(
-            grants(Role::Main, &d, 0).pread.unwrap().fds,
+            grants(Role::MAIN, &d, 0).pread.unwrap().fds,
             vec![13, 14, 15]
         );
-        assert_eq!(grants(Role::Api, &d, 0).pread.unwrap().fds, vec![13, 14]);
+        assert_eq!(grants(Role::API, &d, 0).pread.unwrap().fds, vec![13, 14]);
         // A kind's own role's ioctls go to that role alone, on the kind's descriptors.
-        assert!(grants(Role::Main, &d, 0).ioctls.is_empty());
-        assert!(grants(Role::VfioReturn, &d, 0).ioctls.is_empty());
+        assert!(grants(Role::MAIN, &d, 0).ioctls.is_empty());
+        assert!(grants(KIND_THREAD, &d, 0).ioctls.is_empty());
         let own = IoctlGrant {
             on: Fds {
                 what: "a kind's descriptor",
@@ -263,12 +250,23 @@ mod tests {
         };
         let with = Descriptors {
             devices: DeviceFds {
-                role_ioctls: vec![(Role::VfioReturn, own)],
+                roles: vec![(
+                    KIND_THREAD,
+                    Grants {
+                        ioctls: vec![own],
+                        pwrite: Some(Fds {
+                            what: "a kind's descriptor",
+                            fds: vec![21],
+                        }),
+                        ..Grants::default()
+                    },
+                )],
                 ..d.devices.clone()
             },
             ..d
         };
-        let g = grants(Role::VfioReturn, &with, 0);
+        let g = grants(KIND_THREAD, &with, 0);
+        assert_eq!(g.pwrite.unwrap().fds, vec![21]);
         assert_eq!(
             g.ioctls
                 .iter()
@@ -276,7 +274,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![vec![20]]
         );
-        for role in [Role::Vcpu, Role::Main, Role::BlockWorker, Role::Engine] {
+        for role in [Role::VCPU, Role::MAIN, Role::API, OTHER_KIND_THREAD] {
             assert!(
                 grants(role, &with, 0)
                     .ioctls
@@ -285,5 +283,46 @@ mod tests {
                 "{role:?}"
             );
         }
+    }
+
+    #[test]
+    fn every_thread_role_has_a_name_of_its_own_and_a_filter() {
+        // The launch's roles and every kind's (the list's `Kind::THREADS`): a filter each,
+        // found by its role, and no two with one name (the name is what a SIGSYS message
+        // and the test hook go by).
+        let kinds = crate::board::spec::thread_roles();
+        assert!(kinds.len() >= 3, "{kinds:?}");
+        let mut names: Vec<&str> = [Role::VCPU, Role::API, Role::MAIN, Role::KEEPER]
+            .iter()
+            .chain(&kinds)
+            .map(|r| r.name)
+            .collect();
+        let all = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), all, "{names:?}");
+        let d = Descriptors {
+            vcpus: vec![4],
+            stats: vec![5],
+            vcpu_stats: vec![None],
+            devices: crate::board::spec::example_fds(),
+            ..Descriptors::default()
+        };
+        let f = Filters {
+            vcpu: Vec::new(),
+            api: Arc::new(Vec::new()),
+            main: Vec::new(),
+            devices: kinds
+                .iter()
+                .map(|&r| {
+                    let p = crate::sys::seccomp::filter(r, &grants(r, &d, 0)).unwrap();
+                    (r, Arc::new(p))
+                })
+                .collect(),
+        };
+        for r in &kinds {
+            assert!(f.of(*r).is_some_and(|p| !p.is_empty()), "{r:?}");
+        }
+        assert!(f.of(Role::MAIN).is_none());
     }
 }

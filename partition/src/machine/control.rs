@@ -84,7 +84,7 @@ pub(super) fn start_api(
         started: Instant::now(),
     };
     crate::api::ApiServer::start(sock, state, move || match &filter {
-        Some(f) => crate::sys::seccomp::apply(Role::Api, f),
+        Some(f) => crate::sys::seccomp::apply(Role::API, f),
         None => Ok(()),
     })
     .map_err(|source| LaunchError::Os {

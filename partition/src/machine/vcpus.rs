@@ -81,7 +81,7 @@ impl ThreadPolicy {
             crate::sys::sandbox::confirm_thread(uid)?;
         }
         if let Some(f) = &self.filter {
-            crate::sys::seccomp::apply(Role::Vcpu, f)?;
+            crate::sys::seccomp::apply(Role::VCPU, f)?;
         }
         Ok(())
     }
@@ -302,7 +302,7 @@ pub(super) fn run_vcpus(
 
     // The launcher's own thread, from here on only waiting, kicking, joining and reporting.
     if let Some(f) = main_filter {
-        if let Err(e) = crate::sys::seccomp::apply(Role::Main, f) {
+        if let Err(e) = crate::sys::seccomp::apply(Role::MAIN, f) {
             stop_all(handles, threads);
             return Err(e.into());
         }

@@ -1,6 +1,6 @@
-//! The seccomp filters of a confined VMM: one allow-list per thread role (vCPU, block
-//! worker, submission engine, API, launcher), compiled with seccompiler, and the SIGSYS
-//! handler that names a violation before the process dies.
+//! The seccomp filters of a confined VMM: one allow-list per thread role (the launch's own:
+//! vCPU, API, launcher, keeper; a device kind's, declared in the kind's file), compiled
+//! with seccompiler, and the SIGSYS handler that names a violation before the process dies.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -24,61 +24,16 @@ pub struct SeccompError {
 /// The launcher's exit status when a thread broke its seccomp filter.
 pub const EXIT_SECCOMP: i32 = 5;
 
-/// The kinds of thread, each with its own list of system calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    /// A vCPU thread: KVM_RUN and the vCPU ioctls, device register access.
-    Vcpu,
-    /// A virtio-blk queue worker: io_uring and eventfds.
-    BlockWorker,
-    /// The launcher's main thread once the guest runs: waiting, kicking, joining, reporting.
-    Main,
-    /// The keeper process of a pool partition: the ledger and the pool file.
-    Keeper,
-    /// The local API's thread: accepting and answering connections on its socket.
-    Api,
-    /// The submission engine's thread (`--device engine`): waiting on its eventfd or
-    /// polling its doorbell page, writing fences, raising its MSI-X vector.
-    Engine,
-    /// The thread that quiets a passed-through function once the guest has stopped (its
-    /// interrupts off, reset, DMA unmapped), before the partition's memory is scrubbed.
-    VfioReturn,
-}
-
-impl Role {
-    /// Every role, in the order docs/security.md lists them.
-    pub const ALL: [Role; 7] = [
-        Role::Vcpu,
-        Role::BlockWorker,
-        Role::Engine,
-        Role::Api,
-        Role::Main,
-        Role::VfioReturn,
-        Role::Keeper,
-    ];
-
-    /// Its name in messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Vcpu => "vcpu",
-            Self::BlockWorker => "blk-worker",
-            Self::Main => "main",
-            Self::Keeper => "keeper",
-            Self::Api => "api",
-            Self::Engine => "engine",
-            Self::VfioReturn => "vfio-return",
-        }
-    }
-}
-
 /// A system call and its name.
-type Call = (i64, &'static str);
+pub type Call = (i64, &'static str);
 
-macro_rules! calls {
+/// The [`Call`]s named: `syscalls![poll, ppoll]` (each name one `paste_sys!` knows).
+macro_rules! syscalls {
     ($($c:ident),* $(,)?) => {
-        &[$((paste_sys!($c), stringify!($c))),*]
+        &[$(($crate::sys::seccomp::paste_sys!($c), stringify!($c))),*]
     };
 }
+pub(crate) use syscalls;
 
 macro_rules! paste_sys {
     (read) => {
@@ -254,10 +209,11 @@ macro_rules! paste_sys {
         -1i64
     };
 }
+pub(crate) use paste_sys;
 
 /// System calls every thread makes: memory (without PROT_EXEC, below), futexes, signals
 /// returning, reading and writing fds it holds, time, exiting.
-const COMMON: &[Call] = calls![
+const COMMON: &[Call] = syscalls![
     read,
     write,
     writev,
@@ -290,27 +246,52 @@ const COMMON: &[Call] = calls![
 /// it closes is open.
 const F_GETFD: u64 = libc::F_GETFD as u64;
 
-/// What a role may call beyond [`COMMON`] and mmap/mprotect without PROT_EXEC, with any
-/// arguments (`tgkill` is narrowed to this process below). The calls tied to descriptors
-/// (ioctl, pread64, pwrite64) come from its [`Grants`].
-fn extra(role: Role) -> &'static [Call] {
-    match role {
-        // KVM_RUN and friends are ioctls on its own vCPU (its grants); the kick is a signal.
-        Role::Vcpu => &[],
-        // Its ring was made before the filter (devices' `worker::ring`, restricted to the
-        // worker's operations): no io_uring_setup or io_uring_register after it, so no
-        // ring without those restrictions.
-        Role::BlockWorker => calls![io_uring_enter],
-        Role::Main => calls![poll, ppoll, tgkill_own, wait4, waitid],
-        Role::Api => calls![poll, ppoll, accept4, recvfrom, sendto, shutdown, tgkill_own],
-        Role::Engine => calls![poll, ppoll],
-        Role::VfioReturn => &[],
-        Role::Keeper => calls![
+/// A kind of thread and what it may call beyond the common set with any arguments (the
+/// calls tied to descriptors come from its [`Grants`]). The launch's own threads are
+/// [`Role::VCPU`], [`Role::API`], [`Role::MAIN`] and [`Role::KEEPER`]; a device kind
+/// declares its threads' roles in its own file (`crate::board::kind::Kind::THREADS`), so
+/// a new kind's threads bring their filter with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Role {
+    /// Its name in messages and in [`TEST_VIOLATION_ENV`] (`vcpu`, `blk-worker`).
+    pub name: &'static str,
+    /// Its threads as docs/security.md's table names them.
+    pub thread: &'static str,
+    /// What it may call beyond the common set, with any arguments ([`syscalls!`];
+    /// `tgkill_own` is `tgkill` narrowed to this process).
+    pub calls: &'static [Call],
+}
+
+impl Role {
+    /// A vCPU thread: KVM_RUN and the vCPU ioctls on its own vCPU (its grants); the kick is
+    /// a signal.
+    pub const VCPU: Role = Role {
+        name: "vcpu",
+        thread: "`vcpu<i>`",
+        calls: &[],
+    };
+    /// The local API's thread: accepting and answering connections on its socket.
+    pub const API: Role = Role {
+        name: "api",
+        thread: "`api` (with `--api-socket`)",
+        calls: syscalls![poll, ppoll, accept4, recvfrom, sendto, shutdown, tgkill_own],
+    };
+    /// The launcher's main thread once the guest runs: waiting, kicking, joining, reporting.
+    pub const MAIN: Role = Role {
+        name: "main",
+        thread: "`partition` (the launcher's main thread, once the guest runs)",
+        calls: syscalls![poll, ppoll, tgkill_own, wait4, waitid],
+    };
+    /// The keeper process of a pool partition: the ledger and the pool file.
+    pub const KEEPER: Role = Role {
+        name: "keeper",
+        thread: "`partition-keep` (the keeper process)",
+        calls: syscalls![
             poll, openat, open, fstat, newfstatat, statx, lseek, flock, rename, renameat,
             renameat2, unlink, unlinkat, mkdir, mkdirat, ftruncate, fstatfs, statfs, fcntl,
             getdents64, pread64, pwrite64,
         ],
-    }
+    };
 }
 
 /// Descriptors a grant ties a call to, and what they are in words (docs/security.md).
@@ -341,6 +322,24 @@ pub struct Grants {
     pub pread: Option<Fds>,
     /// `pwrite64` on these.
     pub pwrite: Option<Fds>,
+}
+
+impl Grants {
+    /// Adds `other`'s: its ioctls beside these, its descriptors to these `pread64` and
+    /// `pwrite64` lists (described as the first grant of each describes them).
+    pub fn merge(&mut self, other: &Grants) {
+        self.ioctls.extend(other.ioctls.iter().cloned());
+        for (mine, theirs) in [
+            (&mut self.pread, &other.pread),
+            (&mut self.pwrite, &other.pwrite),
+        ] {
+            match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.fds.extend(&t.fds),
+                (None, Some(t)) => *mine = Some(t.clone()),
+                (_, None) => {}
+            }
+        }
+    }
 }
 
 /// A condition on one argument.
@@ -391,7 +390,7 @@ pub fn allowed(role: Role, grants: &Grants) -> Vec<Allowed> {
             says: "without `PROT_EXEC`".into(),
         });
     }
-    for c in extra(role) {
+    for c in role.calls {
         if c.1 == "tgkill_own" {
             // Signals only within this process (its vCPU kicks): every VMM runs as a user
             // of its own, and an unrestricted tgkill could still reach a process it owns.
@@ -457,7 +456,7 @@ fn cond(arg: u8, c: Cmp) -> Result<SeccompCondition, String> {
 /// The filter of `role` with `grants`.
 pub fn filter(role: Role, grants: &Grants) -> Result<BpfProgram, SeccompError> {
     let err = |why: String| SeccompError {
-        role: role.name(),
+        role: role.name,
         why,
     };
     // Per call: None = any arguments; Some(rules) = one of these.
@@ -553,7 +552,7 @@ pub const TEST_VIOLATION_ENV: &str = "PARTITION_TEST_SECCOMP_VIOLATION";
 
 #[cfg(debug_assertions)]
 fn test_violation(role: Role) {
-    if std::env::var(TEST_VIOLATION_ENV).as_deref() == Ok(role.name()) {
+    if std::env::var(TEST_VIOLATION_ENV).as_deref() == Ok(role.name) {
         // SAFETY: a raw execve with null arguments: the filter refuses it before the kernel
         // looks at them.
         unsafe { libc::syscall(libc::SYS_execve, 0usize, 0usize, 0usize) };
@@ -570,9 +569,9 @@ thread_local! {
 
 /// Installs `prog` on the calling thread, which is `role`.
 pub fn apply(role: Role, prog: &BpfProgram) -> Result<(), SeccompError> {
-    ROLE.with(|r| r.set(role.name()));
+    ROLE.with(|r| r.set(role.name));
     seccompiler::apply_filter(prog).map_err(|e| SeccompError {
-        role: role.name(),
+        role: role.name,
         why: e.to_string(),
     })?;
     test_violation(role);
@@ -704,17 +703,17 @@ mod tests {
 
     #[test]
     fn every_role_has_a_filter_and_grants_add_calls_on_their_descriptors_only() {
-        for role in Role::ALL {
+        for role in [Role::VCPU, Role::API, Role::MAIN, Role::KEEPER] {
             let p = filter(role, &Grants::default()).unwrap();
             assert!(!p.is_empty(), "{role:?}");
         }
-        let with = filter(Role::Vcpu, &run_on(1000)).unwrap();
-        let without = filter(Role::Vcpu, &Grants::default()).unwrap();
+        let with = filter(Role::VCPU, &run_on(1000)).unwrap();
+        let without = filter(Role::VCPU, &Grants::default()).unwrap();
         assert!(with.len() > without.len());
-        // The worker's list is not the main thread's.
+        // The API's list is not the main thread's.
         assert_ne!(
-            filter(Role::BlockWorker, &Grants::default()).unwrap(),
-            filter(Role::Main, &Grants::default()).unwrap()
+            filter(Role::API, &Grants::default()).unwrap(),
+            filter(Role::MAIN, &Grants::default()).unwrap()
         );
         // A grant whose descriptor list is empty allows nothing.
         let empty = Grants {
@@ -725,8 +724,8 @@ mod tests {
             ..Grants::default()
         };
         assert_eq!(
-            filter(Role::Main, &empty).unwrap(),
-            filter(Role::Main, &Grants::default()).unwrap()
+            filter(Role::MAIN, &empty).unwrap(),
+            filter(Role::MAIN, &Grants::default()).unwrap()
         );
     }
 
@@ -734,7 +733,7 @@ mod tests {
     fn a_granted_ioctl_passes_on_its_descriptor_and_nowhere_else() {
         // Descriptor 1000 is not open: the call fails with EBADF once the filter lets it
         // through, and the child exits 0; anywhere else the filter stops it.
-        let prog = filter(Role::Vcpu, &run_on(1000)).unwrap();
+        let prog = filter(Role::VCPU, &run_on(1000)).unwrap();
         let on = |fd: i32, req: u64| {
             move || {
                 // SAFETY: an ioctl on a descriptor that is not open (EBADF) or refused by
@@ -742,14 +741,14 @@ mod tests {
                 unsafe { libc::ioctl(fd, req as _, 0usize) };
             }
         };
-        assert_eq!(confined_child(Role::Vcpu, &prog, on(1000, 0xae80)), 0);
+        assert_eq!(confined_child(Role::VCPU, &prog, on(1000, 0xae80)), 0);
         assert_eq!(
-            confined_child(Role::Vcpu, &prog, on(1001, 0xae80)),
+            confined_child(Role::VCPU, &prog, on(1001, 0xae80)),
             EXIT_SECCOMP
         );
         // Another request on the right descriptor: refused too.
         assert_eq!(
-            confined_child(Role::Vcpu, &prog, on(1000, 0xae81)),
+            confined_child(Role::VCPU, &prog, on(1000, 0xae81)),
             EXIT_SECCOMP
         );
         // pread64 only where granted.
@@ -760,7 +759,7 @@ mod tests {
             }),
             ..Grants::default()
         };
-        let prog = filter(Role::Main, &g).unwrap();
+        let prog = filter(Role::MAIN, &g).unwrap();
         let pread = |fd: i32| {
             move || {
                 let mut b = [0u8; 8];
@@ -769,19 +768,19 @@ mod tests {
                 unsafe { libc::pread(fd, b.as_mut_ptr().cast(), 8, 0) };
             }
         };
-        assert_eq!(confined_child(Role::Main, &prog, pread(1002)), 0);
-        assert_eq!(confined_child(Role::Main, &prog, pread(1003)), EXIT_SECCOMP);
+        assert_eq!(confined_child(Role::MAIN, &prog, pread(1002)), 0);
+        assert_eq!(confined_child(Role::MAIN, &prog, pread(1003)), EXIT_SECCOMP);
     }
 
     #[test]
     fn the_descriptions_name_the_conditions() {
-        let d = describe(Role::Vcpu, &run_on(7));
+        let d = describe(Role::VCPU, &run_on(7));
         assert_eq!(d, "`ioctl` on its own vCPU's descriptor: KVM_RUN");
-        assert_eq!(describe(Role::VfioReturn, &Grants::default()), "nothing");
+        assert_eq!(describe(Role::VCPU, &Grants::default()), "nothing");
         assert!(
-            describe(Role::Main, &Grants::default()).contains("`tgkill` to its own process only")
+            describe(Role::MAIN, &Grants::default()).contains("`tgkill` to its own process only")
         );
-        assert!(describe(Role::Keeper, &Grants::default()).contains("`fcntl`"));
+        assert!(describe(Role::KEEPER, &Grants::default()).contains("`fcntl`"));
         assert!(describe_common().contains("`mmap` and `mprotect` without `PROT_EXEC`"));
     }
 
@@ -804,55 +803,25 @@ mod tests {
     fn a_vmm_signals_only_its_own_threads() {
         // The filter is built here (this test's pid); the confined child may signal that
         // process, not another one (pid 1 here: another partition's VMM in real life).
-        let prog = filter(Role::Main, &Grants::default()).unwrap();
+        let prog = filter(Role::MAIN, &Grants::default()).unwrap();
         let me = std::process::id() as libc::c_long;
         let own = move || {
             // SAFETY: signal 0 to this test's own main thread id: only a permission check.
             unsafe { libc::syscall(libc::SYS_tgkill, me, me, 0) };
         };
-        assert_eq!(confined_child(Role::Main, &prog, own), 0);
+        assert_eq!(confined_child(Role::MAIN, &prog, own), 0);
         let other = || {
             // SAFETY: refused by the filter before the kernel looks at it.
             unsafe { libc::syscall(libc::SYS_tgkill, 1 as libc::c_long, 1 as libc::c_long, 0) };
         };
-        assert_eq!(confined_child(Role::Main, &prog, other), EXIT_SECCOMP);
-    }
-
-    #[test]
-    fn a_confined_block_worker_cannot_make_or_change_an_io_uring() {
-        // io_uring_setup (a fresh ring without the worker's restrictions) and
-        // io_uring_register (changing a ring's) end a confined worker; io_uring_enter on
-        // the ring it already has is its job.
-        let prog = filter(Role::BlockWorker, &Grants::default()).unwrap();
-        let setup = || {
-            let mut params = [0u8; 120];
-            // SAFETY: io_uring_setup with a local parameter block; refused by the filter.
-            unsafe { libc::syscall(libc::SYS_io_uring_setup, 8u32, params.as_mut_ptr()) };
-        };
-        assert_eq!(
-            confined_child(Role::BlockWorker, &prog, setup),
-            EXIT_SECCOMP
-        );
-        let register = || {
-            // SAFETY: io_uring_register on fd -1; refused by the filter before EBADF.
-            unsafe { libc::syscall(libc::SYS_io_uring_register, -1, 0u32, 0usize, 0u32) };
-        };
-        assert_eq!(
-            confined_child(Role::BlockWorker, &prog, register),
-            EXIT_SECCOMP
-        );
-        let enter = || {
-            // SAFETY: io_uring_enter on fd -1 fails with EBADF once the filter lets it by.
-            unsafe { libc::syscall(libc::SYS_io_uring_enter, -1, 0u32, 0u32, 0u32, 0usize) };
-        };
-        assert_eq!(confined_child(Role::BlockWorker, &prog, enter), 0);
+        assert_eq!(confined_child(Role::MAIN, &prog, other), EXIT_SECCOMP);
     }
 
     #[test]
     fn a_forbidden_call_in_a_confined_child_is_reported_and_ends_it() {
-        // A child process installs the worker filter and calls execve (59), which no role
-        // allows: the handler must say so and exit with EXIT_SECCOMP.
-        let prog = filter(Role::BlockWorker, &Grants::default()).unwrap();
+        // A child process installs the main thread's filter and calls execve (59), which no
+        // role allows: the handler must say so and exit with EXIT_SECCOMP.
+        let prog = filter(Role::MAIN, &Grants::default()).unwrap();
         let mut fds = [0i32; 2];
         // SAFETY: a pipe into a local array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -865,7 +834,7 @@ mod tests {
             // SAFETY: redirecting stderr to the pipe's write end in the child.
             unsafe { libc::dup2(fds[1], 2) };
             install_violation_handler().unwrap();
-            apply(Role::BlockWorker, &prog).unwrap();
+            apply(Role::MAIN, &prog).unwrap();
             // SAFETY: a raw execve with null arguments: refused by the filter before the
             // kernel looks at them.
             unsafe { libc::syscall(libc::SYS_execve, 0usize, 0usize, 0usize) };
@@ -885,9 +854,6 @@ mod tests {
         // SAFETY: closing the read end.
         unsafe { libc::close(fds[0]) };
         let msg = String::from_utf8_lossy(&buf[..n.max(0) as usize]).into_owned();
-        assert!(
-            msg.contains("blk-worker thread made system call 59"),
-            "{msg}"
-        );
+        assert!(msg.contains("main thread made system call 59"), "{msg}");
     }
 }
