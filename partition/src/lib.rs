@@ -32,8 +32,7 @@ pub mod machine;
 pub mod memory;
 pub mod sys;
 
-pub use machine::config::{
-    Console, KernelSource, LaunchConfig, MemorySource, PoolRequest, SandboxRequest,
-};
+pub use board::console::Console;
+pub use machine::config::{KernelSource, LaunchConfig, MemorySource, PoolRequest, SandboxRequest};
 pub use machine::error::LaunchError;
 pub use machine::outcome::{Ending, LaunchReport};

@@ -331,7 +331,12 @@ fn only_the_kvm_module_uses_kvm_ioctls() {
 }
 
 /// The device kinds, a file each in `board/` (docs/architecture.md, "Adding a device kind").
-const KINDS: [&str; 3] = ["board::disks", "board::engine", "board::vfio"];
+const KINDS: [&str; 4] = [
+    "board::console",
+    "board::disks",
+    "board::engine",
+    "board::vfio",
+];
 
 #[test]
 fn the_generic_device_code_names_no_kind() {

@@ -1,63 +1,282 @@
-//! The console: the guest's COM1 and its output on the way to stdout or `--console FILE`,
-//! capped (a guest that prints without end cannot fill the host's disk), watched for the
-//! lines of a guest's fault, its first byte stamped (the launch's "first output").
+//! The console as a device kind: the guest's COM1 (`--console`, `--console-limit`), its
+//! output on the way to stdout or a file, capped (a guest that prints without end cannot
+//! fill the host's disk), watched for the lines of a guest's fault, its first byte stamped
+//! (the launch's "first output": both through the board's `GuestOutput`), and its entry
+//! in the launch's report (what it passed on and dropped). A launch that asks for no
+//! console has one on stdout ([`Kind::implied`]): every board has its COM1, which the ACPI
+//! DSDT names.
 
 use std::io::Write;
-use std::sync::atomic::AtomicU64;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use devices::Bus;
+use boot::acpi::IsaDevice;
 use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT, SerialPort};
 
-use crate::kvm::{Vm, VmError};
+use crate::board::device::{Device, DeviceError, DeviceFds, DeviceReport, FilterOf, Section};
+use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
+use crate::board::resources::{Ask, Needs, Place};
+use crate::kvm::VmError;
+use crate::sys::files::FileError;
 use crate::sys::timeline::Stamp;
 
-/// Why the console could not be wired.
+/// Why the console could not be opened or wired.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsoleError {
+    /// `--console FILE` was refused or could not be opened.
+    #[error("--console {}: {source}", path.display())]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: FileError,
+    },
+    /// The plan put it somewhere other than the ISA ports.
+    #[error("the console was not placed on the ISA ports")]
+    Place,
     /// KVM refused its interrupt line.
-    #[error("{0}")]
+    #[error("the console: {0}")]
     Vm(#[from] VmError),
     /// The bus refused its ports.
-    #[error("{0}")]
+    #[error("the console: {0}")]
     Bus(#[from] devices::BusError),
 }
 
-/// The console's parts the launch keeps.
-pub struct AttachedConsole {
-    /// COM1 (the vCPUs reach it through the port bus; the launch flushes it at the end).
-    pub serial: Arc<Mutex<SerialPort>>,
-    /// When the guest's first byte went by.
-    pub first_byte: Arc<OnceLock<Stamp>>,
-    /// Lines of the guest's console that report a fatal signal or an Oops
-    /// ([`FAULT_LINES`]).
-    pub guest_faults: Arc<AtomicU64>,
+/// Where the guest's console output goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The VMM's stdout.
+    Stdout,
+    /// A file (created or truncated; `/dev/null` or a terminal too).
+    File(PathBuf),
 }
 
-/// COM1 on `pio` with its interrupt, writing to `out` at most `limit` bytes.
-pub fn attach(
-    vm: &Vm,
-    pio: &mut Bus,
+/// The console a launch asks for (`--console FILE`, `--console-limit BYTES`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Console {
+    /// Where its output goes.
+    pub output: Output,
+    /// Most bytes passed on (the rest is dropped and said once).
+    pub limit: u64,
+}
+
+impl Default for Console {
+    /// On stdout, capped at [`DEFAULT_LIMIT`].
+    fn default() -> Self {
+        Self {
+            output: Output::Stdout,
+            limit: DEFAULT_LIMIT,
+        }
+    }
+}
+
+/// The console's key in the launch's JSON report: one object.
+pub const SECTION: Section = Section {
+    key: "console",
+    one: true,
+    always: false,
+};
+
+/// COM1 as the ACPI DSDT names it: a 16550 at 0x3f8 on ISA line 4.
+pub const COM1: IsaDevice = IsaDevice {
+    name: "COM1",
+    hid: "PNP0501",
+    port: COM1_PORT as u16,
+    len: COM1_LEN as u8,
+    irq: Some(COM1_IRQ),
+};
+
+impl Kind for Console {
+    const SECTION: Section = SECTION;
+    type Opened = Box<dyn Write + Send>;
+
+    /// Every board has its COM1: on stdout when the launch asks for none.
+    fn implied() -> Option<Self> {
+        Some(Self::default())
+    }
+
+    fn written(&self) -> String {
+        match &self.output {
+            Output::Stdout => "stdout".into(),
+            Output::File(p) => p.display().to_string(),
+        }
+    }
+
+    fn conflict(&self, earlier: &[&Self]) -> Option<String> {
+        (!earlier.is_empty()).then(|| "one console per partition".into())
+    }
+
+    /// COM1's ports and line.
+    fn ask(&self, _index: usize, _facts: &DeviceFacts) -> Ask {
+        Ask {
+            owner: "the console".into(),
+            written: self.written(),
+            needs: Needs::Isa(COM1),
+        }
+    }
+
+    /// Its output: stdout, or the file opened without waiting ([`open_file`]).
+    fn open(all: &[&Self]) -> Result<Vec<Box<dyn Write + Send>>, KindError> {
+        all.iter()
+            .map(|c| -> Result<Box<dyn Write + Send>, KindError> {
+                match &c.output {
+                    Output::Stdout => Ok(Box::new(std::io::stdout())),
+                    Output::File(p) => {
+                        let f = open_file(p).map_err(|e| KindError::new(e, true))?;
+                        Ok(Box::new(std::io::LineWriter::new(f)))
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn attach(board: &mut Board<'_>, all: Vec<Placed<Self>>) -> Result<Attached, KindError> {
+        let mut out = Attached::default();
+        for p in all {
+            let host = |e: ConsoleError| KindError::new(e, false);
+            let Place::Isa(at) = p.place else {
+                return Err(host(ConsoleError::Place));
+            };
+            let d = attach(board, at, p.opened, &p.request).map_err(host)?;
+            out.devices.push(Box::new(d));
+        }
+        Ok(out)
+    }
+}
+
+/// An attached console.
+pub struct AttachedConsole {
+    /// The UART (the vCPUs reach it through the port bus; flushed when it stops).
+    serial: Arc<Mutex<SerialPort>>,
+    /// What was asked.
+    request: Console,
+    /// What went by.
+    counts: Arc<Counts>,
+}
+
+/// The console's entry in the launch's report.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConsoleEntry {
+    /// Where its output went (`stdout` or the file).
+    pub output: String,
+    /// `--console-limit`.
+    pub limit: u64,
+    /// Bytes passed on.
+    pub written: u64,
+    /// Bytes dropped past the limit.
+    pub dropped: u64,
+}
+
+/// COM1 at `at` on `board`'s port bus with its interrupt, writing to `out` at most
+/// `request.limit` bytes, its first byte and fault lines told to the board's
+/// `GuestOutput`.
+fn attach(
+    board: &mut Board<'_>,
+    at: IsaDevice,
     out: Box<dyn Write + Send>,
-    limit: u64,
+    request: &Console,
 ) -> Result<AttachedConsole, ConsoleError> {
-    let irq = vm.irq_line(COM1_IRQ)?;
-    let first_byte = Arc::new(OnceLock::new());
-    let guest_faults = Arc::new(AtomicU64::new(0));
+    let irq = board.vm.irq_line(at.irq.unwrap_or(COM1_IRQ))?;
+    let capped = Capped::new(out, request.limit);
+    let counts = capped.counts();
     let out = Box::new(FirstByte {
         inner: Box::new(FaultWatch::new(
-            Box::new(Capped::new(out, limit)),
-            guest_faults.clone(),
+            Box::new(capped),
+            board.output.fault_lines.clone(),
         )),
-        at: first_byte.clone(),
+        at: board.output.first_byte.clone(),
     });
     let serial = Arc::new(Mutex::new(SerialPort::new(Box::new(irq), out)));
-    pio.insert("serial", COM1_PORT, COM1_LEN, serial.clone())?;
+    board.pio.insert(
+        "serial",
+        u64::from(at.port),
+        u64::from(at.len),
+        serial.clone(),
+    )?;
     Ok(AttachedConsole {
         serial,
-        first_byte,
-        guest_faults,
+        request: request.clone(),
+        counts,
     })
+}
+
+impl Device for AttachedConsole {
+    fn fds(&self, _fds: &mut DeviceFds) {}
+
+    fn start(
+        &mut self,
+        _filter: FilterOf<'_>,
+        _worker_core: Option<usize>,
+    ) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// Flushes what the guest wrote; what went by, and a sentence if some was dropped.
+    fn stop(&mut self) -> DeviceReport {
+        self.serial
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .flush();
+        let entry = ConsoleEntry {
+            output: self.request.written(),
+            limit: self.request.limit,
+            written: self.counts.written.load(Ordering::Relaxed),
+            dropped: self.counts.dropped.load(Ordering::Relaxed),
+        };
+        let sentences = match entry.dropped {
+            0 => Vec::new(),
+            n => vec![format!(
+                "the guest's console passed --console-limit ({} bytes): {n} bytes dropped",
+                entry.limit
+            )],
+        };
+        DeviceReport {
+            section: SECTION,
+            entries: vec![serde_json::to_value(&entry).unwrap_or_default()],
+            sentences,
+        }
+    }
+}
+
+/// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a
+/// reader came), once, by [`crate::sys::files::open`]: a regular file (created, or
+/// truncated once it is known to be one), `/dev/null` or a terminal; anything else is
+/// refused.
+pub fn open_file(p: &std::path::Path) -> Result<std::fs::File, ConsoleError> {
+    use crate::sys::files::{self, How};
+    use std::os::unix::fs::FileTypeExt;
+    let refused = |source| ConsoleError::Open {
+        path: p.to_path_buf(),
+        source,
+    };
+    let not_regular = || {
+        refused(FileError::Io(std::io::Error::other(
+            "not a regular file, /dev/null or a terminal",
+        )))
+    };
+    let f = files::open(p, How::CREATE_WRITE).map_err(|e| {
+        match e.io().and_then(|e| e.raw_os_error()) {
+            // A FIFO without a reader: O_NONBLOCK refuses it at once.
+            Some(libc::ENXIO) => not_regular(),
+            _ => refused(e),
+        }
+    })?;
+    let m = f.metadata().map_err(|e| refused(e.into()))?;
+    if m.is_file() {
+        f.set_len(0).map_err(|e| refused(e.into()))?;
+        return Ok(f);
+    }
+    if m.file_type().is_char_device() && (is_dev_null(&m) || std::io::IsTerminal::is_terminal(&f)) {
+        return Ok(f);
+    }
+    Err(not_regular())
+}
+
+/// Whether `m` is the null device (character device 1:3).
+fn is_dev_null(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    libc::major(m.rdev()) == 1 && libc::minor(m.rdev()) == 3
 }
 
 /// Passes output through and notes when the first byte went by.
@@ -82,6 +301,15 @@ impl Write for FirstByte {
 /// Default cap on what a guest may write to its console (`--console-limit`).
 pub const DEFAULT_LIMIT: u64 = 64 << 20;
 
+/// What a [`Capped`] output passed on and dropped.
+#[derive(Debug, Default)]
+pub struct Counts {
+    /// Bytes passed on.
+    pub written: AtomicU64,
+    /// Bytes dropped past the limit.
+    pub dropped: AtomicU64,
+}
+
 /// Passes at most `limit` bytes to `inner`; the rest is dropped (the guest's writes still
 /// succeed, a serial port has no error to give), and the drop is said once.
 pub struct Capped {
@@ -89,6 +317,7 @@ pub struct Capped {
     limit: u64,
     written: u64,
     said: bool,
+    counts: Arc<Counts>,
 }
 
 impl Capped {
@@ -99,7 +328,13 @@ impl Capped {
             limit,
             written: 0,
             said: false,
+            counts: Arc::default(),
         }
+    }
+
+    /// What it passed on and dropped, as it goes.
+    pub fn counts(&self) -> Arc<Counts> {
+        self.counts.clone()
     }
 }
 
@@ -110,10 +345,14 @@ impl Write for Capped {
         if take > 0 {
             let n = self.inner.write(&b[..take])?;
             self.written += n as u64;
+            self.counts.written.fetch_add(n as u64, Ordering::Relaxed);
             if n < take {
                 return Ok(n);
             }
         }
+        self.counts
+            .dropped
+            .fetch_add((b.len() - take) as u64, Ordering::Relaxed);
         if take < b.len() && !self.said {
             self.said = true;
             log::warn!(

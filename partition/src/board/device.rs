@@ -48,6 +48,18 @@ impl DeviceFds {
     }
 }
 
+/// What the guest's text output tells the launch, whichever device carries it (the
+/// console's COM1): when its first byte went by (the launch's "first output") and how many
+/// of its lines reported a fault. The launch makes it before the devices are attached and
+/// reads it as the guest runs and at the end.
+#[derive(Clone, Debug, Default)]
+pub struct GuestOutput {
+    /// When the guest's first byte of output went by.
+    pub first_byte: Arc<std::sync::OnceLock<crate::sys::timeline::Stamp>>,
+    /// Lines that reported a process killed by a fatal signal or a kernel Oops.
+    pub fault_lines: Arc<std::sync::atomic::AtomicU64>,
+}
+
 /// The compiled filter of a thread role, when the launch is confined (`None`: it is not,
 /// and threads run unfiltered).
 pub type FilterOf<'a> = &'a dyn Fn(Role) -> Option<Arc<seccompiler::BpfProgram>>;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use devices::Bus;
 use devices::pci::passthrough::PhysicalBar;
 
-use crate::board::device::{Device, DeviceFds, PciAttachment, Section};
+use crate::board::device::{Device, DeviceFds, GuestOutput, PciAttachment, Section};
 use crate::board::resources::{Ask, Place, Resources};
 use crate::config::keyvalue::{KeyValueError, KeyValues};
 use crate::kvm::Vm;
@@ -60,6 +60,10 @@ pub struct Board<'a> {
     pub memory: &'a Arc<GuestMemory>,
     /// The MMIO bus (virtio-mmio windows go here; PCI functions go on the root).
     pub mmio: &'a mut Bus,
+    /// The port bus (a legacy device at its ISA ports: the console's COM1).
+    pub pio: &'a mut Bus,
+    /// Where a device carrying the guest's text output tells the launch of it.
+    pub output: &'a GuestOutput,
     /// The plan's pools, for GSIs and memory slots taken at attach.
     pub resources: &'a mut Resources,
     /// The partition's cores (a passed-through function's interrupts are steered there).
@@ -107,6 +111,12 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + PartialEq + Eq {
     const THREADS: &'static [Role] = &[];
     /// What the open step opens for a device of the kind (a disk's backing).
     type Opened: Send;
+
+    /// The request of the kind the board has when the launch asks for none (the console:
+    /// COM1 on stdout); None: a launch may have none.
+    fn implied() -> Option<Self> {
+        None
+    }
 
     /// A `--device` argument's words, the kind's word first (only kinds with a
     /// [`Kind::DEVICE_FORM`] are handed one).

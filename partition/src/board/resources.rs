@@ -23,14 +23,13 @@ use devices::pci::windows::{WindowError, WindowLimits};
 use devices::pci::{PCI_CONFIG_BASE, PCI_CONFIG_LEN};
 use devices::power::{ACPI_PM_BASE, ACPI_PM_LEN, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT};
 use devices::rtc::{RTC_LEN, RTC_PORT};
-use devices::serial::{COM1_LEN, COM1_PORT};
 use devices::virtio::mmio::WINDOW;
 
 use crate::kvm::IOAPIC_PINS;
 
-/// The ports the board's legacy devices answer: (name, base, length).
-pub const LEGACY_PORTS: [(&str, u16, u16); 6] = [
-    ("serial", COM1_PORT as u16, COM1_LEN as u16),
+/// The ports the board's own legacy devices answer: (name, base, length). A device kind on
+/// the ISA ports (the console's COM1) asks for its own ([`Needs::Isa`]).
+pub const LEGACY_PORTS: [(&str, u16, u16); 5] = [
     ("i8042", I8042_BASE as u16, I8042_LEN as u16),
     ("rtc", RTC_PORT as u16, RTC_LEN as u16),
     ("acpi-pm", ACPI_PM_BASE as u16, ACPI_PM_LEN as u16),
@@ -89,6 +88,14 @@ pub enum ResourceError {
         len: u64,
         /// Who holds it.
         with: String,
+    },
+    /// A legacy device asked for a line that is not one of the ISA lines.
+    #[error("{owner}: IOAPIC pin {line} is not an ISA line (0 to {})", ISA_PINS - 1)]
+    IsaLine {
+        /// Who asked.
+        owner: String,
+        /// The line.
+        line: u32,
     },
     /// A passed-through function's BARs do not fit the windows.
     #[error("--device {written}: {source}")]
@@ -353,6 +360,10 @@ pub enum Needs {
     VirtioMmio,
     /// A function on PCI bus 0.
     Pci(PciNeeds),
+    /// A legacy device at fixed ports with an ISA line (the console's COM1), as the ACPI
+    /// DSDT names it: its ports are taken from the board's, its line is one of the ISA
+    /// lines the board keeps below the devices' pins.
+    Isa(boot::acpi::IsaDevice),
 }
 
 /// What a PCI function takes from the board.
@@ -380,12 +391,22 @@ pub enum Place {
     VirtioMmio(MmioDevice),
     /// A function on PCI bus 0.
     Pci(PciPlace),
+    /// A legacy device at its fixed ports.
+    Isa(boot::acpi::IsaDevice),
 }
 
 impl Place {
     /// A function on the PCI root.
     pub fn is_pci(&self) -> bool {
         matches!(self, Self::Pci(_))
+    }
+
+    /// Where it went on the PCI root, if it is a function there.
+    pub fn pci(&self) -> Option<&PciPlace> {
+        match self {
+            Self::Pci(p) => Some(p),
+            Self::VirtioMmio(_) | Self::Isa(_) => None,
+        }
     }
 }
 
@@ -431,12 +452,26 @@ impl MachinePlan {
         let first_ram_slot = r.memory_slots.take(ram_ranges as u64, 1, "guest RAM")? as u32;
         let mut places: Vec<Option<Place>> = asks.iter().map(|_| None).collect();
         for (i, a) in asks.iter().enumerate() {
-            if a.needs == Needs::VirtioMmio {
-                places[i] = Some(Place::VirtioMmio(MmioDevice {
-                    base: r.virtio.take(WINDOW, WINDOW, &a.owner)?,
-                    len: WINDOW,
-                    gsi: r.pins.take(1, 1, &a.owner)? as u32,
-                }));
+            match &a.needs {
+                Needs::VirtioMmio => {
+                    places[i] = Some(Place::VirtioMmio(MmioDevice {
+                        base: r.virtio.take(WINDOW, WINDOW, &a.owner)?,
+                        len: WINDOW,
+                        gsi: r.pins.take(1, 1, &a.owner)? as u32,
+                    }));
+                }
+                Needs::Isa(d) => {
+                    r.pio
+                        .reserve(u64::from(d.port), u64::from(d.len), &a.owner)?;
+                    if d.irq.is_some_and(|l| u64::from(l) >= ISA_PINS) {
+                        return Err(ResourceError::IsaLine {
+                            owner: a.owner.clone(),
+                            line: d.irq.unwrap_or_default(),
+                        });
+                    }
+                    places[i] = Some(Place::Isa(*d));
+                }
+                Needs::Pci(_) => {}
             }
         }
         let pci: Vec<(usize, &Ask, &PciNeeds)> = asks
@@ -444,7 +479,7 @@ impl MachinePlan {
             .enumerate()
             .filter_map(|(i, a)| match &a.needs {
                 Needs::Pci(n) => Some((i, a, n)),
-                Needs::VirtioMmio => None,
+                Needs::VirtioMmio | Needs::Isa(_) => None,
             })
             .collect();
         if !pci.is_empty() {
@@ -556,7 +591,19 @@ impl MachinePlan {
             .iter()
             .filter_map(|p| match p {
                 Place::VirtioMmio(w) => Some(*w),
-                Place::Pci(_) => None,
+                Place::Pci(_) | Place::Isa(_) => None,
+            })
+            .collect()
+    }
+
+    /// The legacy devices the kinds placed on the ISA ports, in the order asked (what the
+    /// ACPI DSDT names beside the board's own).
+    pub fn isa(&self) -> Vec<boot::acpi::IsaDevice> {
+        self.places
+            .iter()
+            .filter_map(|p| match p {
+                Place::Isa(d) => Some(*d),
+                Place::VirtioMmio(_) | Place::Pci(_) => None,
             })
             .collect()
     }
@@ -750,7 +797,7 @@ mod tests {
     fn pci(p: &Place) -> &PciPlace {
         match p {
             Place::Pci(p) => p,
-            Place::VirtioMmio(_) => panic!("{p:?} is not a PCI function"),
+            Place::VirtioMmio(_) | Place::Isa(_) => panic!("{p:?} is not a PCI function"),
         }
     }
 

@@ -54,8 +54,9 @@ pub trait Visit {
 }
 
 /// The list of kinds: `Variant(RequestType)`, one line a kind, in the order the launch
-/// attaches, stops and reports them (the disks, the engine, the passed-through functions:
-/// those last, as their mappings must outlive the engine's).
+/// attaches, stops and reports them (the disks, the engine, the passed-through functions,
+/// whose mappings must outlive the engine's, and the console, flushed once every other
+/// device has stopped).
 macro_rules! device_kinds {
     ($($variant:ident($ty:ty)),+ $(,)?) => {
         /// A device a launch asks for, of any kind.
@@ -110,6 +111,7 @@ device_kinds! {
     Disk(devices::virtio::block::BlockConfig),
     Engine(crate::board::engine::Engine),
     Vfio(crate::board::vfio::Function),
+    Console(crate::board::console::Console),
 }
 
 /// What is asked of one request whatever its kind (the [`Kind`] methods that take `self`).
@@ -207,6 +209,23 @@ impl DeviceSpec {
         let mut c = Conflict(self, asked, None);
         visit_all(&mut c);
         c.2
+    }
+
+    /// `devices` with the request each kind the launch asked none of implies
+    /// (`Kind::implied`: the console on stdout), after those asked.
+    pub fn with_implied(devices: Vec<DeviceSpec>) -> Vec<DeviceSpec> {
+        struct Implied(Vec<DeviceSpec>);
+        impl Visit for Implied {
+            fn kind<K: Kind>(&mut self, of: KindOf<K>) -> Result<(), KindError> {
+                if !self.0.iter().any(|d| (of.pick)(d).is_some()) {
+                    self.0.extend(K::implied().map(of.spec));
+                }
+                Ok(())
+            }
+        }
+        let mut v = Implied(devices);
+        visit_all(&mut v);
+        v.0
     }
 
     /// What each of `devices` takes from the board, with its facts (`facts[i]`); each
@@ -529,7 +548,49 @@ mod tests {
         );
         // Each kind's report section, in the list's order.
         let keys: Vec<&str> = sections().iter().map(|s| s.key).collect();
-        assert_eq!(keys, ["disks", "engine", "passthrough"]);
+        assert_eq!(keys, ["disks", "engine", "passthrough", "console"]);
+    }
+
+    #[test]
+    fn a_board_has_its_console_whether_asked_or_not_and_one_only() {
+        use crate::board::console::{Console, DEFAULT_LIMIT, Output};
+        let disk = DeviceSpec::Disk(devices::virtio::block::BlockConfig::new(
+            "/a".into(),
+            "a".into(),
+        ));
+        // None asked: one on stdout at the default limit, after those asked.
+        let all = DeviceSpec::with_implied(vec![disk.clone()]);
+        assert_eq!(
+            all,
+            [
+                disk.clone(),
+                DeviceSpec::Console(Console {
+                    output: Output::Stdout,
+                    limit: DEFAULT_LIMIT,
+                })
+            ]
+        );
+        // Asked: that one, and no other.
+        let asked = DeviceSpec::Console(Console {
+            output: Output::File("/var/log/guest.log".into()),
+            limit: 4096,
+        });
+        let all = DeviceSpec::with_implied(vec![asked.clone(), disk.clone()]);
+        assert_eq!(all, [asked.clone(), disk]);
+        // It asks for COM1's ports and line, which the plan gives it and the DSDT names.
+        let asks = DeviceSpec::asks(&all, &[]);
+        assert_eq!(
+            asks[0].needs,
+            crate::board::resources::Needs::Isa(crate::board::console::COM1)
+        );
+        let plan = crate::board::resources::MachinePlan::new(1, &asks, 48).unwrap();
+        assert_eq!(plan.isa(), [crate::board::console::COM1]);
+        // A second console is the configuration's mistake.
+        let second = DeviceSpec::Console(Console::default());
+        assert_eq!(
+            second.conflict(&[asked]).as_deref(),
+            Some("one console per partition")
+        );
     }
 
     #[test]

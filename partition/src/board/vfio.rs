@@ -761,10 +761,7 @@ const ROM_COPY_MAX: u64 = 16 << 20;
 impl Placed<Function> {
     /// Its parts of the BAR windows, as the plan gave them.
     fn place_windows(&self) -> Option<Windows> {
-        match &self.place {
-            Place::Pci(p) => p.windows,
-            Place::VirtioMmio(_) => None,
-        }
+        self.place.pci().and_then(|p| p.windows)
     }
 }
 

@@ -14,9 +14,7 @@ use boot::layout::MemoryLayout;
 use boot::regs::BootProtocol;
 use pool::Backing;
 
-use super::config::{
-    Console, CoreSelection, KernelSource, MemorySource, SandboxRequest, ValidConfig,
-};
+use super::config::{CoreSelection, KernelSource, MemorySource, SandboxRequest, ValidConfig};
 use super::error::LaunchError;
 use super::facts::{HostFacts, HostMemory};
 use crate::board::resources::MachinePlan;
@@ -51,8 +49,6 @@ pub struct Plan {
     pub(super) kernel: KernelSource,
     pub(super) initrd: Option<PathBuf>,
     pub(super) protocol: BootProtocol,
-    pub(super) console: Console,
-    pub(super) console_limit: u64,
     pub(super) ioeventfd: bool,
     /// Every device asked for, of every kind, in the order asked.
     pub(super) devices: Vec<DeviceSpec>,
@@ -166,9 +162,12 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         }
     }
     let idle = crate::cpu::idle::resolve(cfg.idle, &host.idle_caps)?;
+    // The kinds every board has (the console) join those asked, after them: the host's
+    // facts, read for those asked, stay in step.
+    let devices = DeviceSpec::with_implied(cfg.devices.clone());
     let machine = MachinePlan::new(
         layout.ram_ranges().len(),
-        &DeviceSpec::asks(&cfg.devices, &host.devices),
+        &DeviceSpec::asks(&devices, &host.devices),
         host.phys_bits,
     )?;
     let cpu_model = crate::cpu::cpumodel::resolve(cfg.cpu_model, host.kvm_pvm);
@@ -197,10 +196,8 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         kernel: cfg.kernel,
         initrd: cfg.initrd,
         protocol: cfg.protocol,
-        console: cfg.console,
-        console_limit: cfg.console_limit,
         ioeventfd: cfg.ioeventfd,
-        devices: cfg.devices,
+        devices,
         api_socket: cfg.api_socket,
     })
 }
@@ -302,15 +299,14 @@ mod tests {
         }
     }
 
-    /// Names a kernel, an initrd, a disk and a console that do not exist: the plan opens
-    /// none of them.
+    /// Names a kernel, an initrd and a disk that do not exist: the plan opens none of them
+    /// (the console, implied on stdout, is a device like the disk).
     fn config() -> LaunchConfig {
         LaunchConfig {
             cores: CoreSelection::List(vec![2, 3]),
             memory: 64 << 20,
             kernel: KernelSource::Path("/nonexistent/vmlinux".into()),
             initrd: Some("/nonexistent/initrd".into()),
-            console: Console::File("/nonexistent/dir/console.log".into()),
             idle: IdlePolicy::Auto,
             devices: vec![DeviceSpec::Disk(BlockConfig::new(
                 "/nonexistent/disk.img".into(),
@@ -336,6 +332,9 @@ mod tests {
     fn a_plan_is_made_from_the_configuration_and_the_facts_alone() {
         let plan = planned(config(), &host()).unwrap();
         assert_eq!(plan.cores(), &[2, 3]);
+        // The console, asked for by nobody, is on the board: COM1 at its ISA ports.
+        let isa: Vec<&str> = plan.machine.isa().iter().map(|d| d.name).collect();
+        assert_eq!(isa, ["COM1"]);
         assert_eq!(plan.memory(), 64 << 20);
         assert_eq!(plan.idle().policy, IdlePolicy::Mwait);
         assert_eq!(plan.cpu_model().name, "host");

@@ -24,15 +24,6 @@ pub enum KernelSource {
     },
 }
 
-/// Where the guest's serial output goes.
-#[derive(Clone, Debug)]
-pub enum Console {
-    /// The VMM's stdout.
-    Stdout,
-    /// A file (created or truncated).
-    File(PathBuf),
-}
-
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct LaunchConfig {
@@ -46,10 +37,6 @@ pub struct LaunchConfig {
     pub initrd: Option<PathBuf>,
     /// Kernel command line.
     pub cmdline: String,
-    /// Serial output.
-    pub console: Console,
-    /// Most bytes of serial output passed on (the rest is dropped and said once).
-    pub console_limit: u64,
     /// Entry protocol.
     pub protocol: BootProtocol,
     /// Where guest memory comes from.
@@ -70,8 +57,9 @@ pub struct LaunchConfig {
     /// Serve the local API ([`crate::api`]) on this Unix socket.
     pub api_socket: Option<PathBuf>,
     /// Every device, of every kind ([`crate::board::spec::DeviceSpec`]), in the order asked (the
-    /// CLI: each `--disk`, then each `--device`); disks take their virtio-mmio slots in
-    /// their order among them.
+    /// CLI: the console, each `--disk`, then each `--device`); disks take their virtio-mmio
+    /// slots in their order among them. A kind asked for none of that every board has (the
+    /// console) is added on stdout by the plan (`DeviceSpec::with_implied`).
     pub devices: Vec<crate::board::spec::DeviceSpec>,
 }
 
@@ -188,8 +176,6 @@ pub(crate) mod tests {
             kernel: KernelSource::Path("k".into()),
             initrd: None,
             cmdline: String::new(),
-            console: Console::Stdout,
-            console_limit: 1 << 20,
             protocol: BootProtocol::Linux64,
             source: MemorySource::Anonymous(Backing::Anonymous),
             state_dir: "/s".into(),

@@ -1,6 +1,6 @@
-//! The board a launch assembles: the legacy PC devices on the port bus, the console, and
-//! every device the user asked for, of whatever kind (`crate::board`'s kinds), held as one
-//! list that is started, stopped and reported without naming a kind.
+//! The board a launch assembles: the legacy PC devices on the port bus, and every device
+//! the launch has, of whatever kind (`crate::board`'s kinds: the console among them), held
+//! as one list that is started, stopped and reported without naming a kind.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,10 +10,8 @@ use devices::power::{
     ACPI_PM_BASE, ACPI_PM_LEN, AcpiPm, DEBUG_EXIT_LEN, DEBUG_EXIT_PORT, DebugExit,
 };
 use devices::rtc::{self, RTC_LEN, RTC_PORT, Rtc};
-use devices::serial::{COM1_IRQ, COM1_LEN, COM1_PORT};
 
-use crate::board::console::AttachedConsole;
-use crate::board::device::{Device, DeviceReport};
+use crate::board::device::{Device, DeviceReport, GuestOutput};
 use crate::board::kind::Board;
 use crate::board::spec::DeviceSpec;
 use crate::kvm::Vm;
@@ -23,33 +21,26 @@ use super::confine::Filters;
 use super::error::LaunchError;
 use super::open::Checked;
 
-/// The legacy devices on the PIO bus, as the ACPI DSDT describes them (COM1 with its
-/// interrupt; the RTC, whose interrupt is not emulated).
-pub(super) const LEGACY_DEVICES: [boot::acpi::IsaDevice; 2] = [
-    boot::acpi::IsaDevice {
-        name: "COM1",
-        hid: "PNP0501",
-        port: COM1_PORT as u16,
-        len: COM1_LEN as u8,
-        irq: Some(COM1_IRQ),
-    },
-    boot::acpi::IsaDevice {
-        name: "RTC0",
-        hid: "PNP0B00",
-        port: RTC_PORT as u16,
-        len: RTC_LEN as u8,
-        irq: None,
-    },
-];
+/// The board's own legacy devices on the PIO bus the ACPI DSDT describes (the RTC, whose
+/// interrupt is not emulated), beside those the kinds place there (the console's COM1,
+/// `MachinePlan::isa`).
+pub(super) const LEGACY_DEVICES: [boot::acpi::IsaDevice; 1] = [boot::acpi::IsaDevice {
+    name: "RTC0",
+    hid: "PNP0B00",
+    port: RTC_PORT as u16,
+    len: RTC_LEN as u8,
+    irq: None,
+}];
 
 /// The device buses, frozen, and what teardown needs of them.
 pub(super) struct Devices {
     pub(super) pio: Arc<Bus>,
     pub(super) mmio: Arc<Bus>,
-    pub(super) console: AttachedConsole,
-    /// Every device the user asked for, of every kind, in the order they are given back:
-    /// the kinds in the order of `board::spec`'s list (the disks, the engine, the
-    /// passed-through functions).
+    /// What the guest's text output told the launch (its first byte, its fault lines).
+    pub(super) output: GuestOutput,
+    /// Every device of the launch, of every kind, in the order they are given back: the
+    /// kinds in the order of `board::spec`'s list (the disks, the engine, the
+    /// passed-through functions, the console).
     pub(super) list: Vec<Box<dyn Device>>,
     /// The core device threads (queue workers, the engine) run on, when one is free.
     pub(super) worker_core: Option<usize>,
@@ -73,29 +64,23 @@ impl Devices {
         }
     }
 
-    /// Stops every device (their threads write into guest memory) and flushes the
-    /// console; each device's entry of the report.
+    /// Stops every device (their threads write into guest memory; the console, last,
+    /// flushes what the guest wrote); each device's entry of the report.
     pub(super) fn shut_down(&mut self) -> Vec<DeviceReport> {
-        let reports = self.list.iter_mut().map(|d| d.stop()).collect();
-        self.console
-            .serial
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .flush();
-        reports
+        self.list.iter_mut().map(|d| d.stop()).collect()
     }
 }
 
-/// The legacy devices on the PIO bus (the console on COM1 among them), the PCI root with
-/// its functions and the virtio-mmio devices on the MMIO bus: every kind the plan names.
+/// The board's legacy devices on the PIO bus, the PCI root with its functions, and every
+/// kind's devices where the plan put them (the virtio-mmio ones on the MMIO bus, the
+/// console's COM1 on the PIO bus).
 pub(super) fn attach_devices(
     checked: &mut Checked,
     vm: &Arc<Vm>,
     memory: &Arc<GuestMemory>,
 ) -> Result<Devices, LaunchError> {
     let mut pio = Bus::new("pio");
-    let out = std::mem::replace(&mut checked.console, Box::new(std::io::sink()));
-    let console = crate::board::console::attach(vm, &mut pio, out, checked.plan.console_limit)?;
+    let output = GuestOutput::default();
     pio.insert("i8042", I8042_BASE, I8042_LEN, Arc::new(Mutex::new(I8042)))?;
     pio.insert(
         "rtc",
@@ -127,6 +112,8 @@ pub(super) fn attach_devices(
         vm,
         memory,
         mmio: &mut mmio,
+        pio: &mut pio,
+        output: &output,
         resources: &mut machine.resources,
         cores: &checked.plan.cores,
         worker_core,
@@ -144,7 +131,7 @@ pub(super) fn attach_devices(
     Ok(Devices {
         pio: Arc::new(pio),
         mmio: Arc::new(mmio),
-        console,
+        output,
         list,
         worker_core,
     })

@@ -23,9 +23,6 @@ pub enum LaunchError {
     /// A device's threads could not start.
     #[error("{0}")]
     Device(#[from] crate::board::device::DeviceError),
-    /// The console could not be wired.
-    #[error("the console: {0}")]
-    Console(#[from] crate::board::console::ConsoleError),
     /// The devices asked for do not fit the machine.
     #[error("placing the devices: {0}")]
     Resources(#[from] ResourceError),

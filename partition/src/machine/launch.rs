@@ -236,12 +236,12 @@ pub fn run(
     drop(signals);
 
     let first_output = devices
-        .console
+        .output
         .first_byte
         .get()
         .map(|t| t.at.duration_since(started));
     let timeline = devices
-        .console
+        .output
         .first_byte
         .get()
         .and_then(|t| crate::sys::timeline::phases(*t));
@@ -284,8 +284,8 @@ pub fn run(
         devices: device_reports,
         pci_window64: checked.plan.machine.window64,
         guest_fault_lines: devices
-            .console
-            .guest_faults
+            .output
+            .fault_lines
             .load(std::sync::atomic::Ordering::Relaxed),
         sandbox: match &checked.plan.sandbox {
             Sandbox::On(who) => Some(who.clone()),
@@ -331,7 +331,7 @@ pub(super) fn write_boot(checked: &Checked, memory: &GuestMemory) -> Result<Boot
             cpus: checked.plan.cores.len(),
             protocol: checked.plan.protocol,
             virtio_mmio: &checked.plan.machine.virtio_mmio(),
-            isa: &LEGACY_DEVICES,
+            isa: &[checked.plan.machine.isa(), LEGACY_DEVICES.to_vec()].concat(),
             sleep_port: ACPI_PM_BASE as u16,
             pci: crate::board::pci::host_bridge(&checked.plan.machine),
             // Every backing is fresh at this point: anonymous and hugetlb pages come zeroed

@@ -1,16 +1,15 @@
 //! The launch's second step: what the plan names is opened and read, each once, before
 //! guest memory is taken or a VM is made: the kernel (parsed, checked against the memory
 //! layout, the entry protocol and the command line's length), the initrd (placed), the
-//! disks, the console and the API socket's directory. [`Checked`] holds the plan and these.
+//! devices' files (the disks, the console's) and the API socket's directory. [`Checked`] holds the plan and these.
 
 use std::borrow::Cow;
-use std::io::Write;
 
 use boot::kernel::{KernelError, KernelImage};
 use boot::regs::BootProtocol;
 
 use super::check::Plan;
-use super::config::{Console, KernelSource};
+use super::config::KernelSource;
 use super::error::LaunchError;
 
 /// Largest initrd accepted.
@@ -25,7 +24,6 @@ pub struct Checked {
     pub(super) kernel: KernelImage,
     pub(super) kernel_name: String,
     pub(super) initrd: Option<Vec<u8>>,
-    pub(super) console: Box<dyn Write + Send>,
     /// Where the API socket goes, its directory held open.
     pub(super) api_place: Option<crate::api::ApiPlace>,
 }
@@ -97,58 +95,12 @@ pub fn open(plan: Plan) -> Result<Checked, LaunchError> {
         }
         None => None,
     };
-    let console: Box<dyn Write + Send> = match &plan.console {
-        Console::Stdout => Box::new(std::io::stdout()),
-        Console::File(p) => Box::new(std::io::LineWriter::new(open_console(p)?)),
-    };
     Ok(Checked {
         plan,
         opened,
         kernel,
         kernel_name,
         initrd,
-        console,
         api_place,
     })
-}
-
-/// Opens `--console FILE` for writing without waiting (a FIFO's open would block until a
-/// reader came), once, by [`crate::sys::files::open`]: a regular file (created, or
-/// truncated once it is known to be one), `/dev/null` or a terminal; anything else is
-/// refused.
-pub(super) fn open_console(p: &std::path::Path) -> Result<std::fs::File, LaunchError> {
-    use crate::sys::files::{self, FileError, How};
-    use std::os::unix::fs::FileTypeExt;
-    let refused = |source| LaunchError::Path {
-        what: "--console",
-        path: p.to_path_buf(),
-        source,
-    };
-    let not_regular = || {
-        refused(FileError::Io(std::io::Error::other(
-            "not a regular file, /dev/null or a terminal",
-        )))
-    };
-    let f = files::open(p, How::CREATE_WRITE).map_err(|e| {
-        match e.io().and_then(|e| e.raw_os_error()) {
-            // A FIFO without a reader: O_NONBLOCK refuses it at once.
-            Some(libc::ENXIO) => not_regular(),
-            _ => refused(e),
-        }
-    })?;
-    let m = f.metadata().map_err(|e| refused(e.into()))?;
-    if m.is_file() {
-        f.set_len(0).map_err(|e| refused(e.into()))?;
-        return Ok(f);
-    }
-    if m.file_type().is_char_device() && (is_dev_null(&m) || std::io::IsTerminal::is_terminal(&f)) {
-        return Ok(f);
-    }
-    Err(not_regular())
-}
-
-/// Whether `m` is the null device (character device 1:3).
-fn is_dev_null(m: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    libc::major(m.rdev()) == 1 && libc::minor(m.rdev()) == 3
 }

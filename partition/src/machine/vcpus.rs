@@ -249,7 +249,7 @@ pub(super) fn create_vcpus(
             kicker,
             pause: Arc::default(),
             syscall: SyscallRepair::new(checked.plan.cpu_model.syscall_repair),
-            guest_faults: devices.console.guest_faults.clone(),
+            guest_faults: devices.output.fault_lines.clone(),
             stats: h.stats.clone(),
         };
         out.handles.push(h);

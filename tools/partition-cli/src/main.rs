@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod embedded;
 mod verbs;
+use partition::board::console::Output as ConsoleOutput;
 use partition::board::spec::DeviceSpec;
 use partition::machine::launch;
 use partition::machine::open::Checked;
@@ -428,9 +429,12 @@ fn launch(a: LaunchArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
-    // Every device in one list, each option's words parsed by its kind: the disks, then
-    // the --device functions.
-    let mut devices = Vec::new();
+    // Every device in one list, each option's words parsed by its kind: the console, the
+    // disks, then the --device functions.
+    let mut devices = vec![DeviceSpec::Console(Console {
+        output: a.console.map_or(ConsoleOutput::Stdout, ConsoleOutput::File),
+        limit: a.console_limit,
+    })];
     for (i, d) in a.disk.iter().enumerate() {
         match partition::board::disks::parse(d, i) {
             Ok(c) => devices.push(DeviceSpec::Disk(c)),
@@ -462,8 +466,6 @@ fn launch(a: LaunchArgs) -> ExitCode {
         kernel,
         initrd: a.initrd,
         cmdline: a.cmdline,
-        console: a.console.map_or(Console::Stdout, Console::File),
-        console_limit: a.console_limit,
         protocol: match a.boot {
             Boot::Linux64 => boot::regs::BootProtocol::Linux64,
             Boot::Pvh => boot::regs::BootProtocol::Pvh,

@@ -416,12 +416,22 @@ fn console_output_stops_at_its_limit() {
             console.to_str().unwrap(),
             "--console-limit",
             "100",
+            "--json",
         ],
         LIMIT,
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
     let bytes = std::fs::read(&console).unwrap();
     assert_eq!(bytes.len(), 100, "{}", String::from_utf8_lossy(&bytes));
+    // The console's entry in the report says what it passed on and what it dropped.
+    let c = report(&out.stdout)["console"].clone();
+    assert_eq!(c["output"], console.to_str().unwrap(), "{c}");
+    assert_eq!(
+        (c["limit"].as_u64(), c["written"].as_u64()),
+        (Some(100), Some(100)),
+        "{c}"
+    );
+    assert!(c["dropped"].as_u64().is_some_and(|d| d > 0), "{c}");
     assert!(
         bytes.starts_with(b"probe: "),
         "{}",
