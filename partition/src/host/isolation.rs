@@ -572,13 +572,12 @@ pub fn cpu_mask(cores: &[usize]) -> String {
     parts.join(",")
 }
 
-/// Points every movable IRQ that may fire on a reserved core at the housekeeping cores.
-/// Returns the records to restore and the IRQs that refused (the kernel manages their
-/// affinity).
-pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>, Vec<u32>) {
+/// Every IRQ affinity a reservation of `reserved` would move, as it is now (each IRQ whose
+/// affinity includes a reserved core, and the default for new IRQs): what a reserve writes
+/// down before it moves any ([`point_irqs`]), so that a reserve killed part-way can be put
+/// back.
+pub fn irqs_to_move(reserved: &[usize]) -> Vec<IrqRecord> {
     let mut records = Vec::new();
-    let mut refused = Vec::new();
-    let hk = cores::format(housekeeping);
     let entries = std::fs::read_dir("/proc/irq")
         .into_iter()
         .flatten()
@@ -592,24 +591,45 @@ pub fn move_irqs(reserved: &[usize], housekeeping: &[usize]) -> (Vec<IrqRecord>,
         let Ok(cur) = cores::parse(&old) else {
             continue;
         };
-        if !cur.iter().any(|c| reserved.contains(c)) {
-            continue;
-        }
-        match std::fs::write(&file, &hk) {
-            Ok(()) => records.push(IrqRecord { file, old }),
-            Err(_) => refused.extend(e.file_name().to_str().and_then(|n| n.parse::<u32>().ok())),
+        if cur.iter().any(|c| reserved.contains(c)) {
+            records.push(IrqRecord { file, old });
         }
     }
     let dflt = PathBuf::from("/proc/irq/default_smp_affinity");
     if let Ok(old) = std::fs::read_to_string(&dflt) {
-        if std::fs::write(&dflt, cpu_mask(housekeeping)).is_ok() {
-            records.push(IrqRecord {
-                file: dflt,
-                old: old.trim().to_string(),
-            });
+        records.push(IrqRecord {
+            file: dflt,
+            old: old.trim().to_string(),
+        });
+    }
+    records
+}
+
+/// Points each of `records`' IRQs (and the default, if among them) at the housekeeping
+/// cores. Returns the records to restore (those moved) and the IRQs that refused (the
+/// kernel manages their affinity).
+pub fn point_irqs(records: &[IrqRecord], housekeeping: &[usize]) -> (Vec<IrqRecord>, Vec<u32>) {
+    let hk = cores::format(housekeeping);
+    let mut moved = Vec::new();
+    let mut refused = Vec::new();
+    for r in records {
+        let default = r.file.file_name() == Some(std::ffi::OsStr::new("default_smp_affinity"));
+        let to = if default {
+            cpu_mask(housekeeping)
+        } else {
+            hk.clone()
+        };
+        match std::fs::write(&r.file, to) {
+            Ok(()) => moved.push(r.clone()),
+            Err(_) if default => {}
+            Err(_) => refused.extend(
+                r.file
+                    .parent()
+                    .and_then(|d| d.file_name()?.to_str()?.parse::<u32>().ok()),
+            ),
         }
     }
-    (records, refused)
+    (moved, refused)
 }
 
 /// An IRQ whose affinity includes a reserved core.

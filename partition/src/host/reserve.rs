@@ -14,8 +14,8 @@ use pool::hugetlbfs::{self, HugetlbfsError};
 use pool::poolfile::{PoolFile, PoolFileError};
 
 use crate::host::ledger::{
-    CoreRecord, IrqbalanceMode, IrqbalanceRecord, Isolation, Ledger, LedgerError, LedgerLock,
-    PoolRecord, VERSION, now,
+    CoreRecord, HugepagesAdded, IrqbalanceMode, IrqbalanceRecord, Isolation, Ledger, LedgerError,
+    LedgerLock, PoolRecord, Unfinished, VERSION, now, own_mount,
 };
 use crate::host::plan::HostPlan;
 use crate::host::{irqbalance, isolation};
@@ -174,7 +174,8 @@ pub fn core_holder(claims: &Path, core: usize) -> Option<PathBuf> {
 /// Environment variable naming a point at which `reserve` fails on purpose, once the
 /// hugepages, the pool file, the cores and the IRQs are taken (`after-isolation`): how the
 /// tests see every step rolled back. `kill-after-isolation` kills the process there
-/// instead (SIGKILL: no undo runs), as a crash would. Only debug builds (the test builds)
+/// instead (SIGKILL: no undo runs), as a crash would: the next reserve or unreserve gives
+/// back what it took, from its record. Only debug builds (the test builds)
 /// have it.
 pub const FAIL_ENV: &str = "PARTITION_TEST_RESERVE_FAIL_AT";
 
@@ -335,6 +336,7 @@ fn reserve_locked(
 ) -> Result<ReserveReport, ReserveError> {
     let mut outcome = ReserveOutcome::Created;
     widen_unrecorded(lock);
+    give_back_unfinished(lock);
     if let Some(old) = lock.load()? {
         if old.plan == plan.record() {
             // A reservation made before cores were claimed host-wide gets its claims now.
@@ -394,9 +396,11 @@ fn reserve_locked(
             })
         }
         Err(e) => {
-            // The undos widened what was narrowed: its record goes too.
+            // The undos gave back what was taken and widened what was narrowed: their
+            // records go too.
             undo.run();
             lock.clear_narrowing();
+            lock.clear_unfinished();
             Err(e)
         }
     }
@@ -452,7 +456,19 @@ fn build(
     ) {
         return Err(ReserveError::HostMemory(why));
     }
+    // What each step takes is written down before the step (`Unfinished`): a reserve
+    // killed part-way leaves it for the next reserve or unreserve to give back.
+    let mut taken = Unfinished {
+        page_size: plan.page_size,
+        node: plan.node,
+        ..Unfinished::default()
+    };
     let counter = Counter::new(plan.page_size, plan.node)?;
+    taken.hugepages = Some(HugepagesAdded {
+        before: counter.total()?,
+        added: pages,
+    });
+    lock.store_unfinished(&taken)?;
     counter.grow(pages, plan.page_size)?;
     {
         let c = counter.clone();
@@ -465,7 +481,9 @@ fn build(
     let (mount, mounted_by_us) = match hugetlbfs::find_mount(plan.page_size) {
         Some(m) => (m, false),
         None => {
-            let dir = state_dir.join(format!("hugetlbfs-{}k", plan.page_size >> 10));
+            let dir = own_mount(&state_dir, plan.page_size);
+            taken.mount = Some(dir.clone());
+            lock.store_unfinished(&taken)?;
             std::fs::create_dir_all(&dir).map_err(|source| ReserveError::Io {
                 path: dir.clone(),
                 what: "mkdir",
@@ -486,6 +504,8 @@ fn build(
 
     // 3. The pool file, preallocated (the kernel zeroes hugepages it hands out).
     let file = mount.join(pool_file_name(&state_dir));
+    taken.pool_file = Some(file.clone());
+    lock.store_unfinished(&taken)?;
     let start = Instant::now();
     let _pool = with_node(plan.node, || {
         PoolFile::create(&file, plan.memory, plan.page_size, progress)
@@ -538,19 +558,24 @@ fn build(
                     let _ = give_back_irqbalance(&r);
                 });
             }
+            taken.irqbalance = Some(r.clone());
+            lock.store_unfinished(&taken)?;
             d.ban_and_wait(&r.banned)?;
             Some(r)
         }
         None => None,
     };
-    let (irqs, irqs_left) = isolation::move_irqs(&plan.cores, &plan.housekeeping);
-    let irqs_refused = irqs_left.len();
+    taken.irqs = isolation::irqs_to_move(&plan.cores);
+    lock.store_unfinished(&taken)?;
     {
-        let r = irqs.clone();
+        // Put back as written down: a move the kernel refused is put back as it was.
+        let r = taken.irqs.clone();
         undo.push(move || {
             isolation::restore_irqs(&r);
         });
     }
+    let (irqs, irqs_left) = isolation::point_irqs(&taken.irqs, &plan.housekeeping);
+    let irqs_refused = irqs_left.len();
     fail_point("after-isolation")?;
 
     let mut reserved = plan.cores.clone();
@@ -580,6 +605,7 @@ fn build(
     };
     lock.store(&ledger)?;
     lock.clear_narrowing();
+    lock.clear_unfinished();
     Ok((ledger, prealloc, irqs_refused))
 }
 
@@ -727,6 +753,65 @@ fn widen_unrecorded(lock: &LedgerLock) {
     }
 }
 
+/// A reserve killed part-way left what it had taken written down ([`Unfinished`]): gives
+/// it back, best effort, and removes the record once done (a ledger beside it means the
+/// reserve finished, and the ledger holds it all). Each part is written before its step
+/// is taken, so each is given back only as far as it was taken: the pool file and our own
+/// mount if they exist (on hugetlbfs only), the IRQs as they were, and of the hugepages
+/// only those the counter holds beyond its count before.
+fn give_back_unfinished(lock: &LedgerLock) {
+    let Some(u) = lock.unfinished() else {
+        return;
+    };
+    if matches!(lock.load(), Ok(Some(_))) {
+        lock.clear_unfinished();
+        return;
+    }
+    log::warn!("a reserve that did not finish had taken host resources: giving them back");
+    if let Some(r) = &u.irqbalance {
+        if let Err(e) = give_back_irqbalance(r) {
+            log::warn!("irqbalance: {e}");
+        }
+    }
+    let n = isolation::restore_irqs(&u.irqs);
+    if n > 0 {
+        log::warn!("{n} IRQ affinities could not be restored");
+    }
+    if let Some(f) = &u.pool_file {
+        // Only on hugetlbfs (our mount or the host's): nothing else is removed.
+        if !f.parent().is_some_and(hugetlbfs::is_hugetlbfs) {
+            log::warn!("{}: not on hugetlbfs; left", f.display());
+        } else if let Err(e) = std::fs::remove_file(f) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                log::warn!("{}: {e}", f.display());
+            }
+        }
+    }
+    if let Some(m) = &u.mount {
+        if hugetlbfs::is_hugetlbfs(m) {
+            if let Err(e) = hugetlbfs::umount(m) {
+                log::warn!("{e}");
+            }
+        }
+        let _ = std::fs::remove_dir(m);
+    }
+    if let Some(h) = u.hugepages {
+        let c = Counter::at(u.hugepage_dir());
+        match c.total() {
+            Ok(now) => {
+                let ours = now.saturating_sub(h.before).min(h.added);
+                if ours > 0 {
+                    if let Err(e) = c.shrink(ours) {
+                        log::warn!("{e}");
+                    }
+                }
+            }
+            Err(e) => log::warn!("{e}"),
+        }
+    }
+    lock.clear_unfinished();
+}
+
 /// Gives back everything reserve took. Refused while any partition (running or dead) is
 /// recorded.
 pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
@@ -734,6 +819,7 @@ pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
         return Ok(UnreserveReport::default());
     };
     widen_unrecorded(&lock);
+    give_back_unfinished(&lock);
     let Some(l) = lock.load()? else {
         return Ok(UnreserveReport::default());
     };

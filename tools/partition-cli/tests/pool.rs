@@ -851,17 +851,34 @@ fn a_reservation_takes_its_cores_from_every_other_cpuset() {
     assert_eq!(out.code(), 0, "{}", out.stderr);
     drop(pinned);
 
-    // Killed once the cpusets are narrowed, before its ledger records them: the next
-    // reserve widens them back first, so its ledger holds what they were before.
-    let out = h.run_env(
-        &["reserve", "--memory", "64M", "--cores", "1"],
-        &[(partition::host::reserve::FAIL_ENV, "kill-after-isolation")],
-    );
-    assert_eq!(out.code(), -1, "expected death by SIGKILL: {}", out.stderr);
-    assert_ne!(ForeignCpuset::cpus(&docker.dir), all, "not narrowed");
-    assert!(h.dir.join("narrowing.json").exists());
+    // Killed once the hugepages, the pool file, the cpusets and the IRQs are taken, before
+    // its ledger records them: the next reserve widens the cpusets back and gives back
+    // what the killed one took (written down before each step) first, so its ledger holds
+    // what the host had before, and the unreserve after it leaves the host as it was.
+    let before = settings();
+    let kill = |h: &Host| {
+        let out = h.run_env(
+            &["reserve", "--memory", "64M", "--cores", "1"],
+            &[(partition::host::reserve::FAIL_ENV, "kill-after-isolation")],
+        );
+        assert_eq!(out.code(), -1, "expected death by SIGKILL: {}", out.stderr);
+        assert_ne!(ForeignCpuset::cpus(&docker.dir), all, "not narrowed");
+        assert_ne!(
+            settings().nr_hugepages,
+            before.nr_hugepages,
+            "no hugepages taken"
+        );
+        for f in ["narrowing.json", "unfinished.json"] {
+            assert!(h.dir.join(f).exists(), "no {f}");
+        }
+    };
+    kill(&h);
     h.reserve("64M");
-    assert!(!h.dir.join("narrowing.json").exists());
+    for f in ["narrowing.json", "unfinished.json"] {
+        assert!(!h.dir.join(f).exists(), "{f} left after the recovery");
+    }
+    let pool = h.ledger_json()["pool"].clone();
+    assert_eq!(pool["hugepages_added"], 32, "{pool}");
     let narrowed = h.ledger_json()["cores"]["isolation"]["narrowed"].clone();
     let n = narrowed.as_array().unwrap();
     assert!(
@@ -875,4 +892,11 @@ fn a_reservation_takes_its_cores_from_every_other_cpuset() {
     assert_eq!(out.code(), 0, "{}", out.stderr);
     assert_eq!(ForeignCpuset::cpus(&docker.dir), all);
     assert_eq!(ForeignCpuset::cpus(&child), all);
+    assert_eq!(settings(), before);
+    // Killed again, and only unreserved: the same, with no reservation made after.
+    kill(&h);
+    let out = h.run(&["unreserve"]);
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    assert!(!h.dir.join("unfinished.json").exists());
+    assert_eq!(settings(), before);
 }

@@ -3,7 +3,8 @@
 //! lock that says its launcher is alive.
 
 use super::{
-    LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, NARROWING, NarrowedCpuset, VERSION,
+    LEDGER, LOCK, LOCKS, Ledger, LedgerError, MAX_LEDGER, NARROWING, NarrowedCpuset, UNFINISHED,
+    Unfinished, VERSION,
 };
 use std::fs::File;
 use std::io::Read;
@@ -190,6 +191,44 @@ impl LedgerLock {
                 Vec::new()
             }
         }
+    }
+
+    /// Records what a reserve has taken so far (see [`UNFINISHED`]), before its next step.
+    pub fn store_unfinished(&self, u: &Unfinished) -> Result<(), LedgerError> {
+        let text = serde_json::to_string(u).map_err(|e| LedgerError::Corrupt {
+            path: self.dir.join(UNFINISHED),
+            reason: e.to_string(),
+        })?;
+        self.dir.replace(UNFINISHED, text.as_bytes())?;
+        Ok(())
+    }
+
+    /// What a reserve that did not finish had taken, if it left a record naming only what
+    /// a reserve here could have taken (kept until [`Self::clear_unfinished`], so a give
+    /// back cut short is done again); a record that is not is removed, and None.
+    pub fn unfinished(&self) -> Option<Unfinished> {
+        let Ok(Some(f)) = self.dir.read_file(UNFINISHED) else {
+            return None;
+        };
+        let mut text = String::new();
+        let read = f.take(MAX_LEDGER).read_to_string(&mut text).is_ok();
+        let path = self.dir.join(UNFINISHED);
+        let checked = match serde_json::from_str::<Unfinished>(&text) {
+            Ok(u) if read => u.check_paths(self.dir()).map(|()| u),
+            _ => Err("unreadable".into()),
+        };
+        checked
+            .inspect_err(|e| {
+                log::warn!("{}: {e}; ignored", path.display());
+                let _ = self.dir.remove(UNFINISHED);
+            })
+            .ok()
+    }
+
+    /// Removes the record of what a reserve has taken (the ledger has it now, or it was
+    /// given back).
+    pub fn clear_unfinished(&self) {
+        let _ = self.dir.remove(UNFINISHED);
     }
 
     /// Removes the record of cpusets being narrowed (the ledger has them now, or they were

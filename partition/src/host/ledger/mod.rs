@@ -25,6 +25,10 @@ const LOCK: &str = "ledger.lock";
 /// removed once the ledger records them: a reserve killed between the two leaves this for
 /// the next reserve or unreserve to widen them back.
 const NARROWING: &str = "narrowing.json";
+/// What a reserve has taken so far ([`Unfinished`]), written before each step takes it and
+/// removed once the ledger records it all or the reserve has given it back: a reserve
+/// killed part-way leaves this for the next reserve or unreserve to give back.
+const UNFINISHED: &str = "unfinished.json";
 /// Directory of the partitions' liveness locks.
 const LOCKS: &str = "locks";
 /// Largest ledger read (a forged one cannot make us read without end).
@@ -253,6 +257,105 @@ pub struct IrqRecord {
     pub old: String,
 }
 
+/// What a reserve that has not finished has taken (or is about to take: each part is
+/// written before its step, and giving it back is harmless if the step never happened), so
+/// that a reserve killed part-way leaves nothing behind once the next `reserve` or
+/// `unreserve` has run. The cpusets it narrows have their own record ([`NARROWING`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unfinished {
+    /// The pool's page size.
+    pub page_size: u64,
+    /// The NUMA node its hugepages come from.
+    pub node: Option<u32>,
+    /// Hugepages being added to the kernel's pool.
+    pub hugepages: Option<HugepagesAdded>,
+    /// The hugetlbfs mount the reserve makes in its state directory.
+    pub mount: Option<PathBuf>,
+    /// The pool file.
+    pub pool_file: Option<PathBuf>,
+    /// The ban being given a running irqbalance.
+    pub irqbalance: Option<IrqbalanceRecord>,
+    /// IRQ affinities as they were before the reserve moved them.
+    pub irqs: Vec<IrqRecord>,
+}
+
+/// Hugepages a reserve adds: the kernel's count before, and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HugepagesAdded {
+    /// The counter's total before.
+    pub before: u64,
+    /// How many are added.
+    pub added: u64,
+}
+
+impl Unfinished {
+    /// Whether every path it names is one a reserve in `state_dir` could have written
+    /// ([`Ledger::check_paths`]'s rules): giving it back removes, unmounts and writes what
+    /// it names.
+    pub fn check_paths(&self, state_dir: &Path) -> Result<(), String> {
+        let page = self.page_size;
+        if !PAGE_SIZES.contains(&page) {
+            return Err(format!("page size {page} is neither 2 MiB nor 1 GiB"));
+        }
+        if let Some(m) = &self.mount {
+            if *m != own_mount(state_dir, page) {
+                return Err(format!(
+                    "mount {} is not this state directory's own",
+                    m.display()
+                ));
+            }
+        }
+        if let Some(f) = &self.pool_file {
+            plain(f)?;
+            let tag = state_tag(state_dir);
+            if f.file_name() != Some(std::ffi::OsStr::new(&format!("{tag}-pool"))) {
+                return Err(format!("pool file {} is not {tag}-pool", f.display()));
+            }
+        }
+        check_irq_files(&self.irqs)
+    }
+
+    /// The kernel's hugepage counter it adds to.
+    pub fn hugepage_dir(&self) -> PathBuf {
+        hugepage_counter(self.page_size, self.node)
+    }
+}
+
+/// The hugetlbfs mount a reserve in `state_dir` makes for `page`-sized pages when the host
+/// has none.
+pub fn own_mount(state_dir: &Path, page: u64) -> PathBuf {
+    state_dir.join(format!("hugetlbfs-{}k", page >> 10))
+}
+
+/// The kernel's hugepage counter for `page`-sized pages (on `node`, or the whole host's).
+pub fn hugepage_counter(page: u64, node: Option<u32>) -> PathBuf {
+    let kb = page >> 10;
+    match node {
+        None => PathBuf::from(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB")),
+        Some(n) => PathBuf::from(format!(
+            "/sys/devices/system/node/node{n}/hugepages/hugepages-{kb}kB"
+        )),
+    }
+}
+
+/// Whether each record names an IRQ affinity file (`/proc/irq/N/smp_affinity_list` or the
+/// default).
+fn check_irq_files(irqs: &[IrqRecord]) -> Result<(), String> {
+    for irq in irqs {
+        let f = irq.file.to_string_lossy();
+        let ok = f == "/proc/irq/default_smp_affinity"
+            || f.strip_prefix("/proc/irq/")
+                .and_then(|r| r.strip_suffix("/smp_affinity_list"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !ok {
+            return Err(format!("IRQ record names {f}, not an IRQ affinity file"));
+        }
+    }
+    Ok(())
+}
+
 /// The reserved cores.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -431,7 +534,7 @@ impl Ledger {
         let tag = state_tag(state_dir);
         let p = &self.pool;
         plain(&p.mount)?;
-        if p.mounted_by_us && p.mount != state_dir.join(format!("hugetlbfs-{}k", page >> 10)) {
+        if p.mounted_by_us && p.mount != own_mount(state_dir, page) {
             return Err(format!(
                 "pool mount {} is not this state directory's own",
                 p.mount.display()
@@ -444,13 +547,7 @@ impl Ledger {
                 p.mount.display()
             ));
         }
-        let kb = page >> 10;
-        let counter = match self.plan.node {
-            None => PathBuf::from(format!("/sys/kernel/mm/hugepages/hugepages-{kb}kB")),
-            Some(n) => PathBuf::from(format!(
-                "/sys/devices/system/node/node{n}/hugepages/hugepages-{kb}kB"
-            )),
-        };
+        let counter = hugepage_counter(page, self.plan.node);
         if p.hugepage_dir != counter {
             return Err(format!(
                 "hugepage counter {} is not {}",
@@ -458,16 +555,7 @@ impl Ledger {
                 counter.display()
             ));
         }
-        for irq in &self.irqs {
-            let f = irq.file.to_string_lossy();
-            let ok = f == "/proc/irq/default_smp_affinity"
-                || f.strip_prefix("/proc/irq/")
-                    .and_then(|r| r.strip_suffix("/smp_affinity_list"))
-                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-            if !ok {
-                return Err(format!("IRQ record names {f}, not an IRQ affinity file"));
-            }
-        }
+        check_irq_files(&self.irqs)?;
         match &self.cores.isolation {
             Isolation::None { .. } => {}
             Isolation::CgroupV1 {
