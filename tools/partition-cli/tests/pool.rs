@@ -582,7 +582,9 @@ fn a_failed_reserve_rolls_everything_back() {
     assert_eq!(out.code(), 1, "{}", out.stderr);
     assert!(out.stderr.contains("failing on purpose"), "{}", out.stderr);
     assert_eq!(settings(), before);
-    assert!(!h.dir.join("ledger.json").exists());
+    for f in ["ledger.json", "narrowing.json", "unfinished.json"] {
+        assert!(!h.dir.join(f).exists(), "the failed reserve left {f}");
+    }
     // Bad plans are refused before anything is touched.
     std::fs::create_dir_all(&h.dir).unwrap();
     let plan = h.dir.join("host.toml");
@@ -821,7 +823,7 @@ fn a_reservation_takes_its_cores_from_every_other_cpuset() {
         out.stderr
     );
     assert_eq!(settings(), before);
-    for f in ["ledger.json", "narrowing.json"] {
+    for f in ["ledger.json", "narrowing.json", "unfinished.json"] {
         assert!(!h.dir.join(f).exists(), "the refused reserve left {f}");
     }
     // Shared cores accepted: reserved, said so, no cpuset touched.

@@ -773,6 +773,83 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_unfinished_record_names_only_what_a_reserve_here_takes() {
+        let dir = scratch("unfinished");
+        let lock = LedgerLock::exclusive(&dir).unwrap();
+        let here = lock.dir().to_path_buf();
+        let tag = state_tag(&here);
+        let good = Unfinished {
+            page_size: 2 << 20,
+            node: None,
+            hugepages: Some(HugepagesAdded {
+                before: 4,
+                added: 32,
+            }),
+            mount: Some(own_mount(&here, 2 << 20)),
+            pool_file: Some(own_mount(&here, 2 << 20).join(format!("{tag}-pool"))),
+            irqbalance: None,
+            irqs: vec![IrqRecord {
+                file: "/proc/irq/24/smp_affinity_list".into(),
+                old: "0-1".into(),
+            }],
+        };
+        assert_eq!(good.check_paths(&here), Ok(()));
+        assert_eq!(
+            good.hugepage_dir(),
+            PathBuf::from("/sys/kernel/mm/hugepages/hugepages-2048kB")
+        );
+        // Stored, it is read back as written, and stays until cleared.
+        assert_eq!(lock.unfinished(), None);
+        lock.store_unfinished(&good).unwrap();
+        assert_eq!(lock.unfinished(), Some(good.clone()));
+        assert_eq!(lock.unfinished(), Some(good.clone()));
+        lock.clear_unfinished();
+        assert_eq!(lock.unfinished(), None);
+        // Forged: each is refused, and the record removed.
+        let forged: Vec<(&str, Unfinished)> = vec![
+            (
+                "a mount elsewhere",
+                Unfinished {
+                    mount: Some("/dev/hugepages".into()),
+                    ..good.clone()
+                },
+            ),
+            (
+                "a pool file under another name",
+                Unfinished {
+                    pool_file: Some("/etc/shadow".into()),
+                    ..good.clone()
+                },
+            ),
+            (
+                "an IRQ record on another file",
+                Unfinished {
+                    irqs: vec![IrqRecord {
+                        file: "/etc/passwd".into(),
+                        old: "x".into(),
+                    }],
+                    ..good.clone()
+                },
+            ),
+            (
+                "a 4 KiB page",
+                Unfinished {
+                    page_size: 4096,
+                    ..good.clone()
+                },
+            ),
+        ];
+        for (what, u) in forged {
+            assert!(u.check_paths(&here).is_err(), "{what}");
+            lock.store_unfinished(&u).unwrap();
+            assert_eq!(lock.unfinished(), None, "{what}");
+            assert!(!here.join(UNFINISHED).exists(), "{what}");
+        }
+        drop(lock);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_ledger_pointing_outside_its_reservation_is_refused() {
         let dir = scratch("paths");
         let lock = LedgerLock::exclusive(&dir).unwrap();
