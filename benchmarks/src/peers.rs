@@ -272,14 +272,19 @@ mod tests {
         std::fs::create_dir_all(repo.join("target/release")).unwrap();
         let bin = repo.join("target/release/vmm");
         std::fs::write(&bin, "x").unwrap();
+        // The commit checked out at `at`, if it is in a checkout.
+        let head = |at: &std::path::Path| {
+            Command::new("git")
+                .arg("-C")
+                .arg(at)
+                .args(["rev-parse", "HEAD"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
         // Outside any checkout (unless the system's temp dir is itself in one).
-        let in_checkout = Command::new("git")
-            .arg("-C")
-            .arg(&dir.0)
-            .args(["rev-parse", "HEAD"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !in_checkout {
+        if head(&dir.0).is_none() {
             assert_eq!(commit(&bin), None);
         }
         let git = |args: &[&str]| {
@@ -298,20 +303,11 @@ mod tests {
         std::fs::write(repo.join("a"), "1").unwrap();
         git(&["add", "a"]);
         git(&["commit", "-q", "-m", "one"]);
-        let head = String::from_utf8(
-            Command::new("git")
-                .arg("-C")
-                .arg(&repo)
-                .args(["rev-parse", "HEAD"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        assert_eq!(commit(&bin).as_deref(), Some(head.trim()));
+        let head = head(&repo).unwrap();
+        assert_eq!(commit(&bin).as_deref(), Some(head.as_str()));
         // A change to a tracked file marks it.
         std::fs::write(repo.join("a"), "2").unwrap();
-        assert_eq!(commit(&bin), Some(format!("{}-dirty", head.trim())));
+        assert_eq!(commit(&bin), Some(format!("{head}-dirty")));
     }
 
     #[test]
