@@ -190,6 +190,9 @@ pub struct Status {
     pub state_dir: PathBuf,
     /// Whether anything is reserved.
     pub reserved: bool,
+    /// With nothing reserved: a reserve that did not finish (killed part-way) left host
+    /// resources taken and written down; the next `reserve` or `unreserve` gives them back.
+    pub unfinished: bool,
     /// The pool.
     pub pool: Option<PoolStatus>,
     /// The cores.
@@ -343,9 +346,10 @@ fn irqbalance_status(l: &crate::host::ledger::Ledger) -> Option<IrqbalanceStatus
 
 /// Reads the state directory.
 pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
-    let none = || Status {
+    let none = |unfinished| Status {
         state_dir: state_dir.to_path_buf(),
         reserved: false,
+        unfinished,
         pool: None,
         cores: None,
         irqs_moved: 0,
@@ -354,10 +358,10 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         partitions: Vec::new(),
     };
     let Some(lock) = LedgerLock::shared_existing(state_dir)? else {
-        return Ok(none());
+        return Ok(none(false));
     };
     let Some(l) = lock.load()? else {
-        return Ok(none());
+        return Ok(none(lock.has_unfinished_reserve()));
     };
     let free = l
         .allocator()
@@ -423,6 +427,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
     Ok(Status {
         state_dir: state_dir.to_path_buf(),
         reserved: true,
+        unfinished: false,
         pool: Some(PoolStatus {
             file: l.pool.file.clone(),
             size: l.pool.size,

@@ -274,6 +274,13 @@ fn print_status(s: &Status) {
     println!("state dir: {}", s.state_dir.display());
     if !s.reserved {
         println!("nothing reserved");
+        if s.unfinished {
+            println!(
+                "a reserve that did not finish left host resources taken (hugepages, its pool \
+                 file, moved IRQs or narrowed cpusets, written down in the state directory): \
+                 `partition reserve` or `partition unreserve` gives them back"
+            );
+        }
         return;
     }
     if let Some(p) = &s.pool {

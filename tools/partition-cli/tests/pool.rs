@@ -873,6 +873,20 @@ fn a_reservation_takes_its_cores_from_every_other_cpuset() {
         for f in ["narrowing.json", "unfinished.json"] {
             assert!(h.dir.join(f).exists(), "no {f}");
         }
+        // status says so, and what gives it back.
+        let s = h.status();
+        assert_eq!(
+            (&s["reserved"], &s["unfinished"]),
+            (&false.into(), &true.into()),
+            "{s}"
+        );
+        let out = h.run(&["status"]);
+        assert!(
+            out.stdout.contains("a reserve that did not finish")
+                && out.stdout.contains("`partition unreserve` gives them back"),
+            "{}",
+            out.stdout
+        );
     };
     kill(&h);
     h.reserve("64M");

@@ -155,68 +155,69 @@ impl LedgerLock {
         Ok(())
     }
 
-    /// Records the cpusets a reserve is about to narrow (see [`NARROWING`]).
-    pub fn store_narrowing(&self, n: &[NarrowedCpuset]) -> Result<(), LedgerError> {
-        let text = serde_json::to_string(n).map_err(|e| LedgerError::Corrupt {
-            path: self.dir.join(NARROWING),
+    /// Replaces the reserve's record `name` (in the state directory) with `v`, as JSON.
+    fn store_record(&self, name: &str, v: &impl serde::Serialize) -> Result<(), LedgerError> {
+        let text = serde_json::to_string(v).map_err(|e| LedgerError::Corrupt {
+            path: self.dir.join(name),
             reason: e.to_string(),
         })?;
-        self.dir.replace(NARROWING, text.as_bytes())?;
+        self.dir.replace(name, text.as_bytes())?;
         Ok(())
+    }
+
+    /// The reserve's record `name`, if there is one: read (bounded) and parsed, or the
+    /// error in words.
+    fn read_record<T: serde::de::DeserializeOwned>(&self, name: &str) -> Option<Result<T, String>> {
+        let Ok(Some(f)) = self.dir.read_file(name) else {
+            return None;
+        };
+        let mut text = String::new();
+        Some(match f.take(MAX_LEDGER).read_to_string(&mut text) {
+            Ok(_) => serde_json::from_str(&text).map_err(|_| "unreadable".to_string()),
+            Err(_) => Err("unreadable".into()),
+        })
+    }
+
+    /// Whether a reserve that did not finish left a record of what it took (the cpusets it
+    /// narrowed, or the rest): the next reserve or unreserve gives it back.
+    pub fn has_unfinished_reserve(&self) -> bool {
+        [NARROWING, UNFINISHED]
+            .iter()
+            .any(|n| matches!(self.dir.read_file(n), Ok(Some(_))))
+    }
+
+    /// Records the cpusets a reserve is about to narrow (see [`NARROWING`]).
+    pub fn store_narrowing(&self, n: &[NarrowedCpuset]) -> Result<(), LedgerError> {
+        self.store_record(NARROWING, &n)
     }
 
     /// The cpusets a reserve that did not finish had narrowed, if it left a record (which
     /// is removed): each in a cgroup hierarchy, with core lists, or the record is ignored.
     pub fn take_narrowing(&self) -> Vec<NarrowedCpuset> {
-        let Ok(Some(f)) = self.dir.read_file(NARROWING) else {
+        let Some(read) = self.read_record::<Vec<NarrowedCpuset>>(NARROWING) else {
             return Vec::new();
         };
-        let mut text = String::new();
-        let read = f.take(MAX_LEDGER).read_to_string(&mut text).is_ok();
         let _ = self.dir.remove(NARROWING);
-        let n: Vec<NarrowedCpuset> = match serde_json::from_str(&text) {
-            Ok(n) if read => n,
-            _ => {
-                log::warn!(
-                    "{}: unreadable; ignored",
-                    self.dir.join(NARROWING).display()
-                );
-                return Vec::new();
-            }
-        };
-        match super::check_narrowed(&n, Path::new("/sys/fs/cgroup")) {
-            Ok(()) => n,
-            Err(e) => {
-                log::warn!("{}: {e}; ignored", self.dir.join(NARROWING).display());
-                Vec::new()
-            }
-        }
+        let checked =
+            read.and_then(|n| super::check_narrowed(&n, Path::new("/sys/fs/cgroup")).map(|()| n));
+        checked.unwrap_or_else(|e| {
+            log::warn!("{}: {e}; ignored", self.dir.join(NARROWING).display());
+            Vec::new()
+        })
     }
 
     /// Records what a reserve has taken so far (see [`UNFINISHED`]), before its next step.
     pub fn store_unfinished(&self, u: &Unfinished) -> Result<(), LedgerError> {
-        let text = serde_json::to_string(u).map_err(|e| LedgerError::Corrupt {
-            path: self.dir.join(UNFINISHED),
-            reason: e.to_string(),
-        })?;
-        self.dir.replace(UNFINISHED, text.as_bytes())?;
-        Ok(())
+        self.store_record(UNFINISHED, u)
     }
 
     /// What a reserve that did not finish had taken, if it left a record naming only what
     /// a reserve here could have taken (kept until [`Self::clear_unfinished`], so a give
     /// back cut short is done again); a record that is not is removed, and None.
     pub fn unfinished(&self) -> Option<Unfinished> {
-        let Ok(Some(f)) = self.dir.read_file(UNFINISHED) else {
-            return None;
-        };
-        let mut text = String::new();
-        let read = f.take(MAX_LEDGER).read_to_string(&mut text).is_ok();
+        let read = self.read_record::<Unfinished>(UNFINISHED)?;
         let path = self.dir.join(UNFINISHED);
-        let checked = match serde_json::from_str::<Unfinished>(&text) {
-            Ok(u) if read => u.check_paths(self.dir()).map(|()| u),
-            _ => Err("unreadable".into()),
-        };
+        let checked = read.and_then(|u| u.check_paths(self.dir()).map(|()| u));
         checked
             .inspect_err(|e| {
                 log::warn!("{}: {e}; ignored", path.display());
