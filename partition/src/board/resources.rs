@@ -898,4 +898,39 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn a_legacy_device_takes_its_own_ports_and_an_isa_line_only() {
+        let uart = |name: &'static str, port: u16, irq: u32| Ask {
+            owner: name.into(),
+            written: name.into(),
+            needs: Needs::Isa(boot::acpi::IsaDevice {
+                name: "COM1",
+                hid: "PNP0501",
+                port,
+                len: 8,
+                irq: Some(irq),
+            }),
+        };
+        let plan = MachinePlan::new(1, &[uart("the console", 0x3f8, 4)], 48).unwrap();
+        assert_eq!(plan.isa().len(), 1);
+        assert_eq!(plan.isa()[0].port, 0x3f8);
+        assert!(plan.virtio_mmio().is_empty() && !plan.has_pci());
+        // Its ports are taken: a second device there is refused, naming the first.
+        let e = MachinePlan::new(
+            1,
+            &[uart("the console", 0x3f8, 4), uart("another", 0x3fc, 3)],
+            48,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, ResourceError::Overlap { with, .. } if with == "the console"),
+            "{e}"
+        );
+        // On the board's own ports (the i8042's), refused too.
+        assert!(MachinePlan::new(1, &[uart("u", 0x60, 4)], 48).is_err());
+        // A line past the ISA lines is a devices' pin: refused.
+        let e = MachinePlan::new(1, &[uart("u", 0x2f8, 9)], 48).unwrap_err();
+        assert!(matches!(e, ResourceError::IsaLine { line: 9, .. }), "{e}");
+    }
 }
