@@ -741,7 +741,17 @@ fn userspace_with(
         .spawn()
         .unwrap();
     // The bound: a stock kernel must get there within 30 minutes on the nested host.
-    let out = wait_output(child, boot_limit(Duration::from_secs(30 * 60)), name);
+    // Killed as hung, it shows where the guest was: its console's end.
+    let console_end = || {
+        let log = std::fs::read_to_string(&console).unwrap_or_default();
+        format!("--- the guest's console (end) ---\n{}", tail(&log, 6000))
+    };
+    let out = wait_output_showing(
+        child,
+        boot_limit(Duration::from_secs(30 * 60)),
+        name,
+        console_end,
+    );
     let wall = started.elapsed();
     let log = std::fs::read_to_string(&console).unwrap_or_default();
     let show = || {

@@ -170,7 +170,18 @@ pub fn read_lossy(r: &mut impl Read) -> String {
 
 /// Waits for `child` up to `limit`, killing it (and failing) if it takes longer. The limit
 /// is a hang guard, not a speed check.
-pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
+pub fn wait_output(child: Child, limit: Duration, what: &str) -> Output {
+    wait_output_showing(child, limit, what, String::new)
+}
+
+/// [`wait_output`], adding `also()` to the failure when it kills the child (a guest's
+/// console, which tells where a hung guest was).
+pub fn wait_output_showing(
+    mut child: Child,
+    limit: Duration,
+    what: &str,
+    also: impl Fn() -> String,
+) -> Output {
     let start = Instant::now();
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut out = child.stdout.take();
@@ -187,9 +198,10 @@ pub fn wait_output(mut child: Child, limit: Duration, what: &str) -> Output {
             // Killed, the child's pipes close: show what it said until then.
             let said = |s: String| tail(&s, 4096).to_string();
             panic!(
-                "{what}: still running after {limit:?}; killed. It said:\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}",
+                "{what}: still running after {limit:?}; killed. It said:\n--- stdout (end) ---\n{}\n--- stderr (end) ---\n{}\n{}",
                 said(t_out.join().unwrap_or_default()),
-                said(t_err.join().unwrap_or_default())
+                said(t_err.join().unwrap_or_default()),
+                also()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
