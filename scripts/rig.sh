@@ -23,6 +23,8 @@
 # docs/testing.md, "Which QEMU"). RIG_VRAM=SIZE: ivshmem's BAR (default 256G, a sparse file;
 # 512G does not fit the outer machine's 40-bit physical address width). RIG_SILENCE=SECS: a machine silent that long on the
 # command's line is hung, stopped and reported as a death (exit 125; default 420).
+# RIG_MODULE_PARAMS="kvm-amd:npt=0 ...": parameters given to modules as they are loaded
+# (an experiment's knob: the suite's configuration passes none).
 # RIG_TRACE_EVENTS="kvm/kvm_exit ...": tracepoints enabled while the machine has one CPU,
 # before the second comes online (tracing itself off), so a command that traces only turns
 # the buffer on and off: enabling an event patches kernel text, which QEMU's multi-threaded
@@ -163,7 +165,9 @@ for m in $(cat /lib/modules/load); do
         echo "rig: $m left out (RIG_OMIT_MODULES)" > /dev/console
         continue
     fi
-    insmod /lib/modules/$m.ko || echo "rig: insmod $m failed" > /dev/console
+    params=$(sed -n "s/^$m //p" /rig/module-params 2>/dev/null)
+    [ -n "$params" ] && echo "rig: $m $params (RIG_MODULE_PARAMS)" > /dev/console
+    insmod /lib/modules/$m.ko $params || echo "rig: insmod $m failed" > /dev/console
 done
 # A cpuset cgroup and a VM that live as long as the machine: the kernel patches its code
 # when the first of either appears or the last goes (scripts/rig-holder.c says why).
@@ -263,6 +267,12 @@ done
 } > "$extra/rig/cmd"
 for m in ${RIG_OMIT_MODULES:-}; do echo "${m//-/_}"; echo "${m//_/-}"; done > "$extra/rig/omit-modules"
 for e in ${RIG_TRACE_EVENTS:-}; do echo "$e"; done > "$extra/rig/trace-events"
+# "MODULE:PARAM=VALUE": each as the module is loaded, under both spellings of its name.
+for p in ${RIG_MODULE_PARAMS:-}; do
+    m=${p%%:*}
+    echo "${m//-/_} ${p#*:}"
+    echo "${m//_/-} ${p#*:}"
+done > "$extra/rig/module-params"
 (cd "$extra" && find . | cpio -o -H newc --quiet) > "$run/extra.cpio"
 cat "$base" "$run/extra.cpio" > "$run/initrd.cpio"
 
