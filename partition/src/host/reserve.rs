@@ -799,7 +799,7 @@ fn give_back_unfinished(lock: &LedgerLock) {
         let c = Counter::at(u.hugepage_dir());
         match c.total() {
             Ok(now) => {
-                let ours = now.saturating_sub(h.before).min(h.added);
+                let ours = h.to_give_back(now);
                 if ours > 0 {
                     if let Err(e) = c.shrink(ours) {
                         log::warn!("{e}");

@@ -290,6 +290,15 @@ pub struct HugepagesAdded {
     pub added: u64,
 }
 
+impl HugepagesAdded {
+    /// How many of the counter's `now` pages a killed reserve's give-back takes away: those
+    /// above the count before, at most those it added (none if it was killed before
+    /// adding, and never pages someone else had).
+    pub fn to_give_back(&self, now: u64) -> u64 {
+        now.saturating_sub(self.before).min(self.added)
+    }
+}
+
 impl Unfinished {
     /// Whether every path it names is one a reserve in `state_dir` could have written
     /// ([`Ledger::check_paths`]'s rules): giving it back removes, unmounts and writes what
@@ -797,6 +806,13 @@ pub(crate) mod tests {
         assert_eq!(
             good.hugepage_dir(),
             PathBuf::from("/sys/kernel/mm/hugepages/hugepages-2048kB")
+        );
+        // Of the hugepages: none if the reserve died before adding them (or someone took
+        // the count below where it was), all it added once added, never more.
+        let h = good.hugepages.unwrap();
+        assert_eq!(
+            [3, 4, 20, 36, 50].map(|now| h.to_give_back(now)),
+            [0, 0, 16, 32, 32]
         );
         // Stored, it is read back as written, and stays until cleared.
         assert_eq!(lock.unfinished(), None);
