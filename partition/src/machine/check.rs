@@ -164,7 +164,7 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
     let idle = crate::cpu::idle::resolve(cfg.idle, &host.idle_caps)?;
     // The kinds every board has (the console) join those asked, after them: the host's
     // facts, read for those asked, stay in step.
-    let devices = DeviceSpec::with_implied(cfg.devices.clone());
+    let devices = DeviceSpec::with_implied(cfg.devices);
     let machine = MachinePlan::new(
         layout.ram_ranges().len(),
         &DeviceSpec::asks(&devices, &host.devices),
