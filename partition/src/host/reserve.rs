@@ -655,11 +655,7 @@ fn names(l: &Ledger) -> String {
 /// Gives back everything `l` records, best effort, and removes the ledger.
 fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     let mut w = Vec::new();
-    if let Err(e) = std::fs::remove_file(&l.pool.file) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            w.push(format!("{}: {e}", l.pool.file.display()));
-        }
-    }
+    w.extend(remove_pool_file(&l.pool.file));
     if l.pool.mounted_by_us && l.pool.mount.exists() {
         if let Err(e) = hugetlbfs::umount(&l.pool.mount) {
             w.push(e.to_string());
@@ -704,6 +700,14 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     UnreserveReport {
         had_reservation: true,
         warnings: w,
+    }
+}
+
+/// Removes the pool file `f` (already gone is fine); what went wrong, in words.
+fn remove_pool_file(f: &Path) -> Option<String> {
+    match std::fs::remove_file(f) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!("{}: {e}", f.display())),
+        _ => None,
     }
 }
 
@@ -781,10 +785,8 @@ fn give_back_unfinished(lock: &LedgerLock) {
         // Only on hugetlbfs (our mount or the host's): nothing else is removed.
         if !f.parent().is_some_and(hugetlbfs::is_hugetlbfs) {
             log::warn!("{}: not on hugetlbfs; left", f.display());
-        } else if let Err(e) = std::fs::remove_file(f) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                log::warn!("{}: {e}", f.display());
-            }
+        } else if let Some(e) = remove_pool_file(f) {
+            log::warn!("{e}");
         }
     }
     if let Some(m) = &u.mount {
