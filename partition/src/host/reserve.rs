@@ -495,8 +495,7 @@ fn build(
             }
             let d = dir.clone();
             undo.push(move || {
-                let _ = hugetlbfs::umount(&d);
-                let _ = std::fs::remove_dir(&d);
+                let _ = remove_our_mount(&d);
             });
             (dir, true)
         }
@@ -656,12 +655,8 @@ fn names(l: &Ledger) -> String {
 fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
     let mut w = Vec::new();
     w.extend(remove_pool_file(&l.pool.file));
-    if l.pool.mounted_by_us && l.pool.mount.exists() {
-        if let Err(e) = hugetlbfs::umount(&l.pool.mount) {
-            w.push(e.to_string());
-        } else if let Err(e) = std::fs::remove_dir(&l.pool.mount) {
-            w.push(format!("{}: {e}", l.pool.mount.display()));
-        }
+    if l.pool.mounted_by_us {
+        w.extend(remove_our_mount(&l.pool.mount));
     }
     let counter = Counter::at(l.pool.hugepage_dir.clone());
     match counter.total().and_then(|before| {
@@ -707,6 +702,24 @@ fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
 fn remove_pool_file(f: &Path) -> Option<String> {
     match std::fs::remove_file(f) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!("{}: {e}", f.display())),
+        _ => None,
+    }
+}
+
+/// Unmounts the hugetlbfs mount a reservation made and removes its directory: one rule
+/// for the failed reserve's undo, `unreserve` and a killed reserve's give-back. A directory
+/// that is not hugetlbfs (never mounted, or unmounted since) is only removed, if empty; one
+/// whose mount cannot be unmounted is kept. Gone already is done.
+fn remove_our_mount(dir: &Path) -> Option<String> {
+    if hugetlbfs::is_hugetlbfs(dir) {
+        if let Err(e) = hugetlbfs::umount(dir) {
+            return Some(e.to_string());
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Some(format!("{}: {e}", dir.display()))
+        }
         _ => None,
     }
 }
@@ -789,13 +802,8 @@ fn give_back_unfinished(lock: &LedgerLock) {
             log::warn!("{e}");
         }
     }
-    if let Some(m) = &u.mount {
-        if hugetlbfs::is_hugetlbfs(m) {
-            if let Err(e) = hugetlbfs::umount(m) {
-                log::warn!("{e}");
-            }
-        }
-        let _ = std::fs::remove_dir(m);
+    if let Some(e) = u.mount.as_deref().and_then(remove_our_mount) {
+        log::warn!("{e}");
     }
     if let Some(h) = u.hugepages {
         let c = Counter::at(u.hugepage_dir());
@@ -876,6 +884,24 @@ fn describe_narrowed(narrowed: &[crate::host::ledger::NarrowedCpuset]) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn our_mount_directory_is_removed_only_when_empty_and_gone_is_done() {
+        let d = std::env::temp_dir().join(format!("our-mount-{}", std::process::id()));
+        // Never mounted (a reserve killed between mkdir and mount): the directory goes.
+        std::fs::create_dir_all(&d).unwrap();
+        assert_eq!(remove_our_mount(&d), None);
+        assert!(!d.exists());
+        // Gone already.
+        assert_eq!(remove_our_mount(&d), None);
+        // Not hugetlbfs and not empty: nothing in it is touched, and the caller hears why.
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("kept"), b"x").unwrap();
+        let w = remove_our_mount(&d).expect("a warning");
+        assert!(w.contains(&d.display().to_string()), "{w}");
+        assert!(d.join("kept").exists());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
 
     #[test]
     fn pool_file_names_differ_by_state_dir() {
