@@ -153,6 +153,25 @@ pub fn exit_of(line: &str) -> Option<Exit> {
 }
 
 /// The CPU a trace line was recorded on (`[001]`).
+/// The vCPUs that took a shutdown exit (a triple fault: AMD's `shutdown`, Intel's
+/// `TRIPLE_FAULT`) in a trace, in order: a guest that stops short with one of these reset,
+/// it did not power off (a VMM run with `-no-reboot` exits 0 on either).
+pub fn shutdowns(trace: &str) -> Vec<u32> {
+    trace
+        .lines()
+        .filter(|l| {
+            exit_of(l).is_some_and(|e| e.reason == "shutdown" || e.reason == "TRIPLE_FAULT")
+        })
+        .filter_map(vcpu_of)
+        .collect()
+}
+
+/// The vCPU number of a `kvm_exit` line (`kvm_exit: vcpu N reason ...`).
+fn vcpu_of(line: &str) -> Option<u32> {
+    let rest = &line[line.find("kvm_exit: vcpu ")? + "kvm_exit: vcpu ".len()..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
 fn cpu_of(line: &str) -> Option<u32> {
     let open = line.find('[')?;
     let close = open + line[open..].find(']')?;
@@ -392,6 +411,7 @@ pub fn init_script(n1: u64, n2: u64, ops: &str) -> String {
          $B echo EXITS-READY cpus=$($B nproc) idle=$($B cat /sys/devices/system/cpu/cpuidle/current_driver) gov=$($B cat /sys/devices/system/cpu/cpuidle/current_governor_ro)\n\
          /bin/hotpaths --count {n1},{n2} --mark-port {MARK_PORT:#x} --cpus 0,1 --only {ops} --blk /dev/vda --dir /tmp\n\
          $B echo EXITS-DONE rc=$?\n\
+         $B sleep 1\n\
          $B poweroff -f\n\
          $B reboot -f\n"
     )
@@ -430,9 +450,15 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), String
     let idle = ready.and_then(guest_idle);
     if !console.contains("EXITS-DONE rc=0") {
         let tail: Vec<&str> = console.lines().rev().take(8).collect();
+        let shutdowns = shutdowns(&trace);
         return Err(format!(
-            "the guest did not finish its loops (exit {:?}): {} | {}",
+            "the guest did not finish its loops (exit {:?}{}): {} | {}",
             r.status.code(),
+            if shutdowns.is_empty() {
+                String::new()
+            } else {
+                format!(", a triple fault: shutdown exit on vCPU {shutdowns:?}")
+            },
             tail.into_iter().rev().collect::<Vec<_>>().join(" | "),
             r.stderr.lines().last().unwrap_or("")
         ));
@@ -698,6 +724,15 @@ mod tests {
             after("-device").last(),
             Some(&"virtio-blk-device,drive=d0,iothread=io0")
         );
+    }
+
+    #[test]
+    fn a_triple_fault_is_named_by_its_vcpu() {
+        let shut = "  qemu-system-x86-77 [001] d..2.  12.5: kvm_exit: vcpu 1 reason shutdown rip 0xffffffff81073916 info1 0x0 info2 0x0 intr_info 0x80000b0e error_code 0x00000010";
+        let vmx = "kvm_exit: vcpu 0 reason TRIPLE_FAULT rip 0x1 info1 0x0 info2 0x0 intr_info 0x0 error_code 0x0";
+        let trace = [OUT, MSR, shut, INTR, vmx].join("\n");
+        assert_eq!(shutdowns(&trace), [1, 0]);
+        assert!(shutdowns(&[OUT, MSR, INTR].join("\n")).is_empty());
     }
 
     #[test]
