@@ -411,6 +411,7 @@ pub fn init_script(n1: u64, n2: u64, ops: &str) -> String {
          $B echo EXITS-READY cpus=$($B nproc) idle=$($B cat /sys/devices/system/cpu/cpuidle/current_driver) gov=$($B cat /sys/devices/system/cpu/cpuidle/current_governor_ro)\n\
          /bin/hotpaths --count {n1},{n2} --mark-port {MARK_PORT:#x} --cpus 0,1 --only {ops} --blk /dev/vda --dir /tmp\n\
          $B echo EXITS-DONE rc=$?\n\
+         $B grep -i -e virtio -e CPU0 /proc/interrupts | while read -r l; do $B echo \"EXITS-IRQ $l\"; done\n\
          $B sleep 1\n\
          $B poweroff -f\n\
          $B reboot -f\n"
@@ -448,6 +449,11 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), String
         eprintln!("partition: bench exits: {}", l.trim());
     }
     let idle = ready.and_then(guest_idle);
+    // Where the guest took its disk's interrupts (a completion on another vCPU than the
+    // reader's costs an IPI a read).
+    for l in console.lines().filter(|l| l.contains("EXITS-IRQ")) {
+        eprintln!("partition: bench exits: {}", l.trim());
+    }
     if !console.contains("EXITS-DONE rc=0") {
         let tail: Vec<&str> = console.lines().rev().take(8).collect();
         let shutdowns = shutdowns(&trace);
