@@ -88,7 +88,7 @@ pub const MINIMUM: &[(&str, &str)] = &[
     ),
     (
         "blk_read",
-        "2: the queue notify (a write to the virtio-mmio doorbell, answered by an ioeventfd in the kernel) and the completion (the irqfd's interrupt: an exit to inject it into a running vCPU, none into one waiting in MWAIT... which the wake then costs)",
+        "4 over virtio-mmio: the queue notify (a write to the doorbell, answered by an ioeventfd in the kernel), the completion's interrupt (an exit to inject it into the reader's vCPU, running or halted), and the handler's read of the interrupt status and write of its acknowledgement (virtio-mmio has no MSI); 2 over virtio-pci with MSI-X, whose handler touches no register",
     ),
 ];
 
