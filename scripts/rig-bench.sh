@@ -30,8 +30,8 @@ bin=target/$TRIPLE/release/partition
 files=(--partition "$bin")
 # RIG_BENCH_NO_QEMU=1: our rows alone, without QEMU inside (its section is then
 # incomplete and not merged; the rows are in target/rig/bench-results.json). For A/B runs
-# of our own change: QEMU's microvm boot with cpu-pm=on has hung the rig's TCG (its AP
-# halted in firmware, in guest mode, never woken; docs/testing.md).
+# of our own change, in half the time. (QEMU's guest boots with qboot: SeaBIOS parked its
+# AP in a guest-mode HLT the rig's TCG never woke, docs/testing.md.)
 if [ -z "${RIG_BENCH_NO_QEMU:-}" ]; then
     mapfile -t -O 2 files < <(rig_qemu_files)
 fi
