@@ -11,6 +11,7 @@
 #   scripts/rig-bench.sh SECTION [BENCH ARGS...]
 #   scripts/rig-bench.sh submit-vfio --vfio 0000:00:04.0
 #   scripts/rig-bench.sh exits        (Debian's kernel and initramfs made here and put inside)
+#   scripts/rig-bench.sh exits --vfio 0000:00:04.0   (and the NVMe rows, the probe's driver)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

@@ -18,6 +18,10 @@
 //! (N2 - N1), by reason, so the boot, the loop's set-up and the marks themselves cancel.
 //! What runs in proportion to time (the guest's timer ticks, the host's interrupts) stays
 //! in the figure, by reason, as on hardware.
+//!
+//! With `--vfio BDF`, two rows more ([`NVME_OPS`]): the probe guest's NVMe driver through
+//! VFIO, polled and by MSI-X, in both VMMs under the same tracepoint, the probe's own marks
+//! bracketing each loop ([`nvme_per_read`]).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -91,6 +95,56 @@ pub const MINIMUM: &[(&str, &str)] = &[
         "4 over virtio-mmio: the queue notify (a write to the doorbell, answered by an ioeventfd in the kernel), the completion's interrupt (an exit to inject it into the reader's vCPU, running or halted), and the handler's read of the interrupt status and write of its acknowledgement (virtio-mmio has no MSI); 2 over virtio-pci with MSI-X, whose handler touches no register",
     ),
 ];
+
+/// The NVMe rows (`--vfio BDF`, a controller bound to vfio-pci): the probe guest's reads
+/// of it, polled and by MSI-X, in a partition and in QEMU microvm with vfio-pci (the
+/// submit-vfio section's two runs, one vCPU each), counted by the same tracepoint. Linux's
+/// own driver is not measured here: its polled reads need poll queues and io_uring's
+/// IOPOLL, and QEMU's PCIe microvm boots only with SeaBIOS, whose parked AP hangs a
+/// two-vCPU guest in the rig ([`QEMU_FIRMWARE`]).
+pub const NVME_OPS: [&str; 2] = ["nvme_read_poll", "nvme_read_irq"];
+/// Timed reads of each NVMe loop (the probe first warms up with a tenth as many, between
+/// the same marks).
+pub const NVME_READS: usize = 200;
+/// The least each NVMe row can take (AMD, no AVIC), as [`MINIMUM`].
+pub const NVME_MINIMUM: [(&str, &str); 2] = [
+    (
+        "nvme_read_poll",
+        "0: the doorbell is the device's own BAR, mapped into the guest, and the completion a store in guest memory the vCPU polls",
+    ),
+    (
+        "nvme_read_irq",
+        "1-2: the MSI-X's injection into the vCPU (an interrupt exit, running or halted) and, unless the guest uses PV EOI (the probe does not), its EOI write",
+    ),
+];
+
+/// Exits per read of the probe's two NVMe loops, by reason, from the snapshots at its six
+/// marks in order: 5 and 6 with nothing between (a mark's own cost, taken off), then 1, 2
+/// around the polled reads and 3, 4 around those by MSI-X. `reads` counts the warm-up too.
+pub fn nvme_per_read(
+    snaps: &[BTreeMap<String, u64>],
+    reads: u64,
+) -> Option<[BTreeMap<String, f64>; 2]> {
+    if snaps.len() != 6 || reads == 0 {
+        return None;
+    }
+    let reasons: std::collections::BTreeSet<&String> =
+        snaps.iter().flat_map(|m| m.keys()).collect();
+    let between = |i: usize, r: &String| {
+        let at = |k: usize| *snaps[k].get(r).unwrap_or(&0) as f64;
+        at(i + 1) - at(i)
+    };
+    let per = |from: usize| -> BTreeMap<String, f64> {
+        reasons
+            .iter()
+            .map(|r| {
+                let v = (between(from, r) - between(0, r)) / reads as f64;
+                ((*r).clone(), v)
+            })
+            .collect()
+    };
+    Some([per(2), per(4)])
+}
 
 /// A counted loop as hotpaths announced it on the console.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -519,7 +573,11 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
             guest_idle: Default::default(),
         },
         method: "host tracepoint kvm:kvm_exit over the whole run; per loop (N2-run exits - N1-run exits) / (N2 - N1), by reason".into(),
-        minimum: MINIMUM.iter().map(|(o, w)| (o.to_string(), w.to_string())).collect(),
+        minimum: MINIMUM
+            .iter()
+            .chain(NVME_MINIMUM.iter())
+            .map(|(o, w)| (o.to_string(), w.to_string()))
+            .collect(),
         rows: Vec::new(),
         failures: Vec::new(),
     };
@@ -544,6 +602,26 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
     );
     let cmdline = GUEST_CMDLINE;
     let mut per: BTreeMap<(String, String), Vec<BTreeMap<String, f64>>> = BTreeMap::new();
+    // The NVMe rows, with a function to pass through: the probe's driver in both VMMs.
+    let nvme_probe = match (&env.vfio, &env.qemu) {
+        (Some(bdf), qemu) => {
+            s.params.ops.extend(NVME_OPS.map(String::from));
+            s.params.vmms.push(format!(
+                "nvme_*: the probe guest's driver of {bdf} through VFIO, {NVME_READS} timed reads \
+                 a loop, one vCPU: partition --device vfio=; qemu: microvm pcie=on with \
+                 vfio-pci (the submit-vfio section's runs)"
+            ));
+            match qemu.as_ref().map(|_| crate::probe_image(env)) {
+                Some(Ok(p)) => Some((bdf.clone(), Some(p))),
+                Some(Err(e)) => {
+                    s.failures.push(format!("writing the probe image: {e}"));
+                    Some((bdf.clone(), None))
+                }
+                None => Some((bdf.clone(), None)),
+            }
+        }
+        (None, _) => None,
+    };
     for round in 0..env.runs.max(1) {
         let state = env.work.join(format!("exits-state-{round}"));
         let ours = Launch::new(
@@ -581,6 +659,46 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
             }
         }
         let _ = std::fs::remove_dir_all(&state);
+        if let Some((bdf, probe)) = &nvme_probe {
+            let reads = (NVME_READS + NVME_READS / 10) as u64;
+            for vmm in ["partition", "qemu"] {
+                let go = || -> Result<(), String> {
+                    match probe {
+                        _ if vmm == "partition" => {
+                            crate::submit_vfio::partition_once(env, bdf, NVME_READS).map(|_| ())
+                        }
+                        Some(p) => {
+                            crate::submit_vfio::qemu_once(env, p, bdf, NVME_READS).map(|_| ())
+                        }
+                        None => Err("no probe image".into()),
+                    }
+                };
+                if vmm == "qemu" && probe.is_none() {
+                    continue;
+                }
+                let counted = Tracer::start().and_then(|t| {
+                    let ran = go();
+                    let trace = t.finish()?;
+                    ran?;
+                    nvme_per_read(&snapshots(&trace, MARK_PORT), reads).ok_or_else(|| {
+                        format!(
+                            "the probe's six NVMe marks are not in the trace ({} marks)",
+                            snapshots(&trace, MARK_PORT).len()
+                        )
+                    })
+                });
+                match counted {
+                    Ok(loops) => {
+                        for (op, m) in NVME_OPS.iter().zip(loops) {
+                            per.entry((vmm.to_string(), op.to_string()))
+                                .or_default()
+                                .push(m);
+                        }
+                    }
+                    Err(e) => s.failures.push(format!("{vmm} nvme round {round}: {e}")),
+                }
+            }
+        }
     }
     for ((vmm, op), runs) in per {
         let totals: Vec<f64> = runs.iter().map(|m| m.values().sum()).collect();
@@ -737,6 +855,41 @@ mod tests {
             after("-device").last(),
             Some(&"virtio-blk-device,drive=d0,iothread=io0")
         );
+    }
+
+    #[test]
+    fn an_nvme_loops_exits_per_read_leave_out_the_marks_own() {
+        // Cumulative counts at each mark exit, in the probe's order 5, 6, 1, 2, 3, 4: every
+        // mark is one io exit; 22 polled reads take a host interrupt between them (a tick),
+        // 22 reads by MSI-X an interrupt exit and an EOI write each.
+        let snap = |io: u64, interrupt: u64, msr: u64| {
+            let mut m = BTreeMap::new();
+            m.insert("io".to_string(), io);
+            m.insert("interrupt".to_string(), interrupt);
+            if msr > 0 {
+                m.insert("msr wr 0x80b".to_string(), msr);
+            }
+            m
+        };
+        let snaps = [
+            snap(10, 3, 0),
+            snap(11, 3, 0),
+            snap(12, 3, 0),
+            snap(13, 4, 0),
+            snap(14, 4, 0),
+            snap(15, 26, 22),
+        ];
+        let [poll, irq] = nvme_per_read(&snaps, 22).unwrap();
+        assert_eq!(poll["io"], 0.0);
+        assert!((poll["interrupt"] - 1.0 / 22.0).abs() < 1e-9);
+        assert_eq!(irq["io"], 0.0);
+        assert_eq!(irq["interrupt"], 1.0);
+        assert_eq!(irq["msr wr 0x80b"], 1.0);
+        assert_eq!(poll["msr wr 0x80b"], 0.0);
+        // A trace without all six marks (the guest stopped early) gives nothing.
+        assert!(nvme_per_read(&snaps[..5], 22).is_none());
+        assert!(nvme_per_read(&snaps, 0).is_none());
+        assert_eq!(NVME_MINIMUM.map(|(o, _)| o), NVME_OPS);
     }
 
     #[test]

@@ -81,7 +81,7 @@ fn machine() -> (String, bool) {
 }
 
 /// What one partition launch measured.
-struct PartitionRun {
+pub(crate) struct PartitionRun {
     figures: Figures,
     /// Exits to the VMM other than the console's port writes.
     quiet_exits: u64,
@@ -94,7 +94,7 @@ struct PartitionRun {
 }
 
 /// One partition launch with `n` reads each way.
-fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<PartitionRun, String> {
+pub(crate) fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<PartitionRun, String> {
     let state = env.work.join("submit-vfio-state");
     let c = Launch::new(env, &state, &env.core.to_string(), "64M")
         .probe()
@@ -145,8 +145,13 @@ fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<PartitionRun, String
 
 /// One QEMU microvm (PCIe) run of the probe's driver with the function as vfio-pci, pinned
 /// like every QEMU row.
-fn qemu_once(env: &Env, probe: &std::path::Path, bdf: &str) -> Result<(Figures, String), String> {
-    let cmdline = format!("probe.memtest=0 probe.nvme={SAMPLES} probe.ecam=0xe0000000");
+pub(crate) fn qemu_once(
+    env: &Env,
+    probe: &std::path::Path,
+    bdf: &str,
+    n: usize,
+) -> Result<(Figures, String), String> {
+    let cmdline = format!("probe.memtest=0 probe.nvme={n} probe.ecam=0xe0000000");
     let qmp = env.work.join("submit-vfio-qmp.sock");
     let mut c = crate::Microvm {
         pin: None,
@@ -300,7 +305,7 @@ pub fn run(env: &Env) -> SubmitVfioSection {
             Err(e) => s.failures.push(format!("bare-host twin: {e}")),
         }
         if let Some(p) = &probe {
-            match qemu_once(env, p, &bdf) {
+            match qemu_once(env, p, &bdf, SAMPLES) {
                 Ok((f, cmd)) => {
                     if round == 0 {
                         s.commands.push(cmd);
