@@ -608,8 +608,8 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
             s.params.ops.extend(NVME_OPS.map(String::from));
             s.params.vmms.push(format!(
                 "nvme_*: the probe guest's driver of {bdf} through VFIO, {NVME_READS} timed reads \
-                 a loop, one vCPU: partition --device vfio=; qemu: microvm pcie=on with \
-                 vfio-pci (the submit-vfio section's runs)"
+                 a loop, one vCPU: partition --device vfio=; qemu: microvm pcie=on, \
+                 cpu-pm=on, SeaBIOS's microvm build, vfio-pci (the submit-vfio section's runs)"
             ));
             match qemu.as_ref().map(|_| crate::probe_image(env)) {
                 Some(Ok(p)) => Some((bdf.clone(), Some(p))),
@@ -668,7 +668,7 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
                             crate::submit_vfio::partition_once(env, bdf, NVME_READS).map(|_| ())
                         }
                         Some(p) => {
-                            crate::submit_vfio::qemu_once(env, p, bdf, NVME_READS).map(|_| ())
+                            crate::submit_vfio::qemu_once(env, p, bdf, NVME_READS, true).map(|_| ())
                         }
                         None => Err("no probe image".into()),
                     }

@@ -145,11 +145,14 @@ pub(crate) fn partition_once(env: &Env, bdf: &str, n: usize) -> Result<Partition
 
 /// One QEMU microvm (PCIe) run of the probe's driver with the function as vfio-pci, pinned
 /// like every QEMU row.
+/// `cpu_pm`: QEMU's `-overcommit cpu-pm=on` (idle exits disabled, as the exits section
+/// runs QEMU; this section runs it as a user would by default).
 pub(crate) fn qemu_once(
     env: &Env,
     probe: &std::path::Path,
     bdf: &str,
     n: usize,
+    cpu_pm: bool,
 ) -> Result<(Figures, String), String> {
     let cmdline = format!("probe.memtest=0 probe.nvme={n} probe.ecam=0xe0000000");
     let qmp = env.work.join("submit-vfio-qmp.sock");
@@ -168,6 +171,9 @@ pub(crate) fn qemu_once(
     // microvm build boots it.
     if std::path::Path::new(SEABIOS_MICROVM).exists() {
         c.args(["-bios", SEABIOS_MICROVM]);
+    }
+    if cpu_pm {
+        c.args(["-overcommit", "cpu-pm=on"]);
     }
     c.args(["-machine", "pcie=on"])
         .arg("-device")
@@ -305,7 +311,7 @@ pub fn run(env: &Env) -> SubmitVfioSection {
             Err(e) => s.failures.push(format!("bare-host twin: {e}")),
         }
         if let Some(p) = &probe {
-            match qemu_once(env, p, &bdf, SAMPLES) {
+            match qemu_once(env, p, &bdf, SAMPLES, false) {
                 Ok((f, cmd)) => {
                     if round == 0 {
                         s.commands.push(cmd);
