@@ -15,9 +15,12 @@ say() { printf '==> [%dm%02ds] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&
 # test_exe calls, so the build and the reading happen once.
 load_test_exes() {
     [ -n "${TEST_EXES:-}" ] && return 0
-    local out err
-    out=$(mktemp)
-    err=$(mktemp)
+    # cargo's messages go under the target directory, not /tmp: a run stopped during the
+    # build leaves nothing outside the checkout.
+    local out err dir=${CARGO_TARGET_DIR:-target}
+    mkdir -p "$dir"
+    out=$(mktemp "$dir/test-exes.XXXXXX")
+    err=$(mktemp "$dir/test-exes.XXXXXX")
     if ! cargo test --workspace --no-run --message-format=json --quiet >"$out" 2>"$err"; then
         # Say why (cargo's own errors), not only its exit code.
         tail -n 40 "$err" >&2
