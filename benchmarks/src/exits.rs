@@ -214,6 +214,14 @@ pub fn exit_of(line: &str) -> Option<Exit> {
 }
 
 /// The CPU a trace line was recorded on (`[001]`).
+/// Runs `run` with every KVM exit on the host recorded: its result and the trace (the
+/// tracer puts the host's tracing back as it was when dropped, on error too).
+fn under_trace<T>(run: impl FnOnce() -> Result<T, String>) -> Result<(T, String), String> {
+    let tracer = Tracer::start()?;
+    let out = run()?;
+    Ok((out, tracer.finish()?))
+}
+
 /// The vCPUs that took a shutdown exit (a triple fault: AMD's `shutdown`, Intel's
 /// `TRIPLE_FAULT`) in a trace, in order: a guest that stops short with one of these reset,
 /// it did not power off (a VMM run with `-no-reboot` exits 0 on either).
@@ -500,10 +508,8 @@ type Counts = BTreeMap<(String, u32), BTreeMap<String, f64>>;
 /// Runs `cmd` (a VMM booting the guest) under the tracer and counts; with how the guest
 /// said it idles (`guest_idle`).
 fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), String> {
-    let tracer = Tracer::start()?;
-    let r = timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}"))?;
-    let trace = tracer.finish()?;
-    drop(tracer);
+    let (r, trace) =
+        under_trace(|| timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}")))?;
     let console = r.stdout;
     let ready = console.lines().find(|l| l.contains("EXITS-READY"));
     if let Some(l) = ready {
@@ -603,25 +609,22 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
     let cmdline = GUEST_CMDLINE;
     let mut per: BTreeMap<(String, String), Vec<BTreeMap<String, f64>>> = BTreeMap::new();
     // The NVMe rows, with a function to pass through: the probe's driver in both VMMs.
-    let nvme_probe = match (&env.vfio, &env.qemu) {
-        (Some(bdf), qemu) => {
-            s.params.ops.extend(NVME_OPS.map(String::from));
-            s.params.vmms.push(format!(
-                "nvme_*: the probe guest's driver of {bdf} through VFIO, {NVME_READS} timed reads \
-                 a loop, one vCPU: partition --device vfio=; qemu: microvm pcie=on, \
-                 cpu-pm=on, SeaBIOS's microvm build, vfio-pci (the submit-vfio section's runs)"
-            ));
-            match qemu.as_ref().map(|_| crate::probe_image(env)) {
-                Some(Ok(p)) => Some((bdf.clone(), Some(p))),
-                Some(Err(e)) => {
-                    s.failures.push(format!("writing the probe image: {e}"));
-                    Some((bdf.clone(), None))
-                }
-                None => Some((bdf.clone(), None)),
-            }
-        }
-        (None, _) => None,
-    };
+    // The NVMe rows, with a function to pass through: the probe's driver in both VMMs (QEMU's
+    // run needs the probe as a file).
+    let nvme = env.vfio.clone().map(|bdf| {
+        s.params.ops.extend(NVME_OPS.map(String::from));
+        s.params.vmms.push(format!(
+            "nvme_*: the probe guest's driver of {bdf} through VFIO, {NVME_READS} timed reads \
+             a loop, one vCPU: partition --device vfio=; qemu: microvm pcie=on, \
+             cpu-pm=on, SeaBIOS's microvm build, vfio-pci (the submit-vfio section's runs)"
+        ));
+        let probe = env.qemu.as_ref().and_then(|_| {
+            crate::probe_image(env)
+                .inspect_err(|e| s.failures.push(format!("writing the probe image: {e}")))
+                .ok()
+        });
+        (bdf, probe)
+    });
     for round in 0..env.runs.max(1) {
         let state = env.work.join(format!("exits-state-{round}"));
         let ours = Launch::new(
@@ -659,31 +662,23 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
             }
         }
         let _ = std::fs::remove_dir_all(&state);
-        if let Some((bdf, probe)) = &nvme_probe {
+        if let Some((bdf, probe)) = &nvme {
             let reads = (NVME_READS + NVME_READS / 10) as u64;
-            for vmm in ["partition", "qemu"] {
-                let go = || -> Result<(), String> {
-                    match probe {
-                        _ if vmm == "partition" => {
-                            crate::submit_vfio::partition_once(env, bdf, NVME_READS).map(|_| ())
-                        }
-                        Some(p) => {
-                            crate::submit_vfio::qemu_once(env, p, bdf, NVME_READS, true).map(|_| ())
-                        }
-                        None => Err("no probe image".into()),
+            let mut vmms = vec![("partition", None)];
+            vmms.extend(probe.as_deref().map(|p| ("qemu", Some(p))));
+            for (vmm, qemu_probe) in vmms {
+                let counted = under_trace(|| match qemu_probe {
+                    None => crate::submit_vfio::partition_once(env, bdf, NVME_READS).map(drop),
+                    Some(p) => {
+                        crate::submit_vfio::qemu_once(env, p, bdf, NVME_READS, true).map(drop)
                     }
-                };
-                if vmm == "qemu" && probe.is_none() {
-                    continue;
-                }
-                let counted = Tracer::start().and_then(|t| {
-                    let ran = go();
-                    let trace = t.finish()?;
-                    ran?;
-                    nvme_per_read(&snapshots(&trace, MARK_PORT), reads).ok_or_else(|| {
+                })
+                .and_then(|((), trace)| {
+                    let snaps = snapshots(&trace, MARK_PORT);
+                    nvme_per_read(&snaps, reads).ok_or_else(|| {
                         format!(
                             "the probe's six NVMe marks are not in the trace ({} marks)",
-                            snapshots(&trace, MARK_PORT).len()
+                            snaps.len()
                         )
                     })
                 });
