@@ -1,15 +1,17 @@
-//! An NVMe controller driven through one I/O queue pair: the protocol, shared word for word
+//! An NVMe controller driven through two I/O queue pairs: the protocol, shared word for word
 //! by the probe guest's driver (`tools/probe-guest/src/nvme.rs`, which includes this file)
 //! and the bare-host twin that drives the same controller from host userspace through VFIO
 //! (`crate::vfio_nvme`). Only `core`: no allocation, no OS.
 //!
 //! The caller gives BAR 0 ([`Bar0`]: 4-byte register accesses, doorbells included), a
-//! clock, and six 4 KiB pages of memory the device can DMA to ([`Page`]: where the CPU
+//! clock, and eight 4 KiB pages of memory the device can DMA to ([`Page`]: where the CPU
 //! sees each one and the address the device uses). [`bring_up`] resets the controller,
 //! gives it an admin queue pair, enables it (4 KiB pages, 64-byte submission and 16-byte
-//! completion entries), identifies it and namespace 1, and makes I/O queue pair 1 with
-//! its completions on MSI-X vector 1 (the caller programs that vector); [`Queue`] submits
-//! and reaps.
+//! completion entries), identifies it and namespace 1, asks for two I/O queue pairs (Set
+//! Features, Number of Queues) and makes them: pair 1 with its completions on MSI-X
+//! vector 1 (the caller programs that vector), pair 2 with its completion interrupt off, for
+//! reads that poll (a completion there raises no interrupt, so nothing reaches the host or a
+//! guest's vCPU); [`Queue`] submits and reaps.
 
 use core::sync::atomic::{Ordering, fence};
 
@@ -17,8 +19,10 @@ use core::sync::atomic::{Ordering, fence};
 pub const QSIZE: u16 = 64;
 /// The controller's class code (mass storage, NVM, NVMe).
 pub const CLASS_NVME: u32 = 0x01_08_02;
-/// The MSI-X vector the I/O queue's completions use.
+/// The MSI-X vector I/O queue pair 1's completions use.
 pub const IO_VECTOR: u16 = 1;
+/// The I/O queue pairs [`bring_up`] makes: 1 interrupts, 2 is polled.
+pub const IO_QUEUES: u16 = 2;
 
 /// Register offsets in BAR 0.
 pub mod reg {
@@ -48,6 +52,8 @@ pub mod op {
     pub const CREATE_CQ: u8 = 0x05;
     /// Admin: identify.
     pub const IDENTIFY: u8 = 0x06;
+    /// Admin: set features.
+    pub const SET_FEATURES: u8 = 0x09;
     /// I/O: write.
     pub const WRITE: u8 = 0x01;
     /// I/O: read.
@@ -310,7 +316,7 @@ pub struct Identity {
     pub lba_bytes: u64,
 }
 
-/// A brought-up controller: its admin queue and I/O queue pair 1.
+/// A brought-up controller: its admin queue and its two I/O queue pairs.
 pub struct Up {
     /// Identify's answers.
     pub id: Identity,
@@ -318,12 +324,14 @@ pub struct Up {
     pub admin: Queue,
     /// I/O queue pair 1 (completions on MSI-X vector [`IO_VECTOR`]).
     pub io: Queue,
+    /// I/O queue pair 2 (no completion interrupt: polled only).
+    pub polled: Queue,
 }
 
-/// Pages: admin SQ, admin CQ, I/O SQ, I/O CQ, identify buffer (the caller's sixth page is
-/// its data buffer). Brings the controller up as the module says; `limit` bounds each
-/// admin command, in clock ticks.
-pub fn bring_up<B: Bar0>(c: &Controller<B>, pages: [Page; 5], limit: u64) -> Result<Up, Error> {
+/// Pages: admin SQ, admin CQ, I/O SQ 1, I/O CQ 1, identify buffer, I/O SQ 2, I/O CQ 2
+/// (the caller's eighth page is its data buffer). Brings the controller up as the module
+/// says; `limit` bounds each admin command, in clock ticks.
+pub fn bring_up<B: Bar0>(c: &Controller<B>, pages: [Page; 7], limit: u64) -> Result<Up, Error> {
     if c.max_entries < u32::from(QSIZE) {
         return Err(Error::Setup(
             "the controller's queues are shorter than ours",
@@ -373,27 +381,31 @@ pub fn bring_up<B: Bar0>(c: &Controller<B>, pages: [Page; 5], limit: u64) -> Res
             "namespace 1 has no blocks or a block size outside 512..4096",
         ));
     }
-    let entries = u32::from(QSIZE - 1) << 16;
-    admin.run(
+    // Number of Queues (feature 7), both counts 0-based; the controller answers with what
+    // it allocated, which may be fewer.
+    let want = u32::from(IO_QUEUES - 1);
+    let got = admin.run(
         &c.bar,
-        "create I/O completion queue",
-        command(
-            op::CREATE_CQ,
-            0,
-            pages[3].dma,
-            entries | 1,
-            u32::from(IO_VECTOR) << 16 | 0b11,
-            0,
-        ),
+        "set features (number of queues)",
+        command(op::SET_FEATURES, 0, 0, 0x07, want << 16 | want, 0),
         limit,
     )?;
-    admin.run(
-        &c.bar,
-        "create I/O submission queue",
-        command(op::CREATE_SQ, 0, pages[2].dma, entries | 1, 1 << 16 | 1, 0),
+    if got & 0xffff < want || got >> 16 < want {
+        return Err(Error::Setup(
+            "the controller allocates fewer than two I/O queue pairs",
+        ));
+    }
+    io_pair(
+        c,
+        &mut admin,
+        1,
+        (pages[2], pages[3]),
+        Some(IO_VECTOR),
         limit,
     )?;
+    io_pair(c, &mut admin, 2, (pages[5], pages[6]), None, limit)?;
     let io = c.queue(1, pages[2], pages[3]);
+    let polled = c.queue(2, pages[5], pages[6]);
     Ok(Up {
         id: Identity {
             model,
@@ -403,7 +415,47 @@ pub fn bring_up<B: Bar0>(c: &Controller<B>, pages: [Page; 5], limit: u64) -> Res
         },
         admin,
         io,
+        polled,
     })
+}
+
+/// Makes I/O queue pair `qid` over `sq` and `cq` (one page each, [`QSIZE`] entries) with
+/// the admin queue: its completions raise MSI-X vector `vector`, or no interrupt at all.
+fn io_pair<B: Bar0>(
+    c: &Controller<B>,
+    admin: &mut Queue,
+    qid: u16,
+    (sq, cq): (Page, Page),
+    vector: Option<u16>,
+    limit: u64,
+) -> Result<(), Error> {
+    let entries = u32::from(QSIZE - 1) << 16 | u32::from(qid);
+    // CDW11: physically contiguous (bit 0), interrupts enabled (bit 1) on vector IV (31:16).
+    let cq_flags = match vector {
+        Some(v) => u32::from(v) << 16 | 0b11,
+        None => 0b01,
+    };
+    admin.run(
+        &c.bar,
+        "create I/O completion queue",
+        command(op::CREATE_CQ, 0, cq.dma, entries, cq_flags, 0),
+        limit,
+    )?;
+    // CDW11: its completion queue (31:16), physically contiguous.
+    admin.run(
+        &c.bar,
+        "create I/O submission queue",
+        command(
+            op::CREATE_SQ,
+            0,
+            sq.dma,
+            entries,
+            u32::from(qid) << 16 | 1,
+            0,
+        ),
+        limit,
+    )?;
+    Ok(())
 }
 
 /// The text of an Identify string, padding trimmed.
@@ -429,5 +481,245 @@ pub fn pattern(seed: u64, out: &mut [u8]) {
         x ^= x << 17;
         let b = x.to_le_bytes();
         chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `bring_up` against a controller modelled in memory: it runs the admin commands it
+    //! is sent (Identify, Set Features, Create I/O CQ/SQ) and I/O reads, posts completions
+    //! with their phase, and records the MSI-X vector each completion raises.
+
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use std::rc::Rc;
+    use std::sync::atomic::AtomicU64;
+
+    #[derive(Default)]
+    struct Cq {
+        base: u64,
+        tail: u16,
+        phase: bool,
+        vector: Option<u16>,
+    }
+
+    #[derive(Default)]
+    struct State {
+        cc: u32,
+        aqa: u32,
+        asq: u64,
+        acq: u64,
+        /// Submission queues: base, head, completion queue.
+        sqs: BTreeMap<u16, (u64, u16, u16)>,
+        cqs: BTreeMap<u16, Cq>,
+        /// What Set Features Number of Queues answers (0-based counts).
+        allocated: u32,
+        /// (feature, cdw11) per Set Features.
+        features: Vec<(u32, u32)>,
+        /// The vector of every interrupt raised.
+        raised: Vec<u16>,
+    }
+
+    #[derive(Clone)]
+    struct Fake(Rc<RefCell<State>>);
+
+    fn set64(v: &mut u64, off: u64, x: u32) {
+        let shift = if off % 8 == 0 { 0 } else { 32 };
+        *v = *v & !(0xffff_ffff << shift) | u64::from(x) << shift;
+    }
+
+    impl State {
+        fn complete(&mut self, sqid: u16, cid: u16, status: u16, dw0: u32) {
+            let cqid = self.sqs[&sqid].2;
+            let cq = self.cqs.get_mut(&cqid).expect("the SQ's CQ exists");
+            let e = (cq.base as *mut u32).wrapping_add(usize::from(cq.tail) * 4);
+            let dw3 = u32::from(cid) | u32::from(!cq.phase) << 16 | u32::from(status) << 17;
+            // SAFETY: a test page the driver gave as this CQ (dma is the CPU address here).
+            unsafe { e.write_volatile(dw0) };
+            // SAFETY: as above, the same entry's fourth dword.
+            unsafe { e.wrapping_add(3).write_volatile(dw3) };
+            cq.tail = (cq.tail + 1) % QSIZE;
+            if cq.tail == 0 {
+                cq.phase = !cq.phase;
+            }
+            if let Some(v) = cq.vector {
+                self.raised.push(v);
+            }
+        }
+
+        fn run(&mut self, qid: u16, c: [u32; 16]) {
+            let (cid, opcode) = ((c[0] >> 16) as u16, c[0] as u8);
+            let prp = u64::from(c[6]) | u64::from(c[7]) << 32;
+            let (status, dw0) = match (qid, opcode) {
+                (0, op::IDENTIFY) => {
+                    // SAFETY: the page the command names, a test page.
+                    let b = unsafe { core::slice::from_raw_parts_mut(prp as *mut u8, 4096) };
+                    // The device writes the whole data structure.
+                    b.fill(0);
+                    if c[10] == 1 {
+                        b[24..28].copy_from_slice(b"FAKE");
+                    } else {
+                        b[0..8].copy_from_slice(&1024u64.to_le_bytes());
+                        b[130] = 12;
+                    }
+                    (0, 0)
+                }
+                (0, op::SET_FEATURES) => {
+                    self.features.push((c[10], c[11]));
+                    (0, self.allocated)
+                }
+                (0, op::CREATE_CQ) => {
+                    let vector = (c[11] & 2 != 0).then_some((c[11] >> 16) as u16);
+                    let cq = Cq {
+                        base: prp,
+                        vector,
+                        ..Cq::default()
+                    };
+                    self.cqs.insert(c[10] as u16, cq);
+                    (0, 0)
+                }
+                (0, op::CREATE_SQ) => {
+                    let cqid = (c[11] >> 16) as u16;
+                    if self.cqs.contains_key(&cqid) {
+                        self.sqs.insert(c[10] as u16, (prp, 0, cqid));
+                        (0, 0)
+                    } else {
+                        (0x100, 0)
+                    }
+                }
+                (q, op::READ | op::WRITE) if q > 0 => (0, 0),
+                _ => (1, 0),
+            };
+            self.complete(qid, cid, status, dw0);
+        }
+    }
+
+    impl Bar0 for Fake {
+        fn rd(&self, off: u64) -> u32 {
+            let s = self.0.borrow();
+            match off {
+                // MQES 255 (0-based), CAP.TO one unit; DSTRD 0 above.
+                reg::CAP => 255 | 1 << 24,
+                reg::VS => 0x0001_0400,
+                reg::CC => s.cc,
+                reg::CSTS => s.cc & 1,
+                _ => 0,
+            }
+        }
+
+        fn wr(&self, off: u64, v: u32) {
+            let mut s = self.0.borrow_mut();
+            match off {
+                reg::CC => {
+                    s.cc = v;
+                    s.sqs.clear();
+                    s.cqs.clear();
+                    if v & 1 != 0 {
+                        let (asq, acq) = (s.asq, s.acq);
+                        s.sqs.insert(0, (asq, 0, 0));
+                        let admin = Cq {
+                            base: acq,
+                            vector: Some(0),
+                            ..Cq::default()
+                        };
+                        s.cqs.insert(0, admin);
+                    }
+                }
+                reg::AQA => s.aqa = v,
+                o if (reg::ASQ..reg::ASQ + 8).contains(&o) => set64(&mut s.asq, o, v),
+                o if (reg::ACQ..reg::ACQ + 8).contains(&o) => set64(&mut s.acq, o, v),
+                o if o >= reg::DOORBELLS && (o - reg::DOORBELLS) % 8 == 0 => {
+                    let qid = ((o - reg::DOORBELLS) / 8) as u16;
+                    let (base, mut head, _) = s.sqs[&qid];
+                    while head != v as u16 {
+                        let e = (base as *const u32).wrapping_add(usize::from(head) * 16);
+                        // SAFETY: entry `head` of a test page the driver gave as this SQ.
+                        let c =
+                            core::array::from_fn(|i| unsafe { e.wrapping_add(i).read_volatile() });
+                        head = (head + 1) % QSIZE;
+                        s.sqs.get_mut(&qid).unwrap().1 = head;
+                        s.run(qid, c);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[repr(C, align(4096))]
+    struct PageMem([u8; 4096]);
+
+    fn tick() -> u64 {
+        static T: AtomicU64 = AtomicU64::new(0);
+        T.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn up_with(allocated: u32) -> (Fake, Result<Up, Error>, Vec<PageMem>) {
+        let fake = Fake(Rc::new(RefCell::new(State {
+            allocated,
+            ..State::default()
+        })));
+        let mut mem: Vec<PageMem> = (0..8).map(|_| PageMem([0; 4096])).collect();
+        let pages: Vec<Page> = mem
+            .iter_mut()
+            .map(|p| {
+                let cpu = p.0.as_mut_ptr();
+                Page {
+                    cpu,
+                    dma: cpu as u64,
+                }
+            })
+            .collect();
+        let c = Controller::new(fake.clone(), tick, 1000);
+        let up = bring_up(&c, core::array::from_fn(|i| pages[i]), 1 << 20);
+        (fake, up, mem)
+    }
+
+    #[test]
+    fn the_polled_queue_pair_raises_no_interrupt_and_the_other_raises_vector_1() {
+        let (fake, up, mem) = up_with(1 << 16 | 1);
+        let mut up = up.expect("bring-up");
+        assert_eq!(text(&up.id.model), "FAKE");
+        assert_eq!((up.id.blocks, up.id.lba_bytes), (1024, 4096));
+        // Two queue pairs asked for (0-based), before any was made.
+        assert_eq!(fake.0.borrow().features, vec![(0x07, 1 << 16 | 1)]);
+        let vectors: Vec<_> = fake
+            .0
+            .borrow()
+            .cqs
+            .iter()
+            .map(|(q, c)| (*q, c.vector))
+            .collect();
+        assert_eq!(vectors, vec![(0, Some(0)), (1, Some(IO_VECTOR)), (2, None)]);
+        // Admin completions are polled; the device raised vector 0 for each of the seven
+        // commands (two Identify, Set Features, two Create CQ/SQ pairs).
+        assert_eq!(fake.0.borrow().raised, vec![0; 7]);
+        fake.0.borrow_mut().raised.clear();
+        let data = Page {
+            cpu: mem[7].0.as_ptr().cast_mut(),
+            dma: mem[7].0.as_ptr() as u64,
+        };
+        let read = io(false, &data, 0, 1);
+        for _ in 0..(2 * QSIZE + 3) {
+            let got = up.polled.run(&fake, "read", read, 1 << 20);
+            assert_eq!(got, Ok(0));
+        }
+        assert_eq!(fake.0.borrow().raised, Vec::<u16>::new(), "polled reads");
+        assert_eq!(up.polled.submitted, u64::from(2 * QSIZE + 3));
+        up.io.run(&fake, "read", read, 1 << 20).unwrap();
+        assert_eq!(fake.0.borrow().raised, vec![IO_VECTOR]);
+    }
+
+    #[test]
+    fn a_controller_that_gives_one_io_queue_pair_is_refused_before_any_is_made() {
+        for allocated in [0, 1, 1 << 16] {
+            let (fake, up, _mem) = up_with(allocated);
+            assert!(
+                matches!(up, Err(Error::Setup(why)) if why.contains("two I/O queue pairs")),
+                "allocated {allocated:#x}"
+            );
+            assert_eq!(fake.0.borrow().cqs.len(), 1, "only the admin CQ");
+        }
     }
 }

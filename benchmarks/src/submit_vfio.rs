@@ -215,6 +215,12 @@ fn twin_once(env: &Env, bdf: &str) -> Result<Figures, String> {
     })
     .join()
     .map_err(|_| "the twin's thread panicked".to_string())??;
+    if run.poll_interrupts > 0 {
+        return Err(format!(
+            "{} MSI-X interrupts over the polled reads, whose queue has its interrupt off",
+            run.poll_interrupts
+        ));
+    }
     let mut out = BTreeMap::new();
     for (mode, v) in [("poll", &run.poll_ns), ("irq", &run.irq_ns)] {
         let s = summary(v).ok_or(format!("no {mode} samples"))?;

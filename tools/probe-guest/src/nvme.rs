@@ -8,12 +8,15 @@
 //! 2. resets the controller, gives it an admin queue pair, enables it (CC: 4 KiB pages,
 //!    64-byte submission and 16-byte completion entries);
 //! 3. Identify controller and namespace 1 (model, serial, LBA size and count);
-//! 4. one I/O queue pair, its completions on MSI-X vector 1 (programmed to our vector);
+//! 4. two I/O queue pairs: pair 1's completions on MSI-X vector 1 (programmed to our
+//!    vector), pair 2's with no interrupt at all (a polled read must not raise one: the
+//!    host would take it on the vCPU's core and kick the vCPU out to deliver it);
 //! 5. writes a 4 KiB pattern (seeded by `probe.nvme_seed`) at LBA `probe.nvme_lba` (default
-//!    0), reads it back into a cleared buffer, compares and prints the FNV-1a checksum;
-//! 6. times N one-block reads submit-to-completion, polling the completion's phase bit
-//!    (`completion=poll`) and waiting for the MSI-X interrupt in the idle mode in force
-//!    (`completion=irq`), and the doorbell store alone.
+//!    0) on pair 2, reads it back into a cleared buffer, compares and prints the FNV-1a
+//!    checksum;
+//! 6. times N one-block reads submit-to-completion, on pair 2 polling the completion's
+//!    phase bit (`completion=poll`) and on pair 1 waiting for the MSI-X interrupt in the
+//!    idle mode in force (`completion=irq`), and the doorbell store alone.
 //!
 //! Every doorbell and completion-queue head store is a plain store to BAR 0; where the VMM
 //! maps BAR 0 into the guest (all of it but the MSI-X table and PBA pages), none of them
@@ -39,8 +42,9 @@ const CAP_MSIX: u8 = 0x11;
 #[repr(C, align(4096))]
 struct PageMem([u8; 4096]);
 
-/// Admin SQ, admin CQ, I/O SQ, I/O CQ, identify buffer, data buffer.
-static mut PAGES: [PageMem; 6] = [const { PageMem([0; 4096]) }; 6];
+/// Admin SQ, admin CQ, I/O SQ 1, I/O CQ 1, identify buffer, I/O SQ 2, I/O CQ 2, data
+/// buffer.
+static mut PAGES: [PageMem; 8] = [const { PageMem([0; 4096]) }; 8];
 
 /// Page `i`: identity mapped, so the CPU's address is the device's (guest physical; the
 /// VMM maps guest memory for the device's DMA at the same addresses).
@@ -165,7 +169,7 @@ fn drive(bi: &BootInfo, e: Ecam, n: usize, tsc_khz: u64, apic: u32) -> Result<()
     );
     program_msix(e, slot, &bars, u64::from(nvmecore::IO_VECTOR), apic)?;
     let limit = tsc_khz.saturating_mul(2000);
-    let up = bring_up(&c, [page(0), page(1), page(2), page(3), page(4)], limit)?;
+    let up = bring_up(&c, core::array::from_fn(page), limit)?;
     say!(
         "nvme identify model=\"{}\" serial=\"{}\"",
         text(&up.id.model),
@@ -176,9 +180,9 @@ fn drive(bi: &BootInfo, e: Ecam, n: usize, tsc_khz: u64, apic: u32) -> Result<()
         up.id.blocks,
         up.id.lba_bytes
     );
-    let mut q = up.io;
-    // Write, read back, compare.
-    let data = page(5);
+    let (mut q, mut polled) = (up.io, up.polled);
+    // Write, read back, compare (polled: no interrupt raised).
+    let data = page(7);
     let per_page = (4096 / up.id.lba_bytes) as u32;
     let lba = hex(bi, "probe.nvme_lba", 0).min(up.id.blocks.saturating_sub(u64::from(per_page)));
     let seed = hex(bi, "probe.nvme_seed", 0x4e56_4d65);
@@ -186,10 +190,10 @@ fn drive(bi: &BootInfo, e: Ecam, n: usize, tsc_khz: u64, apic: u32) -> Result<()
     pattern(seed, unsafe { data.bytes() });
     // SAFETY: as above.
     let sum = fnv1a(unsafe { data.bytes() });
-    q.run(&c.bar, "write", io(true, &data, lba, per_page), limit)?;
+    polled.run(&c.bar, "write", io(true, &data, lba, per_page), limit)?;
     // SAFETY: as above (the write completed).
     unsafe { data.bytes() }.fill(0);
-    q.run(&c.bar, "read", io(false, &data, lba, per_page), limit)?;
+    polled.run(&c.bar, "read", io(false, &data, lba, per_page), limit)?;
     // SAFETY: as above (the read completed).
     let back = fnv1a(unsafe { data.bytes() });
     say!(
@@ -204,7 +208,7 @@ fn drive(bi: &BootInfo, e: Ecam, n: usize, tsc_khz: u64, apic: u32) -> Result<()
             "the bytes read back are not the bytes written",
         ));
     }
-    timed(&c, &mut q, &data, lba, n, tsc_khz, limit)?;
+    timed(&c, [&mut polled, &mut q], &data, lba, n, tsc_khz, limit)?;
     // Give the controller back disabled (the VMM resets it too).
     c.disable()
 }
@@ -260,10 +264,11 @@ fn msi_within(seen: u64, grace: u64) -> bool {
     false
 }
 
-/// Timed one-block reads, polled then by MSI-X; prints both and the doorbell store.
+/// Timed one-block reads, polled on the first queue then by MSI-X on the second; prints
+/// both and the doorbell store.
 fn timed(
     c: &Controller<Regs>,
-    q: &mut nvmecore::Queue,
+    queues: [&mut nvmecore::Queue; 2],
     data: &Page,
     lba: u64,
     n: usize,
@@ -288,7 +293,8 @@ fn timed(
     // (the reader takes it off the loops' figures).
     sys::mark(5);
     sys::mark(6);
-    for irq in [false, true] {
+    let [polled, by_irq] = queues;
+    for (irq, q) in [(false, &mut *polled), (true, &mut *by_irq)] {
         if irq {
             sys::set_interrupts(matches!(
                 crate::wake::mode(),
@@ -312,7 +318,7 @@ fn timed(
             let d = q.submit(&c.bar, read1);
             let done = if irq {
                 // Wait for our vector or a watchdog tick; a wake-up with no completion
-                // posted (a tick, a late interrupt of the polled phase) waits again.
+                // posted (a tick, an interrupt delivered late) waits again.
                 let mut seen = before;
                 loop {
                     wait_for_either(seen);
@@ -377,19 +383,20 @@ fn timed(
             );
         }
     }
-    // `submitted` is counted on the I/O queue (the write and read-back before, the polled
-    // and the MSI-X reads here), `irqs` on the MSI-X vector alone, `watchdog_ticks` on the
-    // watchdog's, `by_watchdog` the reads whose completion only a tick found, `marked` the
-    // handler runs on either vector between marks 3 and 4.
+    // `submitted` is counted on both I/O queues (the write and read-back before and the
+    // polled reads on pair 2, the reads by MSI-X on pair 1), `irqs` on the MSI-X vector
+    // alone, `watchdog_ticks` on the watchdog's, `by_watchdog` the reads whose completion
+    // only a tick found, `marked` the handler runs on either vector between marks 3 and 4.
     say!(
-        "nvme submitted={} irqs={} watchdog_ticks={} by_watchdog={} marked={} sq_tail={} cq_head={}",
-        q.submitted,
+        "nvme submitted={} irqs={} watchdog_ticks={} by_watchdog={} marked={} polled_submitted={} sq_tail={} cq_head={}",
+        polled.submitted + by_irq.submitted,
         irqs,
         ticks,
         by_watchdog,
         marked,
-        q.tail,
-        q.head
+        polled.submitted,
+        by_irq.tail,
+        by_irq.head
     );
     if by_watchdog > 0 {
         return Err(Error::Setup(
