@@ -439,6 +439,14 @@ fn exits(o: &mut String, e: &crate::doc::exits::ExitsSection) {
     if !e.failures.is_empty() {
         let _ = writeln!(o, "Failed: {}\n", e.failures.join("; ").replace('|', "/"));
     }
+    if !e.replaced.is_empty() {
+        let _ = writeln!(
+            o,
+            "Run again in a round of its own (a triple fault in the guest, below both VMMs; \
+             the rows are over the runs that finished): {}\n",
+            e.replaced.join("; ").replace('|', "/")
+        );
+    }
     let _ = writeln!(
         o,
         "| operation | minimum (AMD, no AVIC) | partition exits/op (by reason) | QEMU exits/op (by reason) |\n|---|---|---|---|"

@@ -26,6 +26,11 @@ pub struct ExitsSection {
     pub rows: Vec<ExitsRow>,
     /// Runs that gave nothing, and why.
     pub failures: Vec<String>,
+    /// Runs lost to a triple fault in the guest (a shutdown exit KVM counted on a vCPU: the
+    /// rig's TCG, below both VMMs) and run again in a round of their own, and why; the rows
+    /// are over the runs that finished (absent from results written before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaced: Vec<String>,
 }
 
 /// What `exits` ran.
