@@ -8,7 +8,10 @@
 //! stressors (where stress-ng is installed) and a second probe guest launched ad hoc there
 //! reading its disk over and over. Per run: the noise (us lost per second: the sum of gaps
 //! over 1 us), the largest gap, gaps over 1/10/100 us per second, and the 99.99th
-//! percentile gap; rows are medians over rounds with min-max spread.
+//! percentile gap; rows are medians over rounds with min-max spread. Beside the windows, two
+//! of the VMM's paths in our partition, quiet and beside the same neighbour: the wake
+//! round trip (the probe's IPI ping-pong between its two vCPUs) and the mapped doorbell's
+//! submit to the engine's fence.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 #[path = "../../tools/probe-guest/src/gaps.rs"]
 mod gaps;
 
-use crate::doc::noise::{NoiseParams, NoiseRow, NoiseSection};
+use crate::doc::noise::{NoiseParams, NoiseRow, NoiseSection, PathRow};
 use crate::head::Head;
 use crate::host::{pin, pin_and_start_qemu};
 use crate::stats::summary;
@@ -305,9 +308,13 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
                  (an ad hoc launch pinned there), and in the probe under QEMU microvm with its \
                  vCPU thread pinned there (-S, pinned over QMP, then started); all rounds \
                  quiet, then all rounds beside the neighbour. Rows: the median of the per-run \
-                 values with min-max spread."
+                 values with min-max spread. Paths: per round, one wake guest (2 vCPUs on the \
+                 neighbour's core and the measured one, the IPI round trip) and one engine \
+                 guest (mapped doorbell, fence polled) under --idle auto, all rounds quiet, \
+                 then all rounds beside the neighbour; the median of per-run medians."
             .into(),
         rows: None,
+        paths: Vec::new(),
     };
     let probe = match crate::probe_image(env) {
         Ok(p) => p,
@@ -331,6 +338,15 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
         section.head.fail(e);
         section.rows = Some(rows);
         return section;
+    }
+    // The wake round trip and the submit-to-fence, quiet and beside the neighbour.
+    match paths(env) {
+        Ok(p) => section.paths = p,
+        Err(e) => {
+            section.head.fail(e);
+            section.rows = Some(rows);
+            return section;
+        }
     }
     // Phase 2: the core reserved (`partition reserve`: taken out of every other cpuset), a
     // pool partition there and the twin joined to the reservation's guests cpuset.
@@ -357,10 +373,14 @@ pub fn run(env: &Env, ms: u64) -> NoiseSection {
             expected += 1;
         }
     }
-    let complete = rows.len() == expected && rows.iter().all(|r| r.failures.is_empty());
+    let complete = rows.len() == expected
+        && rows.iter().all(|r| r.failures.is_empty())
+        && section.paths.iter().all(|p| p.failures.is_empty());
     section.rows = Some(rows);
     section.head.finish(complete, || {
-        "a case failed in some run (its row says why), or the reserved core could not be had".into()
+        "a case or a path failed in some run (its row says why), or the reserved core could \
+         not be had"
+            .into()
     });
     section
 }
@@ -411,6 +431,66 @@ fn phase(
         }
     }
     Ok(())
+}
+
+/// Rounds of the wake guest timed per launch in [`paths`] (the wake section's count).
+const WAKE_ROUNDS: usize = 200;
+
+/// The wake round trip and the mapped doorbell's submit-to-fence in our partition under the
+/// idle policy a launch gets by default (`auto`), every round quiet, then every round beside
+/// the neighbour. On a host of two cores both paths have an end on the neighbour's core (the
+/// wake guest's first vCPU, the engine's thread): what the neighbour does to them is what
+/// these rows show.
+fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
+    let policy = "auto";
+    let mut rows = Vec::new();
+    for neighbour in [false, true] {
+        let _n = if neighbour {
+            let n = Neighbour::start(env).map_err(|e| format!("starting the neighbour: {e}"))?;
+            std::thread::sleep(Duration::from_secs(1));
+            Some(n)
+        } else {
+            None
+        };
+        // (medians, p99s, failures) per path; the mode the wake guest waited in.
+        let mut got: [(Vec<f64>, Vec<f64>, Vec<String>); 2] = Default::default();
+        let mut mode = None;
+        for _ in 0..env.runs {
+            match crate::wake::guest_once(env, policy, WAKE_ROUNDS) {
+                Ok(lines) => match lines.get("ipi") {
+                    Some((m, p, how)) => {
+                        got[0].0.push(*m);
+                        got[0].1.push(*p);
+                        mode = Some(how.clone());
+                    }
+                    None => got[0].2.push("no ipi line (one vCPU?)".into()),
+                },
+                Err(e) => got[0].2.push(e),
+            }
+            match crate::submit::mapped_fence_once(env, policy) {
+                Ok((m, p)) => {
+                    got[1].0.push(m);
+                    got[1].1.push(p);
+                }
+                Err(e) => got[1].2.push(e),
+            }
+        }
+        for (path, (medians, p99s, failures)) in ["wake-ipi", "submit-fence"].into_iter().zip(got) {
+            let policy = match (&mode, path) {
+                (Some(m), "wake-ipi") => format!("{policy} (waited in {m})"),
+                _ => policy.to_string(),
+            };
+            rows.push(PathRow {
+                path: path.into(),
+                neighbour,
+                policy,
+                median_ns: summary(&medians),
+                p99_ns: summary(&p99s),
+                failures,
+            });
+        }
+    }
+    Ok(rows)
 }
 
 /// A reservation of the measured core for phase 2, given back on drop.

@@ -555,6 +555,58 @@ fn noise(o: &mut String, n: &crate::doc::noise::NoiseSection) {
             }
         );
     }
+    noise_paths(o, &n.paths);
+}
+
+/// The wake round trip and the submit-to-fence in our partition, quiet and beside the
+/// neighbour, each beside neighbour with its ratio to quiet.
+fn noise_paths(o: &mut String, paths: &[crate::doc::noise::PathRow]) {
+    if paths.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nOur partition's paths, quiet and beside the same neighbour (`wake-ipi`: the probe's \
+         IPI round trip between its two vCPUs, the first on the neighbour's core; \
+         `submit-fence`: the mapped doorbell to the engine's fence, polled, the engine on the \
+         neighbour's core), us, median of per-run medians (min-max):\n\n| path | policy | \
+         neighbour | median us | x quiet | p99 us |\n|---|---|---|---|---|---|"
+    );
+    let us = |s: &Option<crate::stats::Summary>| {
+        s.as_ref().map_or("-".into(), |s| {
+            format!(
+                "{:.2} ({:.2}-{:.2})",
+                s.median / 1e3,
+                s.min / 1e3,
+                s.max / 1e3
+            )
+        })
+    };
+    for r in paths {
+        let quiet = paths
+            .iter()
+            .find(|q| q.path == r.path && !q.neighbour)
+            .and_then(|q| q.median_ns.as_ref())
+            .map(|q| q.median);
+        let ratio = match (&r.median_ns, quiet) {
+            (Some(s), Some(q)) if q > 0.0 => format!("{:.2}", s.median / q),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {ratio} | {} |{}",
+            r.path,
+            r.policy,
+            if r.neighbour { "busy" } else { "quiet" },
+            us(&r.median_ns),
+            us(&r.p99_ns),
+            if r.failures.is_empty() {
+                String::new()
+            } else {
+                format!(" failed: {}", r.failures.join("; ").replace('|', "/"))
+            }
+        );
+    }
 }
 
 /// 4 KiB block reads: the host's own, ours, QEMU's.

@@ -49,7 +49,7 @@ impl Section for Noise {
     fn names(&self) -> &'static [(&'static str, &'static str)] {
         &[(
             "noise",
-            "what the host takes from the partition's core: a TSC gap detector in the probe guest's ring 3, as a bare-host thread on the same core and in QEMU microvm pinned there, quiet and beside a noisy neighbour (stress-ng and a disk-reading guest) on the housekeeping core: us lost per second, largest gap, gaps over 1/10/100 us, p99.99",
+            "what the host takes from the partition's core: a TSC gap detector in the probe guest's ring 3, as a bare-host thread on the same core and in QEMU microvm pinned there, quiet and beside a noisy neighbour (stress-ng and a disk-reading guest) on the housekeeping core: us lost per second, largest gap, gaps over 1/10/100 us, p99.99; and our wake round trip and mapped-doorbell submit-to-fence, quiet and beside the same neighbour",
         )]
     }
     fn run(

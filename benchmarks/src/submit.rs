@@ -143,6 +143,16 @@ fn guest_once(env: &Env, doorbell: &str, policy: &str) -> Result<(GuestRun, Stri
     ))
 }
 
+/// One launch with the mapped doorbell under `policy`: the submit-to-fence (median, p99),
+/// ns, the fence polled. The noise section runs it quiet and beside its neighbour.
+pub(crate) fn mapped_fence_once(env: &Env, policy: &str) -> Result<(f64, f64), String> {
+    let (g, _) = guest_once(env, "mapped", policy)?;
+    g.figures
+        .get("submit/poll")
+        .copied()
+        .ok_or_else(|| "no submit/poll line".into())
+}
+
 /// How the twin's engine learns of work.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum EngineWait {

@@ -22,6 +22,30 @@ pub struct NoiseSection {
     /// Why the reserved-core rows are missing or partial, if they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_note: Option<String>,
+    /// The wake round trip and the mapped-doorbell submit-to-fence in our partition, quiet
+    /// and beside the same neighbour (absent from results written before they were).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathRow>,
+}
+
+/// One VMM path timed in our partition, quiet or beside the neighbour.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PathRow {
+    /// `wake-ipi` (the probe's IPI round trip between its two vCPUs) or `submit-fence`
+    /// (the mapped doorbell's submit to the engine's fence, polled).
+    pub path: String,
+    /// Whether the neighbour ran.
+    pub neighbour: bool,
+    /// The idle policy asked and, for the wake, the mode the probe waited in.
+    pub policy: String,
+    /// Per-run medians, ns, summarised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub median_ns: Option<Summary>,
+    /// Per-run 99th percentiles, ns, summarised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p99_ns: Option<Summary>,
+    /// Runs that produced nothing, and why.
+    pub failures: Vec<String>,
 }
 
 /// What `noise` ran.

@@ -367,8 +367,23 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
             }
         }
     }
+    // The two paths, quiet and beside the neighbour, one run each.
+    let paths = s["paths"].as_array().expect("paths");
+    assert_eq!(paths.len(), 4, "{s:#}");
+    for neighbour in [false, true] {
+        for path in ["wake-ipi", "submit-fence"] {
+            let r = paths
+                .iter()
+                .find(|r| r["path"] == path && r["neighbour"] == neighbour)
+                .unwrap_or_else(|| panic!("no {path} path, neighbour {neighbour}: {s:#}"));
+            assert_eq!(r["failures"], serde_json::json!([]), "{r:#}");
+            assert_eq!(r["median_ns"]["n"], 1, "{r:#}");
+            assert!(r["median_ns"]["median"].as_f64().unwrap() > 0.0, "{r:#}");
+        }
+    }
     let md = std::fs::read_to_string(dir.path("noise.md")).unwrap();
     assert!(md.contains("## Noise on the partition's core"), "{md}");
+    assert!(md.contains("| submit-fence | auto | busy |"), "{md}");
     // The provenance names the host settings the figures were taken under.
     assert!(
         s["provenance"]["host_report"]["findings"].is_array(),
