@@ -508,8 +508,6 @@ pub fn initramfs(base: &[u8], hotpaths: &[u8], init: &str) -> Vec<u8> {
 /// What one run of the guest gave: per loop (op, part) the exits per iteration by reason.
 type Counts = BTreeMap<(String, u32), BTreeMap<String, f64>>;
 
-/// Runs `cmd` (a VMM booting the guest) under the tracer and counts; with how the guest
-/// said it idles (`guest_idle`).
 /// Why a traced run gave nothing: the message, and whether a vCPU took a shutdown exit (a
 /// triple fault in the guest).
 #[derive(Debug)]
@@ -527,6 +525,8 @@ impl From<String> for Failed {
     }
 }
 
+/// Runs `cmd` (a VMM booting the guest) under the tracer and counts; with how the guest
+/// said it idles (`guest_idle`).
 fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), Failed> {
     let (r, trace) =
         under_trace(|| timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}")))?;

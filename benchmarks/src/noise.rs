@@ -216,6 +216,16 @@ fn stress_ng() -> Option<std::path::PathBuf> {
 }
 
 impl Neighbour {
+    /// The neighbour started and given a second to get going, when `wanted`.
+    fn when(wanted: bool, env: &Env) -> Result<Option<Self>, String> {
+        if !wanted {
+            return Ok(None);
+        }
+        let n = Self::start(env).map_err(|e| format!("starting the neighbour: {e}"))?;
+        std::thread::sleep(Duration::from_secs(1));
+        Ok(Some(n))
+    }
+
     fn start(env: &Env) -> Result<Self, String> {
         let disk = env.work.join("noise-neighbour.img");
         crate::host::make_image(&disk, 16 << 20).map_err(|e| format!("{}: {e}", disk.display()))?;
@@ -393,14 +403,7 @@ fn phase(
     measure: &dyn Fn(&str, usize) -> Result<Window, String>,
 ) -> Result<(), String> {
     for neighbour in [false, true] {
-        let _n = if neighbour {
-            let n = Neighbour::start(env).map_err(|e| format!("starting the neighbour: {e}"))?;
-            // Let it get going before the first window.
-            std::thread::sleep(Duration::from_secs(1));
-            Some(n)
-        } else {
-            None
-        };
+        let _n = Neighbour::when(neighbour, env)?;
         let mut got: BTreeMap<&str, (Vec<Window>, Vec<String>)> = BTreeMap::new();
         for round in 0..env.runs {
             let mut order = cases.to_vec();
@@ -445,13 +448,7 @@ fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
     let policy = "auto";
     let mut rows = Vec::new();
     for neighbour in [false, true] {
-        let _n = if neighbour {
-            let n = Neighbour::start(env).map_err(|e| format!("starting the neighbour: {e}"))?;
-            std::thread::sleep(Duration::from_secs(1));
-            Some(n)
-        } else {
-            None
-        };
+        let _n = Neighbour::when(neighbour, env)?;
         // (medians, p99s, failures) per path; the mode the wake guest waited in.
         let mut got: [(Vec<f64>, Vec<f64>, Vec<String>); 2] = Default::default();
         let mut mode = None;
