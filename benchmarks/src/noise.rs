@@ -436,9 +436,6 @@ fn phase(
     Ok(())
 }
 
-/// Rounds of the wake guest timed per launch in [`paths`] (the wake section's count).
-const WAKE_ROUNDS: usize = 200;
-
 /// The wake round trip and the mapped doorbell's submit-to-fence in our partition under the
 /// idle policy a launch gets by default (`auto`), every round quiet, then every round beside
 /// the neighbour. On a host of two cores both paths have an end on the neighbour's core (the
@@ -453,7 +450,7 @@ fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
         let mut got: [(Vec<f64>, Vec<f64>, Vec<String>); 2] = Default::default();
         let mut mode = None;
         for _ in 0..env.runs {
-            match crate::wake::guest_once(env, policy, WAKE_ROUNDS) {
+            match crate::wake::guest_once(env, policy) {
                 Ok(lines) => match lines.get("ipi") {
                     Some((m, p, how)) => {
                         got[0].0.push(*m);

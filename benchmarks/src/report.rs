@@ -548,11 +548,7 @@ fn noise(o: &mut String, n: &crate::doc::noise::NoiseSection) {
             cell(r, "over_10us_per_s", 1),
             cell(r, "over_100us_per_s", 1),
             cell(r, "p9999_gap_ns", 0),
-            if r.failures.is_empty() {
-                String::new()
-            } else {
-                format!(" failed: {}", r.failures.join("; ").replace('|', "/"))
-            }
+            failed_cell(&r.failures)
         );
     }
     noise_paths(o, &n.paths);
@@ -600,12 +596,17 @@ fn noise_paths(o: &mut String, paths: &[crate::doc::noise::PathRow]) {
             if r.neighbour { "busy" } else { "quiet" },
             us(&r.median_ns),
             us(&r.p99_ns),
-            if r.failures.is_empty() {
-                String::new()
-            } else {
-                format!(" failed: {}", r.failures.join("; ").replace('|', "/"))
-            }
+            failed_cell(&r.failures)
         );
+    }
+}
+
+/// What a table row adds after its last cell for the runs that failed (nothing if none).
+fn failed_cell(failures: &[String]) -> String {
+    if failures.is_empty() {
+        String::new()
+    } else {
+        format!(" failed: {}", failures.join("; ").replace('|', "/"))
     }
 }
 

@@ -310,19 +310,17 @@ fn qemu_cmd(env: &Env, probe: &Path, cpu_pm: bool, cmdline: &str) -> Command {
 }
 
 /// One launch of the wake guest under `policy` (2 vCPUs: the housekeeping core and the
-/// measured one, as this section's) timing `n` rounds of each test: test -> (median, p99,
-/// the mode it waited in), ns. The noise section runs it quiet and beside its neighbour.
+/// measured one, as this section's, with its command line): test -> (median, p99, the mode
+/// it waited in), ns. The noise section runs it quiet and beside its neighbour.
 pub(crate) fn guest_once(
     env: &Env,
     policy: &str,
-    n: usize,
 ) -> Result<BTreeMap<String, (f64, f64, String)>, String> {
-    let cmdline = format!(
-        "probe.memtest=0 probe.bench=wake probe.wake_n={n} probe.wake_warmup={}",
-        (n / 10).max(1)
-    );
-    let r = crate::timed_run(guest_cmd(env, policy, &cmdline), Duration::from_secs(180))
-        .map_err(|e| e.to_string())?;
+    let r = crate::timed_run(
+        guest_cmd(env, policy, &wake_cmdline()),
+        Duration::from_secs(180),
+    )
+    .map_err(|e| e.to_string())?;
     let lines = parse_wake(&r.stdout);
     if !r.status.success() || lines.is_empty() {
         return Err(format!(
