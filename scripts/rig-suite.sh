@@ -51,8 +51,8 @@ mkdir -p "$target/rig"
 
 # Tests that may print SKIPPED inside the rig, each with why (anything else that skips
 # there fails the suite: the rig exists to run them). "BINARY:TEST|reason".
-# None today: the exits section's test, the last on it, runs since its section replaces a
-# run lost to a triple fault below our VMM.
+# None today: the exits section's test, the last on it, runs in every suite since
+# 2026-12-05 (a triple fault fails it, as it fails the other two-vCPU boots).
 allowed_skips=()
 
 # The Linux tests' assets, made on this host (apt-get is not reachable inside): the test

@@ -1259,8 +1259,10 @@ fn the_early_log_is_complete_only_when_the_e820_map_is() {
 /// call takes less than one exit (a timer tick may fall inside a loop of 20: KVM's own
 /// count of the claim that system calls never exit). Where the machine has no QEMU (the
 /// rig's Linux machine), the QEMU rows are missing with that reason and nothing else is.
-/// A run whose guest triple-faults (the rig's TCG, below our VMM: docs/testing.md) is run
-/// again by the section itself, listed under `replaced`; any other failure fails here.
+/// The section runs again a run whose guest triple-faults and lists it under `replaced` (a
+/// benchmark's rows stay whole); this test does not take that: a triple fault fails it, as
+/// it fails the other two-vCPU boots here (the rig's TCG, docs/testing.md, until traced
+/// otherwise), with the run's last lines.
 #[test]
 fn the_exits_section_counts_each_operations_exits_by_reason() {
     let name = "the_exits_section_counts_each_operations_exits_by_reason";
@@ -1301,12 +1303,13 @@ fn the_exits_section_counts_each_operations_exits_by_reason() {
         .filter(|f| !f.contains("qemu-system-x86_64 is not installed"))
         .collect();
     assert!(failures.is_empty(), "{failures:?}\n{}", out.stderr);
-    // Only a triple fault is ever run again, and it is said.
-    for r in e["replaced"].as_array().into_iter().flatten() {
-        let r = r.as_str().unwrap_or("");
-        assert!(r.contains("a triple fault: shutdown exit on vCPU"), "{r}");
-        println!("NOTE exits: a run replaced: {r}");
-    }
+    // No retry here: a run the section replaced is a failure of this test.
+    assert_eq!(
+        e["replaced"],
+        serde_json::Value::Null,
+        "{e}\n{}",
+        out.stderr
+    );
     let rows = e["rows"].as_array().unwrap();
     for op in e["params"]["ops"].as_array().unwrap() {
         let row = rows
