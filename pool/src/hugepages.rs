@@ -165,6 +165,66 @@ impl Counter {
         let now = self.total()?;
         self.set(now.saturating_sub(pages))
     }
+
+    /// Takes this counter's host-wide lock (an exclusive `flock` of its sysfs directory,
+    /// waiting for it; released when the file is dropped). A reserve holds it from adding
+    /// its pages until its pool file holds them, and a give-back while it takes pages
+    /// away, so that a give-back never mistakes another reserve's pages, added but not yet
+    /// in its pool file, for pages nobody holds. Nothing is left behind on the host.
+    pub fn lock(&self) -> Result<std::fs::File, HugepageError> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&self.dir)
+            .map_err(io(&self.dir))?;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(f);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(io(&self.dir)(e));
+            }
+        }
+    }
+
+    /// Pages nobody holds: free and not promised to a mapping (`resv_hugepages`, which a
+    /// node's counter does not have: the host-wide one for the size stands in, an upper
+    /// bound of the node's).
+    pub fn unowned(&self) -> Result<u64, HugepageError> {
+        let free = self.free()?;
+        let resv_file = self.dir.join("resv_hugepages");
+        let resv = if resv_file.exists() {
+            read_u64(&resv_file)?
+        } else {
+            match self.dir.file_name() {
+                Some(leaf) => {
+                    let global = Path::new("/sys/kernel/mm/hugepages")
+                        .join(leaf)
+                        .join("resv_hugepages");
+                    read_u64(&global).unwrap_or(0)
+                }
+                None => 0,
+            }
+        };
+        Ok(free.saturating_sub(resv))
+    }
+
+    /// Gives back up to `pages` pages to the kernel, but only pages nobody holds: taking
+    /// away more would turn pages another reservation (or anyone) is using into surplus
+    /// ones, and the host's count would lie. Returns how many went.
+    pub fn give_back(&self, pages: u64) -> Result<u64, HugepageError> {
+        let take = pages.min(self.unowned()?);
+        if take == 0 {
+            return Ok(0);
+        }
+        let before = self.total()?;
+        let after = self.set(before.saturating_sub(take))?;
+        Ok(before.saturating_sub(after))
+    }
 }
 
 #[cfg(test)]
@@ -175,7 +235,10 @@ mod tests {
     fn sizes_and_paths() {
         let sizes = supported_sizes();
         if sizes.is_empty() {
-            eprintln!("SKIPPED sizes_and_paths: the kernel offers no hugepages");
+            skip::skip(
+                "pool::hugepages::sizes_and_paths",
+                "the kernel offers no hugepages",
+            );
             return;
         }
         let d = sysfs_dir(sizes[0], None).unwrap();

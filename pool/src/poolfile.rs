@@ -2,8 +2,10 @@
 //! A partition's memory is a mapping of one extent of it; mapping is page-table work only
 //! (the pages exist), and scrubbing zeroes an extent through such a mapping.
 
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,6 +45,22 @@ pub enum PoolFileError {
         /// The file.
         path: PathBuf,
     },
+    /// Something is already where a new pool file goes: a planted or leftover file is
+    /// never taken over as guest memory.
+    #[error("pool file {path} exists already: not reusing a file this reserve did not make")]
+    Exists {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file's inode is not one only we could have made and only we can reach: another
+    /// owner, a mode that lets others in, or another name (a hard link) beside ours.
+    #[error("pool file {path}: {why}: not used as guest memory")]
+    Untrusted {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// An extent outside the file, or not page aligned.
     #[error("extent {offset:#x}+{len:#x} is not a page-aligned range of the {size:#x}-byte pool")]
     BadExtent {
@@ -64,6 +82,78 @@ pub struct PoolFile {
     page_size: u64,
 }
 
+/// `openat(2)` relative to `dir` with `flags`; the new descriptor owned.
+fn openat(dir: &File, name: &OsStr, flags: i32, mode: u32) -> std::io::Result<File> {
+    let c = CString::new(name.as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: openat relative to a directory descriptor we hold, with a NUL-terminated name.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor, owned from here on.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Removes `name` from `dir` (the link itself).
+fn unlinkat(dir: &File, name: &OsStr) -> std::io::Result<()> {
+    let c = CString::new(name.as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: unlinkat relative to a directory descriptor we hold.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Why the inode behind `file` is not a pool file of ours with `links` names, if it is not:
+/// a regular file this user owns that nobody else may read or write.
+pub fn untrusted(file: &File, links: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Some(format!("stat: {e}")),
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_file() {
+        Some("not a regular file".into())
+    } else if m.uid() != me {
+        Some(format!("owned by uid {}, not by uid {me}", m.uid()))
+    } else if m.mode() & 0o077 != 0 {
+        Some(format!("mode {:o} lets others in", m.mode() & 0o7777))
+    } else if m.nlink() != links {
+        Some(format!(
+            "{} names (hard links), expected {links}",
+            m.nlink()
+        ))
+    } else {
+        None
+    }
+}
+
+/// A name nobody can guess, for a file made and unlinked at once where `O_TMPFILE` is not
+/// offered.
+fn unguessable_name() -> OsString {
+    let mut b = [0u8; 16];
+    // SAFETY: getrandom writes at most `b.len()` bytes into a local array.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let hex: String = if n == b.len() as isize {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    } else {
+        // No entropy source: the clock and pid, still never reused (O_EXCL refuses a
+        // planted name, it does not take it over).
+        format!(
+            "{:x}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        )
+    };
+    OsString::from(format!(".partition-{hex}.mem"))
+}
+
 impl PoolFile {
     fn err(&self, what: &'static str) -> impl FnOnce(std::io::Error) -> PoolFileError + '_ {
         move |source| PoolFileError::Io {
@@ -73,8 +163,108 @@ impl PoolFile {
         }
     }
 
-    /// Creates (or reuses, if it already has the size) the pool file and preallocates all of
-    /// it, calling `progress(done, total)` as it goes. On failure the file is removed.
+    /// Creates the pool file `name` in directory `dir` (a descriptor held by the caller;
+    /// `dir_path` only names it in messages) with `O_EXCL`, checks the new inode (ours, mode
+    /// 0600, one name) and preallocates all of it, calling `progress(done, total)` as it
+    /// goes. Anything already there is refused, never reused. On failure the file is
+    /// removed.
+    pub fn create_in(
+        dir: &File,
+        dir_path: &Path,
+        name: &OsStr,
+        size: u64,
+        page_size: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, PoolFileError> {
+        let path = dir_path.join(name);
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let file = openat(dir, name, flags, 0o600).map_err(|source| {
+            if source.raw_os_error() == Some(libc::EEXIST) {
+                PoolFileError::Exists { path: path.clone() }
+            } else {
+                PoolFileError::Io {
+                    path: path.clone(),
+                    what: "create",
+                    source,
+                }
+            }
+        })?;
+        let r = match untrusted(&file, 1) {
+            Some(why) => Err(PoolFileError::Untrusted {
+                path: path.clone(),
+                why,
+            }),
+            None => Self::fill(file, path, size, page_size, progress),
+        };
+        if r.is_err() {
+            let _ = unlinkat(dir, name);
+        }
+        r
+    }
+
+    /// Creates a pool file with no name in directory `dir` (`O_TMPFILE`; where the file
+    /// system does not offer it, a file made under an unguessable name with `O_EXCL` and
+    /// unlinked before any page of it is touched), checks the inode (ours, mode 0600, no
+    /// name) and preallocates it. Nobody can open it by name at any moment; it goes when
+    /// the last descriptor and mapping of it go.
+    pub fn create_unnamed_in(
+        dir: &File,
+        dir_path: &Path,
+        size: u64,
+        page_size: u64,
+    ) -> Result<Self, PoolFileError> {
+        let io = |what| {
+            move |source| PoolFileError::Io {
+                path: dir_path.to_path_buf(),
+                what,
+                source,
+            }
+        };
+        let file = match openat(
+            dir,
+            OsStr::new("."),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_EXCL,
+            0o600,
+        ) {
+            Ok(f) => f,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+                ) =>
+            {
+                let name = unguessable_name();
+                let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+                let f = openat(dir, &name, flags, 0o600).map_err(io("create"))?;
+                let named = untrusted(&f, 1);
+                unlinkat(dir, &name).map_err(io("unlink"))?;
+                if let Some(why) = named {
+                    return Err(PoolFileError::Untrusted {
+                        path: dir_path.join(name),
+                        why,
+                    });
+                }
+                f
+            }
+            Err(e) => return Err(io("create an unnamed file (O_TMPFILE)")(e)),
+        };
+        if let Some(why) = untrusted(&file, 0) {
+            return Err(PoolFileError::Untrusted {
+                path: dir_path.to_path_buf(),
+                why,
+            });
+        }
+        Self::fill(
+            file,
+            dir_path.to_path_buf(),
+            size,
+            page_size,
+            &mut |_, _| {},
+        )
+    }
+
+    /// [`Self::create_in`] in `path`'s directory, opened without following a final link:
+    /// for tests and callers whose directory is their own.
     pub fn create(
         path: &Path,
         size: u64,
@@ -88,28 +278,36 @@ impl PoolFile {
                 source,
             }
         };
-        let file = OpenOptions::new()
+        let name = path
+            .file_name()
+            .ok_or_else(|| io("name")(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let dir = OpenOptions::new()
             .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            // A link planted where the pool file goes is refused, never written through.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io("create"))?;
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(parent)
+            .map_err(io("open its directory"))?;
+        Self::create_in(&dir, parent, name, size, page_size, progress)
+    }
+
+    /// The pool file over a new, checked `file`, preallocated.
+    fn fill(
+        file: File,
+        path: PathBuf,
+        size: u64,
+        page_size: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Self, PoolFileError> {
         let pf = Self {
             file: Arc::new(file),
-            path: path.to_path_buf(),
+            path,
             size,
             page_size,
         };
-        let r = pf.preallocate(progress);
-        if let Err(e) = r {
-            drop(pf);
-            let _ = std::fs::remove_file(path);
-            return Err(e);
-        }
+        pf.preallocate(progress)?;
         Ok(pf)
     }
 
@@ -130,8 +328,9 @@ impl PoolFile {
     }
 
     /// Opens an existing pool file of `size` bytes.
-    /// The file must be a regular file on hugetlbfs, reached without following a symlink:
-    /// whatever a ledger names, nothing else is ever mapped or zeroed.
+    /// The file must be a regular file on hugetlbfs, reached without following a symlink,
+    /// owned by this user, mode 0600 or narrower, with one name: whatever a ledger names,
+    /// nothing else (a file a user planted or linked there) is ever mapped or zeroed.
     pub fn open(path: &Path, size: u64, page_size: u64) -> Result<Self, PoolFileError> {
         let file = OpenOptions::new()
             .read(true)
@@ -154,6 +353,12 @@ impl PoolFile {
         if !crate::hugetlbfs::is_hugetlbfs_fd(file.as_raw_fd()) {
             return Err(PoolFileError::NotHugetlbfs {
                 path: path.to_path_buf(),
+            });
+        }
+        if let Some(why) = untrusted(&file, 1) {
+            return Err(PoolFileError::Untrusted {
+                path: path.to_path_buf(),
+                why,
             });
         }
         if actual != size {
@@ -340,6 +545,73 @@ mod tests {
             PoolFile::open(&link, 1 << 20, 4096),
             Err(PoolFileError::Io { .. })
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A file already where a pool file goes (planted, or left over) is refused, not
+    /// reused, and left as it is.
+    #[test]
+    fn a_file_in_the_way_is_refused_and_left_alone() {
+        let dir = std::env::temp_dir().join(format!("poolfile-planted-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool");
+        std::fs::write(&path, b"someone else's").unwrap();
+        assert!(matches!(
+            PoolFile::create(&path, 1 << 20, 4096, &mut |_, _| {}),
+            Err(PoolFileError::Exists { .. })
+        ));
+        assert_eq!(std::fs::read(&path).unwrap(), b"someone else's");
+        // A link there is not followed either.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(dir.join("target"), &path).unwrap();
+        assert!(PoolFile::create(&path, 1 << 20, 4096, &mut |_, _| {}).is_err());
+        assert!(!dir.join("target").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What makes an inode untrusted: another mode than private, a second name.
+    #[test]
+    fn only_a_private_file_with_one_name_is_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("poolfile-trust-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pool");
+        let pf = PoolFile::create(&path, 1 << 20, 4096, &mut |_, _| {}).unwrap();
+        let f = File::open(&path).unwrap();
+        assert_eq!(untrusted(&f, 1), None);
+        assert!(untrusted(&f, 0).unwrap().contains("1 names"));
+        std::fs::hard_link(&path, dir.join("second")).unwrap();
+        assert!(untrusted(&f, 1).unwrap().contains("2 names"));
+        std::fs::remove_file(dir.join("second")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(untrusted(&f, 1).unwrap().contains("mode 644"));
+        drop(pf);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An unnamed pool file leaves no name in its directory at any point after creation,
+    /// and is the size asked for.
+    #[test]
+    fn an_unnamed_file_has_no_name() {
+        let dir = std::env::temp_dir().join(format!("poolfile-unnamed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = File::open(&dir).unwrap();
+        let pf = PoolFile::create_unnamed_in(&d, &dir, 1 << 20, 4096).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        assert_eq!(pf.file.metadata().unwrap().len(), 1 << 20);
+        assert_eq!(untrusted(&pf.file, 0), None);
+        let e = Extent {
+            offset: 0,
+            len: 8192,
+        };
+        assert!(pf.map(e).unwrap().is_zero());
+        // A planted name beside it is never what it maps.
+        std::fs::write(dir.join(".partition-0.mem"), b"planted").unwrap();
+        let again = PoolFile::create_unnamed_in(&d, &dir, 1 << 20, 4096).unwrap();
+        assert!(again.map(e).unwrap().is_zero());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -146,6 +146,11 @@ impl ApiPlace {
 pub struct ApiSocket {
     listener: UnixListener,
     path: PathBuf,
+    /// Its directory, held open, and its name there: where it is unlinked when served no
+    /// more.
+    entry: crate::sys::files::DirEntry,
+    /// The socket's (device, inode): only that is unlinked, never what replaced it.
+    inode: (u64, u64),
 }
 
 impl ApiSocket {
@@ -196,6 +201,7 @@ impl ApiSocket {
         if !m.file_type().is_socket() || m.uid() != me || m.mode() & 0o077 != 0 {
             return Err(ApiError::Replaced(path));
         }
+        let inode = (m.dev(), m.ino());
         if let Some((uid, gid)) = owner {
             // SAFETY: fchownat on the O_PATH descriptor of the socket we bound, with
             // AT_EMPTY_PATH: that inode and no other.
@@ -212,7 +218,12 @@ impl ApiSocket {
                 return Err(io("chown")(std::io::Error::last_os_error()));
             }
         }
-        Ok(Self { listener, path })
+        Ok(Self {
+            listener,
+            path,
+            entry: place.entry,
+            inode,
+        })
     }
 
     /// The socket's path.
@@ -261,7 +272,7 @@ impl Conn {
 pub struct ApiServer {
     quit: Arc<EventFd>,
     thread: Option<std::thread::JoinHandle<()>>,
-    path: PathBuf,
+    socket: Arc<ApiSocket>,
 }
 
 impl ApiServer {
@@ -274,7 +285,8 @@ impl ApiServer {
     ) -> std::io::Result<Self> {
         let quit = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
         let q = quit.clone();
-        let path = socket.path.clone();
+        let socket = Arc::new(socket);
+        let served = socket.clone();
         let thread = std::thread::Builder::new()
             .name("api".into())
             .spawn(move || {
@@ -282,27 +294,54 @@ impl ApiServer {
                     log::error!("api: {e}; the API is not served");
                     return;
                 }
-                serve(&socket.listener, &state, &q);
+                serve(&served.listener, &state, &q);
+                // Nobody connects from now on: a shut-down listening socket refuses every
+                // connection, through any copy of its descriptor (a forked child's
+                // included), until it is closed. Done here, under this thread's own
+                // filter, which allows it.
+                // SAFETY: shutdown on the listening socket we hold; no memory is passed.
+                unsafe { libc::shutdown(served.listener.as_raw_fd(), libc::SHUT_RDWR) };
             })?;
         Ok(Self {
             quit,
             thread: Some(thread),
-            path,
+            socket,
         })
     }
 
-    /// Stops serving and joins the thread. The socket file stays (the VMM may no longer
-    /// remove it); the next launch on the same path replaces it.
-    pub fn stop(mut self) {
+    /// Stops serving. When it returns, no connection is served (the thread has ended and
+    /// closed every one) and nobody can connect (the serving thread shut the listening
+    /// socket down as it ended, which holds for every copy of its descriptor, a forked
+    /// child's included), so a launch on the same path may start at once. With `unlink`
+    /// (a VMM that is not confined: a confined one may call neither `newfstatat` nor
+    /// `unlinkat`, and may not write to the directory), the socket file is unlinked too,
+    /// through its directory's held descriptor, if it is still the one bound; otherwise it
+    /// stays, a stale socket the next launch on the path replaces.
+    pub fn stop(mut self, unlink: bool) {
         let _ = self.quit.write(1);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if !unlink {
+            return;
+        }
+        let s = &self.socket;
+        let still_ours = s
+            .entry
+            .lstat()
+            .ok()
+            .flatten()
+            .is_some_and(|st| (st.st_dev, st.st_ino) == s.inode);
+        if still_ours {
+            if let Err(e) = s.entry.unlink() {
+                log::debug!("api: {} left behind: {e}", s.path.display());
+            }
         }
     }
 
     /// The socket's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.socket.path
     }
 }
 
@@ -506,10 +545,39 @@ mod tests {
             t.starts_with("HTTP/1.1 200") || t.starts_with("HTTP/1.1 408"),
             "{t}"
         );
-        server.stop();
-        // A stale socket is replaced.
+        // A child forked meanwhile holds a copy of every descriptor, the listening socket's
+        // included (as any fork between a bind and an exec does, on a busy machine for as
+        // long as it likes): once `stop` returns, nobody can connect all the same, with the
+        // idle connections still open on the client side.
+        // SAFETY: the child only waits for its signal (raw calls), then _exits.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0);
+        if child == 0 {
+            // SAFETY: as above.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+            // SAFETY: as above.
+            unsafe { libc::pause() };
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) }
+        }
+        let still_open: Vec<UnixStream> = (0..100)
+            .map(|_| UnixStream::connect(&path).unwrap())
+            .collect();
+        server.stop(false);
+        assert!(UnixStream::connect(&path).is_err());
+        // The file stays (a confined VMM may not unlink it), stale: replaced at once.
+        assert!(path.exists());
         let again = ApiSocket::bind(ApiPlace::check(&path).unwrap(), None).unwrap();
-        drop(again);
+        // An unconfined VMM's stop unlinks it.
+        let server = ApiServer::start(again, state(), || Ok(())).unwrap();
+        assert_eq!(request(&path, "GET", "/state", None).unwrap().0, 200);
+        server.stop(true);
+        assert!(!path.exists());
+        drop(still_open);
+        // SAFETY: ending our own child.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+        // SAFETY: reaping it.
+        unsafe { libc::waitpid(child, std::ptr::null_mut(), 0) };
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

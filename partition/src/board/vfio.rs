@@ -1186,7 +1186,10 @@ mod tests {
     #[test]
     fn this_host_refuses_with_the_reason() {
         if Path::new("/dev/vfio/vfio").exists() {
-            println!("SKIPPED this_host_refuses_with_the_reason: this host has /dev/vfio/vfio");
+            skip::skip(
+                "partition::board::vfio::this_host_refuses_with_the_reason",
+                "this host has /dev/vfio/vfio",
+            );
             return;
         }
         match check_host("0000:41:00.0") {

@@ -80,7 +80,7 @@ pub enum CoreHolder {
     /// This state directory's reservation (its ledger).
     Ledger,
     /// Another reservation on the host, by its state directory (the claims in
-    /// [`crate::host::reserve::CORE_CLAIMS`]).
+    /// [`crate::host::coreclaims::CORE_CLAIMS`]).
     Reservation(PathBuf),
 }
 
@@ -102,14 +102,14 @@ impl CoreHolder {
 }
 
 /// The first of `cores` a reservation holds, and which: any reservation on the host (the
-/// claims in [`crate::host::reserve::CORE_CLAIMS`]) first, then this state directory's
+/// claims in [`crate::host::coreclaims::CORE_CLAIMS`]) first, then this state directory's
 /// ledger. Read only; the launch's check refuses ([`CoreHolder::refusal`]).
 pub fn reserved_core(
     state_dir: &Path,
     cores: &[usize],
 ) -> Result<Option<(usize, CoreHolder)>, ClaimError> {
-    let claims = Path::new(crate::host::reserve::CORE_CLAIMS);
-    if let Some((c, by)) = crate::host::reserve::claimed_by(claims, cores) {
+    let claims = Path::new(crate::host::coreclaims::CORE_CLAIMS);
+    if let Some((c, by)) = crate::host::coreclaims::claimed_by(claims, cores) {
         return Ok(Some((c, CoreHolder::Reservation(by))));
     }
     if !state_dir.join("ledger.json").exists() {
@@ -233,9 +233,10 @@ impl ExtentClaim {
         // (only one reservation can claim a core; this catches a ledger that says otherwise).
         let ours = std::fs::canonicalize(lock.dir()).unwrap_or_else(|_| lock.dir().to_path_buf());
         for &c in req.cores {
-            if let Some(by) =
-                crate::host::reserve::core_holder(Path::new(crate::host::reserve::CORE_CLAIMS), c)
-            {
+            if let Some(by) = crate::host::coreclaims::core_holder(
+                Path::new(crate::host::coreclaims::CORE_CLAIMS),
+                c,
+            ) {
                 if by != ours {
                     return Err(ClaimError::Refused(format!(
                         "core {c} is claimed by the reservation in {}, not by this one ({})",

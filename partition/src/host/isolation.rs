@@ -188,7 +188,7 @@ fn isolate_v2(
     let narrowed = narrow_recorded(&siblings, reserved, record)?;
     let undo = |e| {
         let _ = std::fs::remove_dir(&dir);
-        widen(&narrowed);
+        widen(&narrowed, &[]);
         e
     };
     if !dir.exists() {
@@ -337,7 +337,7 @@ pub fn narrowing_plan(
 fn narrow(plan: &[NarrowedCpuset]) -> Result<(), IsolationError> {
     for (i, n) in plan.iter().enumerate() {
         if let Err(e) = std::fs::write(n.path.join("cpuset.cpus"), &n.narrowed_to) {
-            widen(&plan[..i]);
+            widen(&plan[..i], &[]);
             return Err(IsolationError::InTheWay {
                 path: n.path.clone(),
                 why: format!(
@@ -351,10 +351,11 @@ fn narrow(plan: &[NarrowedCpuset]) -> Result<(), IsolationError> {
 }
 
 /// Gives narrowed cpusets their CPUs back, in the reverse order of narrowing (parents
-/// before children). One gone since (its container ended) is passed over, and one whose
-/// CPUs are no longer what was written (its owner changed them) is left as its owner made
-/// it. Returns what could not be written back.
-pub fn widen(narrowed: &[NarrowedCpuset]) -> Vec<String> {
+/// before children), less `keep_off` (the cores other live reservations hold: a give-back
+/// never hands another reservation's core to anyone). One gone since (its container ended)
+/// is passed over, and one whose CPUs are no longer what was written (its owner changed
+/// them) is left as its owner made it. Returns what could not be written back.
+pub fn widen(narrowed: &[NarrowedCpuset], keep_off: &[usize]) -> Vec<String> {
     let mut left = Vec::new();
     for n in narrowed.iter().rev() {
         let file = n.path.join("cpuset.cpus");
@@ -370,11 +371,35 @@ pub fn widen(narrowed: &[NarrowedCpuset]) -> Vec<String> {
             );
             continue;
         }
-        if let Err(e) = write(&file, &n.cpus) {
+        let Some(back) = without(&n.cpus, keep_off) else {
+            continue;
+        };
+        if let Err(e) = write(&file, &back) {
             left.push(e.to_string());
         }
     }
     left
+}
+
+/// Core list `list` less the cores in `keep_off`, as a list; None if nothing is left or
+/// the list does not parse.
+pub fn without(list: &str, keep_off: &[usize]) -> Option<String> {
+    let cores: Vec<usize> = cores::parse(list)
+        .ok()?
+        .into_iter()
+        .filter(|c| !keep_off.contains(c))
+        .collect();
+    (!cores.is_empty()).then(|| cores::format(&cores))
+}
+
+/// The cores of a /proc/irq hex mask ("3", "ff,ffffffff"); None if it does not parse.
+pub fn parse_mask(mask: &str) -> Option<Vec<usize>> {
+    let mut cores = Vec::new();
+    for (i, word) in mask.trim().rsplit(',').enumerate() {
+        let w = u32::from_str_radix(word, 16).ok()?;
+        cores.extend((0..32).filter(|b| w & (1 << b) != 0).map(|b| i * 32 + b));
+    }
+    Some(cores)
 }
 
 /// Narrows the cpusets in `dirs` off `reserved`, `record`ing the plan first (a reserve
@@ -423,7 +448,7 @@ fn isolate_v1(
     if let Err(e) = setup() {
         let _ = remove_v1_cpuset(root, &guests);
         let _ = remove_v1_cpuset(root, &hk);
-        widen(&narrowed);
+        widen(&narrowed, &[]);
         return Err(e);
     }
     let (moved, unmovable) = move_tasks(root, &hk);
@@ -438,8 +463,9 @@ fn isolate_v1(
 }
 
 /// Undoes [`isolate`]: our cgroups first (the others' CPUs can only grow back over the
-/// reserved cores once the exclusive one is gone), then the narrowed cpusets widened.
-pub fn restore(iso: &Isolation) -> Result<(), IsolationError> {
+/// reserved cores once the exclusive one is gone), then the narrowed cpusets widened, less
+/// `keep_off` (other live reservations' cores).
+pub fn restore(iso: &Isolation, keep_off: &[usize]) -> Result<(), IsolationError> {
     let (ours, narrowed, root) = match iso {
         Isolation::None { .. } => return Ok(()),
         Isolation::CgroupV1 {
@@ -458,7 +484,7 @@ pub fn restore(iso: &Isolation) -> Result<(), IsolationError> {
             (remove_v2_partition(path), narrowed, parent)
         }
     };
-    let left = widen(narrowed);
+    let left = widen(narrowed, keep_off);
     ours?;
     if left.is_empty() {
         Ok(())
@@ -661,12 +687,28 @@ pub fn irqs_on(proc_irq: &Path, reserved: &[usize], left: &[u32]) -> Vec<IrqOnCo
     on
 }
 
-/// Writes back recorded IRQ affinities (IRQs that went away are skipped).
-pub fn restore_irqs(records: &[IrqRecord]) -> usize {
+/// Writes back recorded IRQ affinities, less `keep_off` (the cores other live reservations
+/// hold: what this reservation found there may have been put there by one of them, or be
+/// theirs now); an IRQ that would be left on no core stays where it is, and IRQs that went
+/// away are skipped. Returns the records that could not be written back.
+pub fn restore_irqs(records: &[IrqRecord], keep_off: &[usize]) -> Vec<IrqRecord> {
     records
         .iter()
-        .filter(|r| r.file.exists() && std::fs::write(&r.file, &r.old).is_err())
-        .count()
+        .filter(|r| r.file.exists())
+        .filter(|r| {
+            let default = r.file.file_name() == Some(std::ffi::OsStr::new("default_smp_affinity"));
+            let back = if default {
+                parse_mask(&r.old).and_then(|c| {
+                    let c: Vec<usize> = c.into_iter().filter(|c| !keep_off.contains(c)).collect();
+                    (!c.is_empty()).then(|| cpu_mask(&c))
+                })
+            } else {
+                without(&r.old, keep_off)
+            };
+            back.is_some_and(|b| std::fs::write(&r.file, b).is_err())
+        })
+        .cloned()
+        .collect()
 }
 
 /// Kernel command-line parameters that would isolate `reserved` fully and reserve the pool
@@ -779,5 +821,47 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
             ),
             None
         );
+    }
+
+    /// A give-back puts an IRQ back as it was, less the cores another live reservation
+    /// holds; one that would be left on none stays where it is.
+    #[test]
+    fn irqs_go_back_without_another_reservations_cores() {
+        let d = std::env::temp_dir().join(format!("irq-restore-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("5")).unwrap();
+        std::fs::create_dir_all(d.join("6")).unwrap();
+        let list5 = d.join("5/smp_affinity_list");
+        let list6 = d.join("6/smp_affinity_list");
+        let dflt = d.join("default_smp_affinity");
+        for f in [&list5, &list6, &dflt] {
+            std::fs::write(f, "0").unwrap();
+        }
+        let rec = |file: &Path, old: &str| IrqRecord {
+            file: file.to_path_buf(),
+            old: old.into(),
+        };
+        let records = [rec(&list5, "0-3"), rec(&list6, "2"), rec(&dflt, "f")];
+        // Nobody else holds a core: everything as it was.
+        assert!(restore_irqs(&records, &[]).is_empty());
+        assert_eq!(std::fs::read_to_string(&list5).unwrap(), "0-3");
+        assert_eq!(std::fs::read_to_string(&list6).unwrap(), "2");
+        assert_eq!(std::fs::read_to_string(&dflt).unwrap(), "f");
+        // Core 2 is another live reservation's: kept off it, and IRQ 6 (only on 2) stays.
+        for f in [&list5, &list6, &dflt] {
+            std::fs::write(f, "0").unwrap();
+        }
+        assert!(restore_irqs(&records, &[2]).is_empty());
+        assert_eq!(std::fs::read_to_string(&list5).unwrap(), "0-1,3");
+        assert_eq!(std::fs::read_to_string(&list6).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(&dflt).unwrap(), "b");
+        assert_eq!(
+            parse_mask("ff,00000001"),
+            Some([vec![0], (32..40).collect()].concat())
+        );
+        assert_eq!(parse_mask("zz"), None);
+        assert_eq!(without("0-3", &[1, 2]).as_deref(), Some("0,3"));
+        assert_eq!(without("1", &[1]), None);
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -4,6 +4,8 @@
 //! outside, and the pod variant where the kubelet owns the host.
 
 pub mod claim;
+pub mod coreclaims;
+pub mod giveback;
 pub mod irqbalance;
 pub mod isolation;
 pub mod keeper;
@@ -13,3 +15,4 @@ pub mod plan;
 pub mod pod;
 pub mod reserve;
 pub mod tuning;
+pub mod volume;

@@ -13,9 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use pool::Extent;
-use pool::poolfile::{ExtentFile, PoolFile};
-
 /// Errors finding the pod's cores and memory.
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
@@ -482,71 +479,6 @@ pub fn hugetlb_room(page_size: u64) -> Result<Option<(u64, u64, PathBuf)>, PodEr
     Ok(Some((limit, num(&usage.unwrap_or_default())?, dir)))
 }
 
-/// `statfs` block size: on hugetlbfs, its page size.
-pub fn hugetlbfs_page_size(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    if !pool::hugetlbfs::is_hugetlbfs(dir) {
-        return None;
-    }
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs is plain data; all-zero is valid and statfs overwrites it.
-    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a local struct.
-    (unsafe { libc::statfs(c.as_ptr(), &mut s) } == 0).then_some(s.f_bsize as u64)
-}
-
-/// The page size of the pod's hugetlbfs volume `dir`, checked to be one.
-pub fn volume_page_size(dir: &Path) -> Result<u64, PodError> {
-    hugetlbfs_page_size(dir).ok_or_else(|| PodError::NotHugetlbfs(dir.to_path_buf()))
-}
-
-/// `size` bytes of guest memory from the pod's hugetlbfs volume `dir`: checked against the
-/// pod's hugetlb limit first, then a file made in the volume, preallocated (the pages are
-/// charged to the pod) and unlinked at once, so nothing is left in the volume however the
-/// launch ends; the pages go back when the VMM exits.
-pub fn volume_memory(dir: &Path, size: u64) -> Result<ExtentFile, PodError> {
-    let page = volume_page_size(dir)?;
-    if size == 0 || size % page != 0 {
-        return Err(PodError::PageMultiple {
-            size,
-            page,
-            dir: dir.to_path_buf(),
-        });
-    }
-    if let Some((limit, used, cg)) = hugetlb_room(page)? {
-        let left = limit.saturating_sub(used);
-        if size > left {
-            return Err(PodError::OverLimit {
-                want: size,
-                left,
-                limit,
-                page_kb: page >> 10,
-                dir: cg,
-            });
-        }
-    }
-    let mem = |why: String| PodError::Memory {
-        dir: dir.to_path_buf(),
-        why,
-    };
-    // The volume opened once by descriptor (crate::sys::files); the file made and
-    // unlinked through that descriptor, never through the path again.
-    let name = format!("partition-{}.mem", std::process::id());
-    let entry =
-        crate::sys::files::DirEntry::of(&dir.join(&name)).map_err(|e| mem(e.to_string()))?;
-    let pf = PoolFile::create(&entry.fd_path(), size, page, &mut |_, _| {})
-        .map_err(|e| mem(e.to_string()))?;
-    // Mapped through the open file from now on; the name goes.
-    entry
-        .unlink()
-        .map_err(|e| mem(format!("{}: {e}", dir.join(&name).display())))?;
-    pf.extent(Extent {
-        offset: 0,
-        len: size,
-    })
-    .map_err(|e| mem(e.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -683,12 +615,5 @@ mod tests {
                 .contains("not static")
         );
         assert!(exclusive_by_kubelet(&[1], "{").is_err());
-    }
-
-    #[test]
-    fn a_directory_that_is_not_hugetlbfs_is_refused() {
-        let e = volume_memory(Path::new("/tmp"), 2 << 20).unwrap_err();
-        assert!(matches!(e, PodError::NotHugetlbfs(_)), "{e}");
-        assert!(e.is_usage());
     }
 }

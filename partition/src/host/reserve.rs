@@ -5,7 +5,6 @@
 //! reverse, so a failed reserve leaves the host as it found it. Running it again with the
 //! same plan changes nothing.
 
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,12 +12,19 @@ use pool::hugepages::{Counter, HugepageError};
 use pool::hugetlbfs::{self, HugetlbfsError};
 use pool::poolfile::{PoolFile, PoolFileError};
 
+use crate::host::coreclaims::{self, CORE_CLAIMS, ClaimsError};
+use crate::host::giveback::{
+    give_back, give_back_irqbalance, give_back_unfinished, pool_file_name, remove_our_mount,
+    widen_unrecorded,
+};
 use crate::host::ledger::{
     CoreRecord, HugepagesAdded, IrqbalanceMode, IrqbalanceRecord, Isolation, Ledger, LedgerError,
     LedgerLock, PoolRecord, Unfinished, VERSION, now, own_mount,
 };
 use crate::host::plan::HostPlan;
 use crate::host::{irqbalance, isolation};
+
+pub use crate::host::giveback::UnreserveReport;
 
 /// Errors reserving or unreserving.
 #[derive(Debug, thiserror::Error)]
@@ -43,19 +49,24 @@ pub enum ReserveError {
         /// What the caller was trying to do.
         hint: String,
     },
-    /// A core another state directory's reservation holds.
+    /// A core another reservation holds, or the host-wide claims could not be written.
+    #[error("{0}")]
+    Claims(#[from] ClaimsError),
+    /// What a reserve that did not finish took could not all be given back: a new one is
+    /// not made over it.
     #[error(
-        "core {core} is reserved already, by the reservation in {} (one host, one \
-         reservation per core: `partition unreserve --state-dir {}` first, or reserve other \
-         cores)",
-        by.display(),
-        by.display()
+        "an earlier reserve in this state directory did not finish, and what it took could \
+         not all be given back (left: {0}); see the warnings above, then run `partition \
+         unreserve` again"
     )]
-    CoreTaken {
-        /// The core.
-        core: usize,
-        /// The state directory whose ledger holds it.
-        by: PathBuf,
+    Leftover(String),
+    /// Our own hugetlbfs mount could not be made, or is not what it must be.
+    #[error("{path}: {why}")]
+    OurMount {
+        /// The mount point in the state directory.
+        path: PathBuf,
+        /// Why.
+        why: String,
     },
     /// The reserved cores cannot be kept from the host's other cgroups (and the plan did
     /// not accept shared cores).
@@ -88,7 +99,7 @@ impl ReserveError {
     pub fn is_usage(&self) -> bool {
         match self {
             Self::Busy { .. }
-            | Self::CoreTaken { .. }
+            | Self::Claims(ClaimsError::CoreTaken { .. })
             | Self::HostMemory(_)
             | Self::Irqbalance(_) => true,
             // The host's cgroups refused (named); an error writing our own record is not
@@ -126,57 +137,12 @@ pub struct ReserveReport {
     pub cmdline_advice: Option<String>,
 }
 
-/// Result of [`unreserve`].
-#[derive(Debug, Default)]
-pub struct UnreserveReport {
-    /// Whether there was anything to give back.
-    pub had_reservation: bool,
-    /// Problems met while giving back (each is a thing left behind).
-    pub warnings: Vec<String>,
-}
-
-/// Pool file name in the hugetlbfs mount.
-fn pool_file_name(state_dir: &Path) -> String {
-    format!("{}-pool", crate::host::ledger::state_tag(state_dir))
-}
-
-/// Where reservations claim their cores for the whole host, whatever state directory they
-/// keep their ledger in: one file per core (`core-N`) naming the state directory that holds
-/// it. Under /run, so a reboot (which ends every reservation) clears it.
-pub const CORE_CLAIMS: &str = "/run/partition-cores";
-
-/// Whether the ledger in `state_dir` reserves `core` (a claim naming a state directory
-/// that no longer does is stale).
-fn holds(state_dir: &Path, core: usize) -> bool {
-    let Ok(bytes) = crate::sys::files::read_limited(&state_dir.join("ledger.json"), 1 << 20) else {
-        return false;
-    };
-    serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| {
-            v["cores"]["reserved"]
-                .as_array()
-                .map(|a| a.iter().any(|c| c.as_u64() == Some(core as u64)))
-        })
-        .unwrap_or(false)
-}
-
-/// The state directory whose reservation holds `core` host-wide, if any: the claim in
-/// `claims` ([`CORE_CLAIMS`]) naming one whose ledger still reserves it (a stale claim names
-/// nobody).
-pub fn core_holder(claims: &Path, core: usize) -> Option<PathBuf> {
-    let f = claims.join(format!("core-{core}"));
-    let holder = crate::sys::files::read_limited(&f, 4096).ok()?;
-    let by = PathBuf::from(std::ffi::OsString::from_vec(holder));
-    holds(&by, core).then_some(by)
-}
-
-/// Environment variable naming a point at which `reserve` fails on purpose, once the
-/// hugepages, the pool file, the cores and the IRQs are taken (`after-isolation`): how the
-/// tests see every step rolled back. `kill-after-isolation` kills the process there
-/// instead (SIGKILL: no undo runs), as a crash would: the next reserve or unreserve gives
-/// back what it took, from its record. Only debug builds (the test builds)
-/// have it.
+/// Environment variable naming a point at which `reserve` fails on purpose: once the
+/// hugepages and the pool file are taken (`after-pool`), or those and the cores and the
+/// IRQs (`after-isolation`): how the tests see every step rolled back. `kill-` before
+/// either kills the process there instead (SIGKILL: no undo runs), as a crash would: the
+/// next reserve or unreserve gives back what it took, from its record. Only debug builds
+/// (the test builds) have it.
 pub const FAIL_ENV: &str = "PARTITION_TEST_RESERVE_FAIL_AT";
 
 #[cfg(debug_assertions)]
@@ -201,94 +167,6 @@ fn fail_point(name: &str) -> Result<(), ReserveError> {
 #[cfg(not(debug_assertions))]
 fn fail_point(_: &str) -> Result<(), ReserveError> {
     Ok(())
-}
-
-/// The first of `cores` a live reservation holds host-wide (`claims`, normally
-/// [`CORE_CLAIMS`]), and the state directory holding it.
-pub fn claimed_by(claims: &Path, cores: &[usize]) -> Option<(usize, PathBuf)> {
-    cores
-        .iter()
-        .find_map(|&c| core_holder(claims, c).map(|by| (c, by)))
-}
-
-/// Claims `cores` for `state_dir` host-wide ([`CORE_CLAIMS`]); what it created is given
-/// back by `undo`. A core another live reservation holds is refused, naming it.
-fn claim_cores(
-    claims: &Path,
-    cores: &[usize],
-    state_dir: &Path,
-    undo: &mut Undo,
-) -> Result<(), ReserveError> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let io = |path: &Path, what| {
-        let path = path.to_path_buf();
-        move |source| ReserveError::Io { path, what, source }
-    };
-    match std::fs::DirBuilder::new().mode(0o700).create(claims) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io(claims, "mkdir")(e)),
-    }
-    let m = std::fs::symlink_metadata(claims).map_err(io(claims, "stat"))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
-        return Err(io(claims, "trust")(std::io::Error::other(
-            "not a directory this user owns and nobody else may write",
-        )));
-    }
-    let ours = state_dir.as_os_str().as_encoded_bytes();
-    for &core in cores {
-        let f = claims.join(format!("core-{core}"));
-        for _ in 0..2 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&f)
-            {
-                Ok(mut file) => {
-                    file.write_all(ours).map_err(io(&f, "write"))?;
-                    let g = f.clone();
-                    undo.push(move || {
-                        let _ = std::fs::remove_file(g);
-                    });
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read(&f).map_err(io(&f, "read"))?;
-                    if holder == ours {
-                        break;
-                    }
-                    let by = PathBuf::from(std::ffi::OsString::from_vec(holder));
-                    if holds(&by, core) {
-                        return Err(ReserveError::CoreTaken { core, by });
-                    }
-                    // Stale: its reservation is gone.
-                    std::fs::remove_file(&f).map_err(io(&f, "remove a stale claim"))?;
-                }
-                Err(e) => return Err(io(&f, "create")(e)),
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The state directory as claims name it: its canonical path.
-fn identity(lock: &LedgerLock) -> PathBuf {
-    std::fs::canonicalize(lock.dir()).unwrap_or_else(|_| lock.dir().to_path_buf())
-}
-
-/// Gives back the host-wide claims of `cores` that `state_dir` holds.
-fn release_cores(claims: &Path, cores: &[usize], state_dir: &Path) {
-    let ours = state_dir.as_os_str().as_encoded_bytes();
-    for core in cores {
-        let f = claims.join(format!("core-{core}"));
-        if std::fs::read(&f).is_ok_and(|h| h == ours) {
-            let _ = std::fs::remove_file(&f);
-        }
-    }
-    let _ = std::fs::remove_dir(claims);
 }
 
 /// Undo actions registered by completed steps.
@@ -336,18 +214,18 @@ fn reserve_locked(
 ) -> Result<ReserveReport, ReserveError> {
     let mut outcome = ReserveOutcome::Created;
     widen_unrecorded(lock);
-    give_back_unfinished(lock);
+    if !give_back_unfinished(lock) {
+        return Err(ReserveError::Leftover(leftover(lock)));
+    }
     if let Some(old) = lock.load()? {
         if old.plan == plan.record() {
             // A reservation made before cores were claimed host-wide gets its claims now.
-            let mut keep = Undo(Vec::new());
-            let _ = claim_cores(
+            let _ = coreclaims::claim_cores(
                 Path::new(CORE_CLAIMS),
                 &plan.cores,
-                &identity(lock),
-                &mut keep,
+                &coreclaims::identity(lock),
+                &mut Vec::new(),
             );
-            keep.forget();
             return Ok(ReserveReport {
                 outcome: ReserveOutcome::Unchanged,
                 ledger: old,
@@ -366,17 +244,28 @@ fn reserve_locked(
         if !r.warnings.is_empty() {
             log::warn!("replacing the reservation: {}", r.warnings.join("; "));
         }
+        if lock.unfinished().is_some() {
+            return Err(ReserveError::Leftover(leftover(lock)));
+        }
         outcome = ReserveOutcome::Replaced;
     }
 
     let mut undo = Undo(Vec::new());
-    let result = claim_cores(
+    let mut claimed = Vec::new();
+    let claims = coreclaims::claim_cores(
         Path::new(CORE_CLAIMS),
         &plan.cores,
-        &identity(lock),
-        &mut undo,
-    )
-    .and_then(|()| build(plan, lock, &mut undo, progress));
+        &coreclaims::identity(lock),
+        &mut claimed,
+    );
+    for f in claimed {
+        undo.push(move || {
+            let _ = std::fs::remove_file(f);
+        });
+    }
+    let result = claims
+        .map_err(ReserveError::from)
+        .and_then(|()| build(plan, lock, &mut undo, progress));
     match result {
         Ok((ledger, prealloc, irqs_refused)) => {
             undo.forget();
@@ -464,6 +353,10 @@ fn build(
         ..Unfinished::default()
     };
     let counter = Counter::new(plan.page_size, plan.node)?;
+    // The counter's host-wide lock, from adding the pages until the pool file holds them: a
+    // give-back elsewhere meanwhile must not take them for pages nobody holds. The undo
+    // takes it itself when this step no longer holds it.
+    let held = std::rc::Rc::new(std::cell::RefCell::new(Some(counter.lock()?)));
     taken.hugepages = Some(HugepagesAdded {
         before: counter.total()?,
         added: pages,
@@ -471,45 +364,50 @@ fn build(
     lock.store_unfinished(&taken)?;
     counter.grow(pages, plan.page_size)?;
     {
-        let c = counter.clone();
+        let (c, held) = (counter.clone(), held.clone());
         undo.push(move || {
-            let _ = c.shrink(pages);
+            let _lock = match held.borrow().is_some() {
+                true => None,
+                false => c.lock().ok(),
+            };
+            let _ = c.give_back(pages);
         });
     }
 
-    // 2. A hugetlbfs mount for this page size: the host's, or our own.
-    let (mount, mounted_by_us) = match hugetlbfs::find_mount(plan.page_size) {
-        Some(m) => (m, false),
-        None => {
-            let dir = own_mount(&state_dir, plan.page_size);
-            taken.mount = Some(dir.clone());
-            lock.store_unfinished(&taken)?;
-            std::fs::create_dir_all(&dir).map_err(|source| ReserveError::Io {
-                path: dir.clone(),
-                what: "mkdir",
-                source,
-            })?;
-            if let Err(e) = hugetlbfs::mount(&dir, plan.page_size) {
-                let _ = std::fs::remove_dir(&dir);
-                return Err(e.into());
-            }
-            let d = dir.clone();
-            undo.push(move || {
-                let _ = remove_our_mount(&d);
-            });
-            (dir, true)
-        }
-    };
+    // 2. A hugetlbfs mount of our own in the state directory, private (mode 0700, ours):
+    // never one someone else made (a world-writable one would let a user plant or map the
+    // pool file) and never another reservation's (each has its own).
+    let dir = own_mount(&state_dir, plan.page_size);
+    taken.mount = Some(dir.clone());
+    lock.store_unfinished(&taken)?;
+    let mount = make_our_mount(&dir, plan.page_size)?;
+    {
+        let (d, ours) = (dir.clone(), pool_file_name(&state_dir));
+        undo.push(move || {
+            let _ = remove_our_mount(&d, &ours);
+        });
+    }
 
-    // 3. The pool file, preallocated (the kernel zeroes hugepages it hands out).
-    let file = mount.join(pool_file_name(&state_dir));
+    // 3. The pool file, made with O_EXCL in that mount's held descriptor, checked (ours,
+    // mode 0600, one name) and preallocated (the kernel zeroes hugepages it hands out).
+    let name = pool_file_name(&state_dir);
+    let file = dir.join(&name);
     taken.pool_file = Some(file.clone());
     lock.store_unfinished(&taken)?;
     let start = Instant::now();
     let _pool = with_node(plan.node, || {
-        PoolFile::create(&file, plan.memory, plan.page_size, progress)
+        PoolFile::create_in(
+            &mount,
+            &dir,
+            std::ffi::OsStr::new(&name),
+            plan.memory,
+            plan.page_size,
+            progress,
+        )
     })?;
     let prealloc = start.elapsed();
+    held.borrow_mut().take();
+    fail_point("after-pool")?;
     {
         let f = file.clone();
         undo.push(move || {
@@ -534,9 +432,9 @@ fn build(
         }
     };
     {
-        let i = isolation.clone();
+        let (i, dir) = (isolation.clone(), state_dir.clone());
         undo.push(move || {
-            let _ = isolation::restore(&i);
+            let _ = isolation::restore(&i, &held_by_others(&dir));
         });
     }
     // irqbalance first, so its next round cannot put back what the next step moves.
@@ -568,9 +466,9 @@ fn build(
     lock.store_unfinished(&taken)?;
     {
         // Put back as written down: a move the kernel refused is put back as it was.
-        let r = taken.irqs.clone();
+        let (r, dir) = (taken.irqs.clone(), state_dir.clone());
         undo.push(move || {
-            isolation::restore_irqs(&r);
+            isolation::restore_irqs(&r, &held_by_others(&dir));
         });
     }
     let (irqs, irqs_left) = isolation::point_irqs(&taken.irqs, &plan.housekeeping);
@@ -589,8 +487,8 @@ fn build(
             page_size: plan.page_size,
             hugepage_dir: counter.dir().to_path_buf(),
             hugepages_added: pages,
-            mount,
-            mounted_by_us,
+            mount: dir,
+            mounted_by_us: true,
         },
         cores: CoreRecord {
             reserved,
@@ -606,6 +504,54 @@ fn build(
     lock.clear_narrowing();
     lock.clear_unfinished();
     Ok((ledger, prealloc, irqs_refused))
+}
+
+/// Makes the reservation's own hugetlbfs mount at `dir` (in the state directory) for
+/// `page`-sized pages and returns its directory, opened and checked: hugetlbfs of that page
+/// size, ours, mode 0700. A mount already there (one a killed reserve left that could not
+/// be given back) or a directory holding anything is refused, never used.
+fn make_our_mount(dir: &Path, page: u64) -> Result<std::fs::File, ReserveError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::DirBuilderExt;
+    let refuse = |why: String| ReserveError::OurMount {
+        path: dir.to_path_buf(),
+        why,
+    };
+    if hugetlbfs::is_hugetlbfs(dir) {
+        return Err(refuse(
+            "a hugetlbfs mount is already there (left by an earlier reserve): not reused".into(),
+        ));
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let any = std::fs::read_dir(dir)
+                .map_err(|e| refuse(format!("read: {e}")))?
+                .next()
+                .is_some();
+            if any {
+                return Err(refuse("not empty: not mounted over".into()));
+            }
+        }
+        Err(e) => return Err(refuse(format!("mkdir: {e}"))),
+    }
+    if let Err(e) = hugetlbfs::mount(dir, page) {
+        let _ = std::fs::remove_dir(dir);
+        return Err(e.into());
+    }
+    let checked = hugetlbfs::open_dir(dir)
+        .map_err(|e| refuse(format!("open: {e}")))
+        .and_then(|d| match hugetlbfs::not_private(&d) {
+            Some(why) => Err(refuse(why)),
+            None if hugetlbfs::page_size_fd(d.as_raw_fd()) != Some(page) => {
+                Err(refuse(format!("not a mount of {} KiB pages", page >> 10)))
+            }
+            None => Ok(d),
+        });
+    if checked.is_err() {
+        let _ = remove_our_mount(dir, "");
+    }
+    checked
 }
 
 /// Runs `f` with memory allocation bound to `node`, when one is given.
@@ -643,183 +589,38 @@ fn with_node<T>(node: Option<u32>, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// The cores other live reservations hold, seen from the reservation in `state_dir`.
+fn held_by_others(state_dir: &Path) -> Vec<usize> {
+    let us = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    coreclaims::held_by_others(Path::new(CORE_CLAIMS), &us)
+}
+
+/// What an unfinished reserve's record still names, in words.
+fn leftover(lock: &LedgerLock) -> String {
+    let Some(u) = lock.unfinished() else {
+        return "nothing now".into();
+    };
+    let mut parts: Vec<String> = Vec::new();
+    parts.extend(u.mount.map(|m| format!("the mount {}", m.display())));
+    parts.extend(
+        u.pool_file
+            .map(|f| format!("the pool file {}", f.display())),
+    );
+    if !u.irqs.is_empty() {
+        parts.push(format!("{} IRQ affinities", u.irqs.len()));
+    }
+    if u.irqbalance.is_some() {
+        parts.push("irqbalance's ban".into());
+    }
+    parts.join(", ")
+}
+
 fn names(l: &Ledger) -> String {
     l.partitions
         .iter()
         .map(|p| p.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Gives back everything `l` records, best effort, and removes the ledger.
-fn give_back(lock: &LedgerLock, l: &Ledger) -> UnreserveReport {
-    let mut w = Vec::new();
-    w.extend(remove_pool_file(&l.pool.file));
-    if l.pool.mounted_by_us {
-        w.extend(remove_our_mount(&l.pool.mount));
-    }
-    let counter = Counter::at(l.pool.hugepage_dir.clone());
-    match counter.total().and_then(|before| {
-        counter
-            .shrink(l.pool.hugepages_added)
-            .map(|after| (before, after))
-    }) {
-        Ok((before, after)) if before - after < l.pool.hugepages_added.min(before) => {
-            w.push(format!(
-                "only {} of {} hugepages could be given back (others are in use)",
-                before - after,
-                l.pool.hugepages_added
-            ))
-        }
-        Ok(_) => {}
-        Err(e) => w.push(e.to_string()),
-    }
-    if let Err(e) = isolation::restore(&l.cores.isolation) {
-        w.push(e.to_string());
-    }
-    let n = isolation::restore_irqs(&l.irqs);
-    if n > 0 {
-        w.push(format!("{n} IRQ affinities could not be restored"));
-    }
-    if let Some(r) = &l.irqbalance {
-        if let Err(e) = give_back_irqbalance(r) {
-            w.push(e);
-        }
-    }
-    release_cores(Path::new(CORE_CLAIMS), &l.cores.reserved, &identity(lock));
-    if let Err(e) = lock.remove() {
-        w.push(e.to_string());
-    }
-    let _ = lock.state_dir().remove_dir("stats");
-    lock.remove_locks_dir();
-    UnreserveReport {
-        had_reservation: true,
-        warnings: w,
-    }
-}
-
-/// Removes the pool file `f` (already gone is fine); what went wrong, in words.
-fn remove_pool_file(f: &Path) -> Option<String> {
-    match std::fs::remove_file(f) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!("{}: {e}", f.display())),
-        _ => None,
-    }
-}
-
-/// Unmounts the hugetlbfs mount a reservation made and removes its directory: one rule
-/// for the failed reserve's undo, `unreserve` and a killed reserve's give-back. A directory
-/// that is not hugetlbfs (never mounted, or unmounted since) is only removed, if empty; one
-/// whose mount cannot be unmounted is kept. Gone already is done.
-fn remove_our_mount(dir: &Path) -> Option<String> {
-    if hugetlbfs::is_hugetlbfs(dir) {
-        if let Err(e) = hugetlbfs::umount(dir) {
-            return Some(e.to_string());
-        }
-    }
-    match std::fs::remove_dir(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Some(format!("{}: {e}", dir.display()))
-        }
-        _ => None,
-    }
-}
-
-/// Gives irqbalance back the banned CPUs it had before the reservation, if the daemon that
-/// took the ban still runs (one restarted since has forgotten it).
-fn give_back_irqbalance(r: &IrqbalanceRecord) -> Result<(), String> {
-    let d = irqbalance::Daemon {
-        pid: r.pid,
-        start: r.pid_start,
-    };
-    if !d.alive() {
-        return Ok(());
-    }
-    d.ban(&r.banned_before).map_err(|e| e.to_string())
-}
-
-/// A reserve killed between narrowing others' cpusets and recording them in its ledger left
-/// the list of them: widen them back (one the ledger records is left to `unreserve`).
-fn widen_unrecorded(lock: &LedgerLock) {
-    let n = lock.take_narrowing();
-    if n.is_empty() {
-        return;
-    }
-    let recorded = match lock.load() {
-        Ok(Some(l)) => match l.cores.isolation {
-            Isolation::CgroupV1 { narrowed, .. } | Isolation::CgroupV2 { narrowed, .. } => narrowed,
-            Isolation::None { .. } => Vec::new(),
-        },
-        Ok(None) => {
-            // No ledger: the cpusets that reserve made hold the cores exclusively, and
-            // nothing may grow back over them while they exist.
-            isolation::remove_unrecorded(&crate::host::ledger::state_tag(lock.dir()));
-            Vec::new()
-        }
-        Err(_) => Vec::new(),
-    };
-    let left: Vec<_> = n.into_iter().filter(|c| !recorded.contains(c)).collect();
-    if left.is_empty() {
-        return;
-    }
-    log::warn!(
-        "a reserve that did not finish had narrowed {} cpuset(s): widening them back",
-        left.len()
-    );
-    for e in isolation::widen(&left) {
-        log::warn!("{e}");
-    }
-}
-
-/// A reserve killed part-way left what it had taken written down ([`Unfinished`]): gives
-/// it back, best effort, and removes the record once done (a ledger beside it means the
-/// reserve finished, and the ledger holds it all). Each part is written before its step
-/// is taken, so each is given back only as far as it was taken: the pool file and our own
-/// mount if they exist (on hugetlbfs only), the IRQs as they were, and of the hugepages
-/// only those the counter holds beyond its count before.
-fn give_back_unfinished(lock: &LedgerLock) {
-    let Some(u) = lock.unfinished() else {
-        return;
-    };
-    if matches!(lock.load(), Ok(Some(_))) {
-        lock.clear_unfinished();
-        return;
-    }
-    log::warn!("a reserve that did not finish had taken host resources: giving them back");
-    if let Some(r) = &u.irqbalance {
-        if let Err(e) = give_back_irqbalance(r) {
-            log::warn!("irqbalance: {e}");
-        }
-    }
-    let n = isolation::restore_irqs(&u.irqs);
-    if n > 0 {
-        log::warn!("{n} IRQ affinities could not be restored");
-    }
-    if let Some(f) = &u.pool_file {
-        // Only on hugetlbfs (our mount or the host's): nothing else is removed.
-        if !f.parent().is_some_and(hugetlbfs::is_hugetlbfs) {
-            log::warn!("{}: not on hugetlbfs; left", f.display());
-        } else if let Some(e) = remove_pool_file(f) {
-            log::warn!("{e}");
-        }
-    }
-    if let Some(e) = u.mount.as_deref().and_then(remove_our_mount) {
-        log::warn!("{e}");
-    }
-    if let Some(h) = u.hugepages {
-        let c = Counter::at(u.hugepage_dir());
-        match c.total() {
-            Ok(now) => {
-                let ours = h.to_give_back(now);
-                if ours > 0 {
-                    if let Err(e) = c.shrink(ours) {
-                        log::warn!("{e}");
-                    }
-                }
-            }
-            Err(e) => log::warn!("{e}"),
-        }
-    }
-    lock.clear_unfinished();
 }
 
 /// Gives back everything reserve took. Refused while any partition (running or dead) is
@@ -829,7 +630,16 @@ pub fn unreserve(state_dir: &Path) -> Result<UnreserveReport, ReserveError> {
         return Ok(UnreserveReport::default());
     };
     widen_unrecorded(&lock);
-    give_back_unfinished(&lock);
+    if !give_back_unfinished(&lock) && lock.load()?.is_none() {
+        return Ok(UnreserveReport {
+            had_reservation: true,
+            warnings: vec![format!(
+                "an earlier reserve did not finish and {} could not be given back yet \
+                 (`partition status` shows it; run `partition unreserve` again)",
+                leftover(&lock)
+            )],
+        });
+    }
     let Some(l) = lock.load()? else {
         return Ok(UnreserveReport::default());
     };
@@ -884,90 +694,6 @@ fn describe_narrowed(narrowed: &[crate::host::ledger::NarrowedCpuset]) -> String
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn our_mount_directory_is_removed_only_when_empty_and_gone_is_done() {
-        let d = std::env::temp_dir().join(format!("our-mount-{}", std::process::id()));
-        // Never mounted (a reserve killed between mkdir and mount): the directory goes.
-        std::fs::create_dir_all(&d).unwrap();
-        assert_eq!(remove_our_mount(&d), None);
-        assert!(!d.exists());
-        // Gone already.
-        assert_eq!(remove_our_mount(&d), None);
-        // Not hugetlbfs and not empty: nothing in it is touched, and the caller hears why.
-        std::fs::create_dir_all(&d).unwrap();
-        std::fs::write(d.join("kept"), b"x").unwrap();
-        let w = remove_our_mount(&d).expect("a warning");
-        assert!(w.contains(&d.display().to_string()), "{w}");
-        assert!(d.join("kept").exists());
-        std::fs::remove_dir_all(&d).unwrap();
-    }
-
-    #[test]
-    fn pool_file_names_differ_by_state_dir() {
-        let a = pool_file_name(Path::new("/run/partition"));
-        let b = pool_file_name(Path::new("/tmp/other"));
-        assert_ne!(a, b);
-        assert!(a.starts_with("partition-") && a.ends_with("-pool"));
-        assert_eq!(a, pool_file_name(Path::new("/run/partition")));
-    }
-
-    #[test]
-    fn a_core_is_claimed_by_one_reservation_on_the_host() {
-        let d = std::env::temp_dir().join(format!("claims-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        let (claims, a, b) = (d.join("claims"), d.join("a"), d.join("b"));
-        for s in [&a, &b] {
-            std::fs::create_dir_all(s).unwrap();
-        }
-        let ledger = |dir: &Path, cores: &str| {
-            std::fs::write(
-                dir.join("ledger.json"),
-                format!(r#"{{"cores":{{"reserved":{cores}}}}}"#),
-            )
-            .unwrap()
-        };
-        let mut undo = Undo(Vec::new());
-        claim_cores(&claims, &[1, 2], &a, &mut undo).unwrap();
-        undo.forget();
-        ledger(&a, "[1,2]");
-        // B asks for core 2: refused, naming A.
-        let mut undo = Undo(Vec::new());
-        match claim_cores(&claims, &[3, 2], &b, &mut undo) {
-            Err(ReserveError::CoreTaken { core, by }) => assert_eq!((core, by), (2, a.clone())),
-            r => panic!("{r:?}"),
-        }
-        // What B had claimed before the refusal (core 3) is given back by its undo.
-        undo.run();
-        assert!(!claims.join("core-3").exists());
-        // A again (the same plan) is fine; A's reservation gone from its ledger: stale.
-        let mut undo = Undo(Vec::new());
-        claim_cores(&claims, &[1, 2], &a, &mut undo).unwrap();
-        ledger(&a, "[1]");
-        let mut undo = Undo(Vec::new());
-        claim_cores(&claims, &[2], &b, &mut undo).unwrap();
-        assert_eq!(
-            std::fs::read(claims.join("core-2")).unwrap(),
-            b.as_os_str().as_encoded_bytes()
-        );
-        undo.forget();
-        // Who holds what, as an ad hoc launch asks: B core 2, A core 1, nobody core 3; and a
-        // launch outside the reservation on a held core is refused naming the holder.
-        // (B's ledger not yet written: its claim names nobody.)
-        assert_eq!(core_holder(&claims, 2), None);
-        ledger(&b, "[2]");
-        assert_eq!(core_holder(&claims, 2), Some(b.clone()));
-        assert_eq!(core_holder(&claims, 1), Some(a.clone()));
-        assert_eq!(core_holder(&claims, 3), None);
-        assert_eq!(claimed_by(&claims, &[3, 1]), Some((1, a.clone())));
-        assert_eq!(claimed_by(&claims, &[3]), None);
-        // Released by their holders only.
-        release_cores(&claims, &[1, 2], &b);
-        assert!(claims.join("core-1").exists() && !claims.join("core-2").exists());
-        release_cores(&claims, &[1], &a);
-        assert!(!claims.exists());
-        std::fs::remove_dir_all(&d).unwrap();
-    }
 
     #[test]
     fn a_pool_that_would_starve_the_host_is_refused() {

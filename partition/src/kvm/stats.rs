@@ -194,13 +194,19 @@ mod tests {
     #[test]
     fn reads_vm_and_vcpu_stats() {
         let Ok(kvm) = kvm_ioctls::Kvm::new() else {
-            eprintln!("SKIPPED reads_vm_and_vcpu_stats: /dev/kvm is not usable");
+            skip::skip(
+                "partition::kvm::stats::reads_vm_and_vcpu_stats",
+                "/dev/kvm is not usable",
+            );
             return;
         };
         let vm = kvm.create_vm().unwrap();
         let vcpu = vm.create_vcpu(0).unwrap();
         let Ok(s) = Stats::open(&vcpu) else {
-            eprintln!("SKIPPED reads_vm_and_vcpu_stats: KVM_GET_STATS_FD not offered");
+            skip::skip(
+                "partition::kvm::stats::reads_vm_and_vcpu_stats",
+                "KVM_GET_STATS_FD not offered",
+            );
             return;
         };
         let v = s.read();

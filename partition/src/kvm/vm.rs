@@ -552,7 +552,7 @@ mod tests {
         match Vm::new() {
             Ok(vm) => Some(vm),
             Err(e) => {
-                println!("SKIPPED {test}: {e}");
+                skip::skip(&format!("partition::kvm::vm::{test}"), &e.to_string());
                 None
             }
         }

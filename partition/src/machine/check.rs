@@ -53,6 +53,8 @@ pub struct Plan {
     /// Every device asked for, of every kind, in the order asked.
     pub(super) devices: Vec<DeviceSpec>,
     pub(super) api_socket: Option<PathBuf>,
+    /// With `--memory-from`: the volume's directory, held open since the facts were read.
+    pub(super) volume: Option<crate::host::volume::VolumeDir>,
 }
 
 impl Plan {
@@ -145,16 +147,12 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         }
         MemorySource::Pool(req) => crate::host::claim::check_name(&req.name)?,
         MemorySource::Volume(dir) => {
-            let page = host
-                .volume_page
+            let volume = host
+                .volume
+                .as_ref()
                 .ok_or_else(|| crate::host::pod::PodError::NotHugetlbfs(dir.clone()))?;
-            if cfg.memory % page != 0 {
-                return Err(crate::host::pod::PodError::PageMultiple {
-                    size: cfg.memory,
-                    page,
-                    dir: dir.clone(),
-                }
-                .into());
+            if let Some(no) = volume.refusal(cfg.memory) {
+                return Err(no.into());
             }
             if let Some((core, holder)) = &host.reserved {
                 return Err(holder.refusal(*core).into());
@@ -199,6 +197,7 @@ pub fn check(cfg: ValidConfig, host: &HostFacts) -> Result<Plan, LaunchError> {
         ioeventfd: cfg.ioeventfd,
         devices,
         api_socket: cfg.api_socket,
+        volume: host.volume.clone(),
     })
 }
 
@@ -286,7 +285,7 @@ mod tests {
                 cgroup_limit: None,
             },
             reserved: None,
-            volume_page: None,
+            volume: None,
             idle_caps: IdleCaps {
                 disable_exits: DisableExits::all(),
                 halt_poll: true,

@@ -76,8 +76,9 @@ pub struct HostFacts {
     pub memory: HostMemory,
     /// For a launch outside the reservation: the first asked-for core a reservation holds.
     pub reserved: Option<(usize, CoreHolder)>,
-    /// For a pod volume: its hugetlbfs page size (None: it is not hugetlbfs).
-    pub volume_page: Option<u64>,
+    /// For a pod volume: its directory, held open, with what was read of it (its page
+    /// size, its owner).
+    pub volume: Option<crate::host::volume::VolumeDir>,
     /// What KVM can do about idle exits and halt polling.
     pub idle_caps: IdleCaps,
     /// Whether `/dev/kvm` is the nested kvm_pvm module.
@@ -110,14 +111,14 @@ impl HostFacts {
             (CoreSelection::FromCgroup, Some(c)) => &c.cores,
             (CoreSelection::FromCgroup, None) => &[],
         };
-        let (reserved, volume_page) = match &cfg.source {
+        let (reserved, volume) = match &cfg.source {
             MemorySource::Anonymous(_) => (
                 crate::host::claim::reserved_core(&cfg.state_dir, asked)?,
                 None,
             ),
             MemorySource::Volume(dir) => (
                 crate::host::claim::reserved_core(&cfg.state_dir, asked)?,
-                crate::host::pod::hugetlbfs_page_size(dir),
+                Some(crate::host::volume::VolumeDir::open(dir)?),
             ),
             MemorySource::Pool(_) => (None, None),
         };
@@ -142,7 +143,7 @@ impl HostFacts {
             identity,
             memory: HostMemory::read(),
             reserved,
-            volume_page,
+            volume,
             idle_caps: crate::kvm::idle_caps()?,
             kvm_pvm: crate::cpu::cpumodel::host_is_kvm_pvm(),
             phys_bits,

@@ -55,9 +55,15 @@ pub fn acquire(checked: &Checked) -> Result<Acquired, LaunchError> {
     let plan = &checked.plan;
     match &plan.source {
         MemorySource::Anonymous(backing) => Ok(Acquired::Unclaimed(RamSource::Anonymous(*backing))),
-        MemorySource::Volume(dir) => Ok(Acquired::Unclaimed(RamSource::Extent(
-            crate::host::pod::volume_memory(dir, plan.memory())?,
-        ))),
+        MemorySource::Volume(dir) => {
+            let volume = plan
+                .volume
+                .as_ref()
+                .ok_or_else(|| crate::host::pod::PodError::NotHugetlbfs(dir.clone()))?;
+            Ok(Acquired::Unclaimed(RamSource::Extent(
+                volume.memory(plan.memory())?,
+            )))
+        }
         MemorySource::Pool(req) => {
             let claim = ExtentClaim::take(&ClaimRequest {
                 state_dir: &plan.state_dir,
@@ -224,7 +230,9 @@ pub fn run(
         &control,
     );
     if let Some(a) = api {
-        a.stop();
+        // Unconfined, the socket goes with the VMM; confined, it stays (stale) for the next
+        // launch on the path to replace.
+        a.stop(filters.is_none());
     }
     // Every vCPU has stopped: each device's step before any is stopped (a passed-through
     // function's interrupt count is read and it is quieted, its DMA ended before the

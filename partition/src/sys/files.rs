@@ -694,7 +694,10 @@ mod tests {
     #[test]
     fn a_hard_link_to_someone_elses_file_in_a_users_directory_is_refused() {
         if euid() != 0 {
-            println!("SKIPPED: needs root to give a directory to another uid");
+            skip::skip(
+                "partition::sys::files::a_hard_link_to_someone_elses_file_in_a_users_directory_is_refused",
+                "needs root to give a directory to another uid",
+            );
             return;
         }
         let dir = scratch("hard");

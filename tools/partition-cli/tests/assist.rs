@@ -313,8 +313,9 @@ fn the_xsave_size_cpuid_reports_follows_the_guests_xcr0() {
         return;
     }
     if nested_pvm() {
-        println!(
-            "SKIPPED {name}: the nested kvm_pvm host's emulator refuses XSETBV in guest ring 0"
+        skip(
+            name,
+            "the nested kvm_pvm host's emulator refuses XSETBV in guest ring 0",
         );
         return;
     }
@@ -341,6 +342,8 @@ fn the_xsave_size_cpuid_reports_follows_the_guests_xcr0() {
         .to_string();
     println!("NOTE {name}: {line}");
     if line.contains("skipped") {
+        // The guest's CPU has no XSAVE (its CPUID said so): nothing to check here.
+        skip(name, &format!("the guest could not run its check: {line}"));
         return;
     }
     assert!(line.contains("consistent=true"), "{line}");

@@ -513,7 +513,7 @@ fn links_in_another_users_directory_are_refused_and_their_targets_untouched() {
     let name = "links_in_another_users_directory_are_refused_and_their_targets_untouched";
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED {name}: only root follows links it should not");
+        skip(name, "only root follows links it should not");
         return;
     }
     let dir = Scratch::new("planted-links");
@@ -612,13 +612,16 @@ fn from_cgroup_in_the_root_cpuset_is_refused() {
         &read("/proc/self/cgroup"),
         &read("/proc/self/mountinfo"),
     ) else {
-        println!("SKIPPED {name}: this process is in no cgroup with the cpuset controller");
+        skip(
+            name,
+            "this process is in no cgroup with the cpuset controller",
+        );
         return;
     };
     if !partition::host::pod::is_root_cgroup(&dir) {
-        println!(
-            "SKIPPED {name}: this process is in cpuset {} (not the root)",
-            dir.display()
+        skip(
+            name,
+            &format!("this process is in cpuset {} (not the root)", dir.display()),
         );
         return;
     }

@@ -311,9 +311,10 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
         return;
     }
     if host_cores() < 2 {
-        println!(
-            "SKIPPED the_noise_section_runs_every_case_quiet_and_beside_the_neighbour: needs a \
-             second core for the neighbour"
+        skip(
+            "hotpaths::the_noise_section_runs_every_case_quiet_and_beside_the_neighbour",
+            "needs a \
+             second core for the neighbour",
         );
         return;
     }

@@ -553,9 +553,12 @@ fn long_test_runs(name: &str, minutes: u32) -> bool {
     if !nested_pvm() || long_tier() {
         return true;
     }
-    println!(
-        "SKIPPED {name}: about {minutes} minutes of emulated guest ring 0 on this nested \
+    skip(
+        name,
+        &format!(
+            "about {minutes} minutes of emulated guest ring 0 on this nested \
          kvm_pvm host; `scripts/test.sh --long` (PARTITION_LONG_TESTS=1) runs it"
+        ),
     );
     false
 }
@@ -1089,7 +1092,7 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
         return;
     }
     if host_cores() < 2 {
-        println!("SKIPPED {name}: needs two host cores");
+        skip(name, "needs two host cores");
         return;
     }
     // The checkout's root by name (inside the rig only the files put there exist, not
@@ -1204,7 +1207,7 @@ fn debian_bzimage_decompresses_itself_and_brings_up_a_second_cpu() {
         return;
     }
     if host_cores() < 2 {
-        println!("SKIPPED {name}: needs two host cores");
+        skip(name, "needs two host cores");
         return;
     }
     if !long_test_runs(name, 4) {

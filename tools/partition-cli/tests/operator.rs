@@ -169,12 +169,12 @@ fn guest_memory_over_the_memory_cgroups_limit_is_refused() {
         return;
     }
     if !is_root() {
-        println!("SKIPPED {name}: making a memory cgroup needs root");
+        skip(name, "making a memory cgroup needs root");
         return;
     }
     let tag = format!("partition-test-{}", std::process::id());
     let Some((procs, dir)) = memory_cgroup(&tag, 64 << 20) else {
-        println!("SKIPPED {name}: no memory cgroup controller to make a cgroup with");
+        skip(name, "no memory cgroup controller to make a cgroup with");
         return;
     };
     // The launcher starts inside it (a shell joins, then becomes partition).
@@ -231,11 +231,11 @@ fn a_relative_state_directory_is_refused_and_nothing_is_made() {
 fn a_refused_reserve_leaves_nothing_and_bad_state_files_exit_2() {
     let name = "a_refused_reserve_leaves_nothing_and_bad_state_files_exit_2";
     if !is_root() {
-        println!("SKIPPED {name}: reserve needs root");
+        skip(name, "reserve needs root");
         return;
     }
     if host_cores() < 2 {
-        println!("SKIPPED {name}: needs a second core");
+        skip(name, "needs a second core");
         return;
     }
     let dir = Scratch::new("operator-reserve");

@@ -70,15 +70,18 @@ impl Pod {
         }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            println!("SKIPPED {test}: cgroups and hugetlbfs mounts need root");
+            skip(&test, "cgroups and hugetlbfs mounts need root");
             return None;
         }
         if host_cores() < 2 {
-            println!("SKIPPED {test}: the pod's core needs another for the host");
+            skip(&test, "the pod's core needs another for the host");
             return None;
         }
         let Some(cpuset_root) = mount_of("cgroup", Some("cpuset")) else {
-            println!("SKIPPED {test}: no cgroup v1 cpuset hierarchy (this test makes a v1 cpuset)");
+            skip(
+                &test,
+                "no cgroup v1 cpuset hierarchy (this test makes a v1 cpuset)",
+            );
             return None;
         };
         let (hugetlb_root, v2_root) = match mount_of("cgroup", Some("hugetlb")) {
@@ -92,7 +95,7 @@ impl Pod {
                     (m.clone(), Some(m))
                 }
                 _ => {
-                    println!("SKIPPED {test}: no hugetlb cgroup controller here");
+                    skip(&test, "no hugetlb cgroup controller here");
                     return None;
                 }
             },
@@ -235,7 +238,7 @@ fn a_pod_runs_a_partition_on_its_cores_and_memory_driven_through_the_api() {
     let all = partition::config::cores::format(&partition::config::cores::available());
     let Some(_docker) = common::host::ForeignCpuset::new("partition-pod-docker", &all, false)
     else {
-        println!("SKIPPED pod::run: no cpuset hierarchy here");
+        skip("pod::run", "no cpuset hierarchy here");
         return;
     };
     let Some(pod) = Pod::new("run", 1, false, 64) else {

@@ -164,7 +164,10 @@ fn two_cores_bring_up_two_cpus() {
         return;
     }
     if host_cores() < 2 {
-        eprintln!("SKIPPED two_cores_bring_up_two_cpus: this host has one core");
+        skip(
+            "probe_boot::two_cores_bring_up_two_cpus",
+            "this host has one core",
+        );
         return;
     }
     let out = run(
@@ -323,8 +326,9 @@ fn hugetlb_backing_boots_and_gives_the_pages_back() {
     let n: u64 = before.trim().parse().unwrap();
     let guard = HugepageGuard(before.clone());
     if std::fs::write("/proc/sys/vm/nr_hugepages", (n + 32).to_string()).is_err() {
-        eprintln!(
-            "SKIPPED hugetlb_backing_boots_and_gives_the_pages_back: cannot set vm.nr_hugepages (not root?)"
+        skip(
+            "probe_boot::hugetlb_backing_boots_and_gives_the_pages_back",
+            "cannot set vm.nr_hugepages (not root?)",
         );
         return;
     }
@@ -334,9 +338,9 @@ fn hugetlb_backing_boots_and_gives_the_pages_back() {
         .parse()
         .unwrap();
     if got < n + 32 {
-        eprintln!(
-            "SKIPPED hugetlb_backing_boots_and_gives_the_pages_back: kernel gave {got} of {} hugepages",
-            n + 32
+        skip(
+            "probe_boot::hugetlb_backing_boots_and_gives_the_pages_back",
+            &format!("kernel gave {got} of {} hugepages", n + 32),
         );
         return;
     }

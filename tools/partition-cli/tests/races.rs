@@ -246,7 +246,10 @@ fn a_user_swapping_files_and_directories_for_links_never_gets_root_to_touch_a_ta
     let name = "a_user_swapping_files_and_directories_for_links_never_gets_root_to_touch_a_target";
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED {name}: only root can be raced into opening what it should not");
+        skip(
+            name,
+            "only root can be raced into opening what it should not",
+        );
         return;
     }
     if !kvm_available(name) {

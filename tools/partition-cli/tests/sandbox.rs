@@ -55,7 +55,7 @@ fn every_thread_of_a_running_vmm_is_confined() {
         return;
     }
     if !is_root() {
-        println!("SKIPPED {name}: dropping to another user needs root");
+        skip(name, "dropping to another user needs root");
         return;
     }
     let dir = Scratch::new("sandbox-threads");
@@ -180,7 +180,7 @@ fn no_sandbox_says_what_it_gives_up() {
         return;
     }
     if !is_root() {
-        println!("SKIPPED {name}: needs root to compare");
+        skip(name, "needs root to compare");
         return;
     }
     let dir = Scratch::new("sandbox-off");
@@ -206,7 +206,7 @@ fn a_forbidden_system_call_ends_the_vmm_with_status_5() {
         return;
     }
     if !cfg!(debug_assertions) {
-        println!("SKIPPED {name}: the violation hook exists in debug builds only");
+        skip(name, "the violation hook exists in debug builds only");
         return;
     }
     let dir = Scratch::new("sandbox-violation");
@@ -287,7 +287,7 @@ fn snapshot(paths: &[&std::path::Path]) -> Vec<(Vec<u8>, u32)> {
 fn a_state_directory_root_cannot_trust_is_refused_and_nothing_outside_it_changes() {
     let name = "a_state_directory_root_cannot_trust_is_refused";
     if !is_root() {
-        println!("SKIPPED {name}: the attack is on root");
+        skip(name, "the attack is on root");
         return;
     }
     let dir = Scratch::new("untrusted-state");

@@ -162,7 +162,10 @@ fn sigterm_stops_a_halted_guest() {
 #[test]
 fn sigint_stops_a_guest_whose_ap_waits_for_sipi() {
     if host_cores() < 2 {
-        eprintln!("SKIPPED sigint_stops_a_guest_whose_ap_waits_for_sipi: one core");
+        skip(
+            "teardown::sigint_stops_a_guest_whose_ap_waits_for_sipi",
+            "one core",
+        );
         return;
     }
     signal_while_halted("sigint-2cpu", "0,1", libc::SIGINT);

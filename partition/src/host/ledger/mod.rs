@@ -319,8 +319,13 @@ impl Unfinished {
         if let Some(f) = &self.pool_file {
             plain(f)?;
             let tag = state_tag(state_dir);
-            if f.file_name() != Some(std::ffi::OsStr::new(&format!("{tag}-pool"))) {
-                return Err(format!("pool file {} is not {tag}-pool", f.display()));
+            let ours = own_mount(state_dir, page).join(format!("{tag}-pool"));
+            if *f != ours {
+                return Err(format!(
+                    "pool file {} is not {} (this state directory's own mount)",
+                    f.display(),
+                    ours.display()
+                ));
             }
         }
         check_irq_files(&self.irqs)

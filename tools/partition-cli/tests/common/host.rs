@@ -101,12 +101,12 @@ impl Host {
             return None;
         }
         if host_cores() < 2 {
-            eprintln!("SKIPPED {name}: reserving a core needs a second one for the host");
+            skip(name, "reserving a core needs a second one for the host");
             return None;
         }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED {name}: reserving hugepages and cpusets needs root");
+            skip(name, "reserving hugepages and cpusets needs root");
             return None;
         }
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))

@@ -21,20 +21,19 @@ pub fn partition() -> Command {
     c
 }
 
-/// Environment variable listing (comma-separated) the tests that must run on this
-/// platform: scripts/test.sh names those whose purpose is this host, so that a missing
-/// prerequisite fails them instead of passing them as SKIPPED.
-pub const MUST_RUN_ENV: &str = "PARTITION_MUST_RUN";
+/// This test binary's name (`pool`, `vfio`): what [`skip`] puts before a test's own name.
+pub const BINARY: &str = env!("CARGO_CRATE_NAME");
 
-/// Prints that `test` (binary::name) is SKIPPED and why, or fails it if [`MUST_RUN_ENV`]
-/// names its binary or itself.
+/// The one skip rule (tools/skip): prints that `test` is SKIPPED and why, or fails it if
+/// `PARTITION_MUST_RUN` names it, its binary or a prefix of it. A name without its binary's
+/// (`probe_boot::`) gets it, so that a platform can require a whole binary.
 pub fn skip(test: &str, why: &str) {
-    let must = std::env::var(MUST_RUN_ENV).unwrap_or_default();
-    let binary = test.split("::").next().unwrap_or(test);
-    if must.split(',').any(|m| m == test || m == binary) {
-        panic!("{test} must run on this platform ({MUST_RUN_ENV}={must}), but: {why}");
-    }
-    println!("SKIPPED {test}: {why}");
+    let full = if test.starts_with(&format!("{BINARY}::")) {
+        test.to_string()
+    } else {
+        format!("{BINARY}::{test}")
+    };
+    skip::skip(&full, why);
 }
 
 /// Whether /dev/kvm can be used; prints why not when it cannot.
@@ -46,7 +45,7 @@ pub fn kvm_available(test: &str) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIPPED {test}: /dev/kvm is not usable here ({e})");
+            skip(test, &format!("/dev/kvm is not usable here ({e})"));
             false
         }
     }
@@ -59,7 +58,7 @@ pub fn kvm_and_two_cores(test: &str) -> bool {
         return false;
     }
     if host_cores() < 2 {
-        eprintln!("SKIPPED {test}: needs two host cores");
+        skip(test, "needs two host cores");
         return false;
     }
     true
@@ -73,37 +72,80 @@ pub fn probe_on_two_cores(args: &[&str], limit: Duration) -> Output {
     run(&all, limit)
 }
 
-/// Whether this machine is a QEMU TCG guest (the rig's outer machine, docs/testing.md): the
-/// hypervisor bit in CPUID 1 and QEMU TCG's signature in leaf 0x4000_0000.
-pub fn under_qemu_tcg() -> bool {
-    let l1 = std::arch::x86_64::__cpuid(1);
-    if l1.ecx & (1 << 31) == 0 {
-        return false;
-    }
-    // With the hypervisor bit set, leaf 0x4000_0000 is the hypervisor's.
-    let h = std::arch::x86_64::__cpuid(0x4000_0000);
-    let mut sig = [0u8; 12];
-    sig[..4].copy_from_slice(&h.ebx.to_le_bytes());
-    sig[4..8].copy_from_slice(&h.ecx.to_le_bytes());
-    sig[8..].copy_from_slice(&h.edx.to_le_bytes());
-    &sig == b"TCGTCGTCGTCG"
+/// A CPU's hypervisor signature as CPUID gives it: the hypervisor bit (leaf 1, ECX bit 31)
+/// and, with it set, the 12 bytes of leaf 0x4000_0000 (EBX, ECX, EDX).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuSignature {
+    /// Leaf 1 ECX bit 31: running under a hypervisor.
+    pub hypervisor: bool,
+    /// The hypervisor's vendor signature (`TCGTCGTCGTCG`, `KVMKVMKVM\0\0\0`, ...).
+    pub vendor: [u8; 12],
 }
 
-/// Checks `extra`, the interrupts a guest took beyond those raised (`what` names them,
-/// `context` is shown with a failure): none is right, but QEMU TCG's SVM emulation now and
-/// then delivers an interrupt to its L2 guest twice with no VM exit between
-/// (docs/testing.md, "A doubled interrupt, found"), so under TCG they are allowed and said
-/// in a NOTE; anywhere else they fail the test. Returns `extra`, for bounds that must
-/// allow for them.
-pub fn doubled_interrupts(what: &str, extra: u64, context: &str) -> u64 {
-    if extra > 0 {
-        assert!(
-            under_qemu_tcg(),
-            "{what}: {extra} interrupt(s) taken more often than raised: {context}"
-        );
-        println!("NOTE {what}: QEMU TCG delivered {extra} interrupt(s) twice ({context})");
+impl CpuSignature {
+    /// This machine's.
+    pub fn this() -> Self {
+        let l1 = std::arch::x86_64::__cpuid(1);
+        let hypervisor = l1.ecx & (1 << 31) != 0;
+        let mut vendor = [0u8; 12];
+        if hypervisor {
+            // With the hypervisor bit set, leaf 0x4000_0000 is the hypervisor's.
+            let h = std::arch::x86_64::__cpuid(0x4000_0000);
+            vendor[..4].copy_from_slice(&h.ebx.to_le_bytes());
+            vendor[4..8].copy_from_slice(&h.ecx.to_le_bytes());
+            vendor[8..].copy_from_slice(&h.edx.to_le_bytes());
+        }
+        Self { hypervisor, vendor }
     }
-    extra
+
+    /// Whether it is a QEMU TCG guest's (the rig's outer machine, docs/testing.md).
+    pub fn is_qemu_tcg(&self) -> bool {
+        self.hypervisor && &self.vendor == b"TCGTCGTCGTCG"
+    }
+}
+
+/// Whether this machine is a QEMU TCG guest (the rig's outer machine, docs/testing.md).
+pub fn under_qemu_tcg() -> bool {
+    CpuSignature::this().is_qemu_tcg()
+}
+
+/// The doubled-interrupt allowance, the one place it lives: `extra`, the interrupts a
+/// guest took beyond those raised (`what` names them, `context` goes with a refusal), on a
+/// machine of CPU signature `sig`. None is right; but QEMU TCG's SVM emulation now and then
+/// delivers an interrupt to its L2 guest twice with no VM exit between (docs/testing.md, "A
+/// doubled interrupt, found"), so under TCG they are allowed (Ok, with the NOTE to print);
+/// anywhere else they are refused (Err, the failure's message).
+pub fn allow_doubled(
+    sig: &CpuSignature,
+    what: &str,
+    extra: u64,
+    context: &str,
+) -> Result<Option<String>, String> {
+    if extra == 0 {
+        return Ok(None);
+    }
+    if !sig.is_qemu_tcg() {
+        return Err(format!(
+            "{what}: {extra} interrupt(s) taken more often than raised: {context}"
+        ));
+    }
+    Ok(Some(format!(
+        "NOTE {what}: QEMU TCG delivered {extra} interrupt(s) twice ({context})"
+    )))
+}
+
+/// [`allow_doubled`] on this machine: fails the test where it refuses, prints the NOTE
+/// where it allows. Returns `extra`, for bounds that must allow for them.
+pub fn doubled_interrupts(what: &str, extra: u64, context: &str) -> u64 {
+    match allow_doubled(&CpuSignature::this(), what, extra, context) {
+        Ok(note) => {
+            if let Some(n) = note {
+                println!("{n}");
+            }
+            extra
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Whether this host is the nested kvm_pvm kind (docs/measurement.md, the development host).
@@ -553,7 +595,7 @@ pub fn qemu_probe(
 /// `dir`, or None (after saying why) when QEMU is not installed.
 pub fn qemu_and_probe(test: &str, dir: &Scratch) -> Option<(PathBuf, PathBuf)> {
     let Some(qemu) = find_in_path("qemu-system-x86_64") else {
-        println!("SKIPPED {test}: qemu-system-x86_64 is not installed");
+        skip(test, "qemu-system-x86_64 is not installed");
         return None;
     };
     let probe = dir.path("probe.elf");

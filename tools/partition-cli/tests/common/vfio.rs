@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::kvm_available;
+use super::{kvm_available, skip};
 
 /// Where the host's PCI functions are.
 pub fn sysfs() -> &'static Path {
@@ -94,18 +94,22 @@ pub fn passthrough_target(test: &str, vendor: u16, device: u16, what: &str) -> O
         .map(|d| d.count())
         .unwrap_or(0);
     if groups == 0 {
-        println!(
-            "SKIPPED {test}: no IOMMU groups on this host (the rig has them: scripts/rig.sh, \
-             docs/testing.md)"
+        skip(
+            test,
+            "no IOMMU groups on this host (the rig has them: scripts/rig.sh, \
+             docs/testing.md)",
         );
         return None;
     }
     if !Path::new("/sys/bus/pci/drivers/vfio-pci").exists() {
-        println!("SKIPPED {test}: the vfio-pci driver is not loaded");
+        skip(test, "the vfio-pci driver is not loaded");
         return None;
     }
     let Some(bdf) = find_function(vendor, device) else {
-        println!("SKIPPED {test}: no {what} ({vendor:04x}:{device:04x}) on this host");
+        skip(
+            test,
+            &format!("no {what} ({vendor:04x}:{device:04x}) on this host"),
+        );
         return None;
     };
     Some(Bound::new(&bdf))
