@@ -463,7 +463,11 @@ pub fn hugetlb_room(page_size: u64) -> Result<Option<(u64, u64, PathBuf)>, PodEr
             read_trim(&dir.join(format!("hugetlb.{size}.usage_in_bytes"))),
         )
     };
-    let limit = limit.ok_or_else(|| cg(format!("{}: no hugetlb.{size} limit", dir.display())))?;
+    // No limit file: the controller does not govern this cgroup (the root cgroup, or v2
+    // without hugetlb enabled above it): no limit applies.
+    let Some(limit) = limit else {
+        return Ok(None);
+    };
     if limit == "max" {
         return Ok(None);
     }

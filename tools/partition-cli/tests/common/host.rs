@@ -124,34 +124,12 @@ impl Host {
     }
 
     pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut cmd = partition();
-        cmd.args(args)
-            .env("PARTITION_STATE_DIR", &self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        wait_output(cmd.spawn().unwrap(), LIMIT, &args.join(" "))
+        run_in(&self.dir, args, env)
     }
 
     /// Starts a probe partition that stays up, and waits until it has said so.
     pub fn hold(&self, name: &str, memory: &str, extra: &str) -> Child {
-        let log = self.dir.join(format!("{name}.console"));
-        let child = partition()
-            .args([
-                "launch", "--name", name, "--cores", "1", "--memory", memory, "--probe",
-            ])
-            .args(["--cmdline", &format!("probe.hold=1 {extra}"), "--console"])
-            .arg(&log)
-            .env("PARTITION_STATE_DIR", &self.dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_holding(child, &log, name, LIMIT)
+        hold_in(&self.dir, name, memory, extra)
     }
 
     pub fn status(&self) -> serde_json::Value {
@@ -193,6 +171,39 @@ impl Host {
             out.stderr
         );
     }
+}
+
+/// Starts a probe partition on core 1 from the reservation in state directory `dir` that
+/// stays up, and waits until it has said so.
+pub fn hold_in(dir: &std::path::Path, name: &str, memory: &str, extra: &str) -> Child {
+    let log = dir.join(format!("{name}.console"));
+    let child = partition()
+        .args([
+            "launch", "--name", name, "--cores", "1", "--memory", memory, "--probe",
+        ])
+        .args(["--cmdline", &format!("probe.hold=1 {extra}"), "--console"])
+        .arg(&log)
+        .env("PARTITION_STATE_DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_holding(child, &log, name, LIMIT)
+}
+
+/// `partition ARGS` with state directory `dir`, within [`LIMIT`].
+pub fn run_in(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = partition();
+    cmd.args(args)
+        .env("PARTITION_STATE_DIR", dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    wait_output(cmd.spawn().unwrap(), LIMIT, &args.join(" "))
 }
 
 impl Drop for Host {
