@@ -22,7 +22,8 @@ use crate::host::ledger::{
 
 /// Environment variable naming a point at which the launcher or release kills itself with
 /// SIGKILL (for crash-recovery tests): `after-ledger`, `after-map`, `running`,
-/// `during-release`. Only debug builds (the test builds) have the hook; in a release build
+/// `during-release`; or at which the keeper dies (`keeper-running`, `keeper-releasing`,
+/// `crate::host::keeper`). Only debug builds (the test builds) have the hook; in a release build
 /// the variable does nothing.
 pub const CRASH_ENV: &str = "PARTITION_TEST_CRASH_AT";
 

@@ -278,6 +278,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
     // SAFETY: an empty signal mask for this single-threaded process.
     unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) };
     close_others(&[2, rx.as_raw_fd(), tx.as_raw_fd(), claim.lock_fd()]);
+    let crash_at = crash_at();
     if let Some(f) = &filter {
         let confined = crate::sys::sandbox::drop_capabilities()
             .and_then(|()| Ok(crate::sys::seccomp::install_violation_handler()?))
@@ -303,6 +304,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
         let line = line.trim_end();
         if line == "running" {
             claim.running();
+            crash(crash_at, "keeper-running");
             let _ = tx.write_all(b"ok\n");
         } else if let Some(j) = line.strip_prefix("stats ") {
             if let Ok(v) = serde_json::from_str::<Vec<VcpuCounters>>(j) {
@@ -313,6 +315,7 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
             break;
         }
     }
+    crash(crash_at, "keeper-releasing");
     let released = claim.release();
     let code = match (&released, clean) {
         (Ok(rel), true) => {
@@ -345,6 +348,33 @@ fn keep(claim: ExtentClaim, rx: File, mut tx: File, filter: Option<seccompiler::
     // SAFETY: ending the keeper without running the launcher's destructors or atexit
     // handlers (they belong to the launcher).
     unsafe { libc::_exit(code) }
+}
+
+/// Where the keeper dies on purpose ([`crate::host::claim::CRASH_ENV`] `keeper-running`:
+/// once the ledger says running, before it answers; `keeper-releasing`: once the guest is
+/// gone, before it scrubs), read before its filter is on. Debug builds only.
+#[cfg(debug_assertions)]
+fn crash_at() -> Option<&'static str> {
+    match std::env::var(crate::host::claim::CRASH_ENV).as_deref() {
+        Ok("keeper-running") => Some("keeper-running"),
+        Ok("keeper-releasing") => Some("keeper-releasing"),
+        _ => None,
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn crash_at() -> Option<&'static str> {
+    None
+}
+
+/// Dies at once if `point` is where `at` says (as a SIGKILL would leave it: no answer, no
+/// scrub, its descriptors closed by the kernel; `_exit`, which its filter allows).
+fn crash(at: Option<&str>, point: &str) {
+    if at == Some(point) {
+        eprintln!("partition: keeper: dying on purpose at {point}");
+        // SAFETY: ending the keeper at once, running nothing of the launcher's.
+        unsafe { libc::_exit(137) }
+    }
 }
 
 fn release_error(e: &ClaimError) -> String {

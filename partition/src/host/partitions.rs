@@ -183,6 +183,66 @@ pub fn release(
     })
 }
 
+/// A dead partition [`reclaim_dead`] gave back.
+#[derive(Clone, Debug, Serialize)]
+pub struct Reclaimed {
+    /// Its name.
+    pub name: String,
+    /// Its launcher's pid.
+    pub pid: u32,
+    /// What it was doing when its launcher and keeper were gone.
+    pub state: PartitionState,
+    /// Its memory, in bytes.
+    pub bytes: u64,
+    /// Its cores.
+    pub cores: Vec<usize>,
+    /// How long scrubbing its memory took, in milliseconds.
+    pub scrub_ms: f64,
+}
+
+/// Gives back every partition whose launcher and keeper are both gone (nobody holds its
+/// lock): its extent scrubbed, it and its cores freed, as `release` would. Nothing is
+/// held because a process died, the keeper's own death included (killed, its launcher
+/// notices and stops the guest; this gives back what it held). Needs root (the pool file
+/// and the ledger are root's); `status` runs it first. A partition that cannot be
+/// scrubbed stays recorded (`release` says why).
+pub fn reclaim_dead(state_dir: &Path) -> Result<Vec<Reclaimed>, ReleaseError> {
+    let (l, dead) = {
+        let Some(lock) = LedgerLock::exclusive_existing(state_dir)? else {
+            return Ok(Vec::new());
+        };
+        let Some(mut l) = lock.load()? else {
+            return Ok(Vec::new());
+        };
+        let mut dead = Vec::new();
+        for p in l.partitions.iter_mut() {
+            if !lock.partition_alive(&p.name) {
+                dead.push(p.clone());
+                p.state = PartitionState::Releasing;
+            }
+        }
+        if dead.is_empty() {
+            return Ok(Vec::new());
+        }
+        lock.store(&l)?;
+        (l, dead)
+    };
+    let mut out = Vec::new();
+    for p in dead {
+        let t = scrub(&l, p.extent.into())?;
+        forget(state_dir, &p.name)?;
+        out.push(Reclaimed {
+            name: p.name,
+            pid: p.pid,
+            state: p.state,
+            bytes: p.extent.len,
+            cores: p.cores,
+            scrub_ms: t.as_secs_f64() * 1e3,
+        });
+    }
+    Ok(out)
+}
+
 /// The state directory as `status` shows it.
 #[derive(Debug, Serialize)]
 pub struct Status {
@@ -207,6 +267,8 @@ pub struct Status {
     pub irqbalance: Option<IrqbalanceStatus>,
     /// Partitions.
     pub partitions: Vec<PartitionStatus>,
+    /// Dead partitions this `status` gave back before it looked (run as root).
+    pub reclaimed: Vec<Reclaimed>,
 }
 
 /// The irqbalance part of [`Status`].
@@ -344,8 +406,32 @@ fn irqbalance_status(l: &crate::host::ledger::Ledger) -> Option<IrqbalanceStatus
     })
 }
 
-/// Reads the state directory.
+/// Reads the state directory; as root, after giving back what dead partitions held
+/// ([`reclaim_dead`]: `reclaimed` lists them; one that could not be scrubbed is still
+/// listed, dead, with why).
 pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut reclaim_failed = None;
+    let reclaimed = if root {
+        match reclaim_dead(state_dir) {
+            Ok(r) => r,
+            Err(ReleaseError::Ledger(e)) => return Err(e),
+            Err(e) => {
+                reclaim_failed = Some(e.to_string());
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let mut s = status_now(state_dir, reclaim_failed.as_deref())?;
+    s.reclaimed = reclaimed;
+    Ok(s)
+}
+
+/// The state directory as it is.
+fn status_now(state_dir: &Path, reclaim_failed: Option<&str>) -> Result<Status, LedgerError> {
     let none = |unfinished| Status {
         state_dir: state_dir.to_path_buf(),
         reserved: false,
@@ -356,6 +442,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         irqs_back: Vec::new(),
         irqbalance: None,
         partitions: Vec::new(),
+        reclaimed: Vec::new(),
     };
     let Some(lock) = LedgerLock::shared_existing(state_dir)? else {
         return Ok(none(false));
@@ -395,9 +482,14 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
                 None
             };
             let note = (!alive).then(|| {
+                let why = match reclaim_failed {
+                    Some(e) => format!("giving them back failed: {e}; "),
+                    None => String::new(),
+                };
                 format!(
-                    "launcher pid {} is gone (it died while {}); its cores and {} of memory are held \
-                     until `partition release {}` scrubs and frees them",
+                    "launcher pid {} is gone (it died while {}); {why}its cores and {} of memory \
+                     are held until `partition status` as root or `partition release {}` scrubs \
+                     and frees them",
                     p.pid,
                     match p.state {
                         PartitionState::Launching => "launching",
@@ -464,6 +556,7 @@ pub fn status(state_dir: &Path) -> Result<Status, LedgerError> {
         ),
         irqbalance: irqbalance_status(&l),
         partitions,
+        reclaimed: Vec::new(),
     })
 }
 

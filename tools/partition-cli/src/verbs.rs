@@ -271,6 +271,21 @@ pub fn release(state_dir: &Path, name: &str, grace: u64) -> ExitCode {
 }
 
 fn print_status(s: &Status) {
+    for r in &s.reclaimed {
+        eprintln!(
+            "partition: {}: its launcher (pid {}) and its keeper were gone (it was {}); \
+             its {} of memory scrubbed in {:.1} ms, it and cores {} given back",
+            r.name,
+            r.pid,
+            serde_json::to_value(r.state)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            bytes(r.bytes),
+            r.scrub_ms,
+            partition::config::cores::format(&r.cores)
+        );
+    }
     println!("state dir: {}", s.state_dir.display());
     if !s.reserved {
         println!("nothing reserved");

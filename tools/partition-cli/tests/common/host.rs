@@ -260,6 +260,15 @@ impl Drop for Host {
     }
 }
 
+/// Whether the probe's console says its memory was all zero when it started.
+pub fn probe_zero(console: &str) -> bool {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with("probe: zerocheck"))
+        .unwrap_or_else(|| panic!("no zerocheck line in:\n{console}"));
+    line.contains("all_zero=true")
+}
+
 /// The partition's keeper: the launcher's child named `partition-keep`.
 pub fn keeper_of(launcher: u32) -> Option<u32> {
     std::fs::read_dir("/proc")
