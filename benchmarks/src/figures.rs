@@ -506,14 +506,13 @@ pub fn all(doc: &Results, host: &str) -> Vec<(String, String)> {
 }
 
 /// Writes [`all`] beside `results`; the paths written.
+/// Each is put in the results' directory by descriptor, never written through a link
+/// planted at its name (`crate::outdir`).
 pub fn write(doc: &Results, results: &Path, host: &str) -> Result<Vec<PathBuf>, String> {
+    let dir = crate::outdir::OutDir::of(results)?;
     all(doc, host)
         .into_iter()
-        .map(|(name, text)| {
-            let p = results.with_file_name(&name);
-            std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
-            Ok(p)
-        })
+        .map(|(name, text)| dir.replace(std::ffi::OsStr::new(&name), text.as_bytes()))
         .collect()
 }
 

@@ -18,6 +18,7 @@ pub mod lookup;
 pub mod memsetup;
 pub mod noise;
 pub mod nvmecore;
+pub mod outdir;
 pub mod peers;
 pub mod probe;
 pub mod provenance;

@@ -1151,7 +1151,8 @@ pub fn write_from(doc: &Results, results: &Path) -> Result<(PathBuf, PathBuf), S
             .unwrap_or_default();
         text.push_str(&format!("\n![{name}]({name})\n"));
     }
-    std::fs::write(&md, text).map_err(|e| format!("{}: {e}", md.display()))?;
+    let dir = crate::outdir::OutDir::of(&md)?;
+    dir.replace(md.file_name().unwrap_or_default(), text.as_bytes())?;
     Ok((md, svg))
 }
 

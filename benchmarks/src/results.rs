@@ -11,14 +11,6 @@ use serde_json::{Value, json};
 /// Errors reading or writing the results file.
 #[derive(Debug, thiserror::Error)]
 pub enum ResultsError {
-    /// File I/O failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
     /// The existing file does not parse: it is left alone.
     #[error(
         "{path} does not parse ({reason}); it was left untouched and the new section written to {aside}"
@@ -34,6 +26,10 @@ pub enum ResultsError {
     /// A section without a boolean `completed`.
     #[error("section {0} has no boolean `completed`")]
     NoCompleted(String),
+    /// The file or its directory could not be reached or written (by descriptor:
+    /// `crate::outdir`, `partition::sys::files`).
+    #[error("{0}")]
+    Place(String),
 }
 
 /// What happened to a section on [`store_section`].
@@ -45,33 +41,34 @@ pub enum Stored {
     KeptEarlier,
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ResultsError + '_ {
-    move |source| ResultsError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// Merges `section` into the results file at `path` under `name`.
 pub fn store_section(path: &Path, name: &str, section: Value) -> Result<Stored, ResultsError> {
     let completed = section
         .get("completed")
         .and_then(Value::as_bool)
         .ok_or_else(|| ResultsError::NoCompleted(name.to_string()))?;
-    let mut doc = match std::fs::read_to_string(path) {
-        Ok(text) => match serde_json::from_str::<Value>(&text) {
+    // The directory walked to (and made) once by descriptor; the file read through the
+    // same walk's rules, and replaced by a temporary renamed over it (never written
+    // through a link planted there).
+    let dir = crate::outdir::OutDir::of(path).map_err(ResultsError::Place)?;
+    let name_of = |p: &Path| p.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let read = partition::sys::files::read_limited(path, crate::doc::MAX_RESULTS);
+    let mut doc = match read {
+        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
             Ok(v) if v.is_object() => v,
-            Ok(_) | Err(_) => {
+            parsed => {
                 let aside = path.with_extension(format!("{name}.json.new"));
-                let reason = serde_json::from_str::<Value>(&text)
+                let reason = parsed
                     .err()
                     .map(|e| e.to_string())
                     .unwrap_or_else(|| "not a JSON object".into());
-                std::fs::write(
-                    &aside,
-                    serde_json::to_string_pretty(&section).unwrap_or_default(),
+                dir.replace(
+                    &name_of(&aside),
+                    serde_json::to_string_pretty(&section)
+                        .unwrap_or_default()
+                        .as_bytes(),
                 )
-                .map_err(io(&aside))?;
+                .map_err(ResultsError::Place)?;
                 return Err(ResultsError::Unparsable {
                     path: path.to_path_buf(),
                     reason,
@@ -79,8 +76,10 @@ pub fn store_section(path: &Path, name: &str, section: Value) -> Result<Stored, 
                 });
             }
         },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({ "sections": {} }),
-        Err(e) => return Err(io(path)(e)),
+        Err(e) if e.io().map(std::io::Error::kind) == Some(std::io::ErrorKind::NotFound) => {
+            json!({ "sections": {} })
+        }
+        Err(e) => return Err(ResultsError::Place(format!("{}: {e}", path.display()))),
     };
     if !doc.get("sections").is_some_and(Value::is_object) {
         doc["sections"] = json!({});
@@ -101,13 +100,9 @@ pub fn store_section(path: &Path, name: &str, section: Value) -> Result<Stored, 
         doc["sections"][name] = section;
         Stored::Written
     };
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(io(d))?;
-    }
-    let tmp = path.with_extension("json.tmp");
     let text = serde_json::to_string_pretty(&doc).unwrap_or_default() + "\n";
-    std::fs::write(&tmp, text).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
+    dir.replace(&name_of(path), text.as_bytes())
+        .map_err(ResultsError::Place)?;
     Ok(stored)
 }
 

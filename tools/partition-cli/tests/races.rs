@@ -52,6 +52,16 @@ struct Swapper {
 
 impl Swapper {
     fn start(user_dir: &Path, run_for: Duration) -> Self {
+        Self::start_with(user_dir, &SWAPPED, COMES_AND_GOES, run_for)
+    }
+
+    /// [`Self::start`] swapping `swapped` and moving `comes_and_goes` in and out.
+    fn start_with(
+        user_dir: &Path,
+        swapped: &[&str],
+        comes_and_goes: &str,
+        run_for: Duration,
+    ) -> Self {
         let dir = cstring(user_dir);
         let pair = |n: &str| {
             (
@@ -59,8 +69,8 @@ impl Swapper {
                 CString::new(format!(".alt-{n}")).unwrap(),
             )
         };
-        let names: Vec<(CString, CString)> = SWAPPED.iter().map(|n| pair(n)).collect();
-        let (gone, link) = pair(COMES_AND_GOES);
+        let names: Vec<(CString, CString)> = swapped.iter().map(|n| pair(n)).collect();
+        let (gone, link) = pair(comes_and_goes);
         let mut fds = [0i32; 2];
         // SAFETY: a pipe into a local array.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -474,4 +484,117 @@ fn a_user_swapping_files_and_directories_for_links_never_gets_root_to_touch_a_ta
     assert!(swaps > 1000, "only {swaps} exchanges");
     assert!(refused_link > 0, "no launch met a planted link");
     assert!(n >= 20 && m >= 4, "too few launches ({n}, {m})");
+}
+
+/// `partition bench --report --results DIR/r.json` as root, where DIR is a user's: the
+/// report and every chart are put there by descriptor, never written through a link the
+/// user planted (issue 52's audit: `nobody` linked `r.md` to a root-only file, and the
+/// report went into it, no race needed); and with the user swapping `r.md`, a chart's name
+/// and the results file itself for links to root's files as fast as it can, root's files
+/// see no event at all.
+#[test]
+fn bench_never_writes_or_reads_through_a_users_link() {
+    let name = "bench_never_writes_or_reads_through_a_users_link";
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip(name, "only root can be made to write what it should not");
+        return;
+    }
+    let scratch = Scratch::new("races-bench");
+    std::fs::set_permissions(&scratch.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let root = scratch.path("root");
+    std::fs::create_dir(&root).unwrap();
+    let results = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../benchmarks/results/vm.json"),
+    )
+    .unwrap();
+    let targets = ["r.md", "r-ratios.svg", "r-wake.svg", "r.json"];
+    for n in targets {
+        std::fs::write(root.join(n), format!("root's {n}\n")).unwrap();
+        std::fs::set_permissions(root.join(n), std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let user = scratch.path("user");
+    std::fs::create_dir(&user).unwrap();
+    let own = |p: &Path| std::os::unix::fs::lchown(p, Some(USER), Some(USER)).unwrap();
+    std::fs::write(user.join("r.json"), &results).unwrap();
+    own(&user.join("r.json"));
+    // Planted: the report's and two charts' names are links to root's files.
+    for n in ["r.md", "r-ratios.svg", "r-wake.svg"] {
+        std::os::unix::fs::symlink(root.join(n), user.join(n)).unwrap();
+        own(&user.join(n));
+    }
+    // The swap partners for the race below.
+    for n in ["r.md", "r-ratios.svg", "r.json"] {
+        let alt = user.join(format!(".alt-{n}"));
+        std::os::unix::fs::symlink(root.join(n), &alt).unwrap();
+        own(&alt);
+    }
+    std::os::unix::fs::symlink(root.join("r-wake.svg"), user.join(".alt-r-vanish.svg")).unwrap();
+    own(&user.join(".alt-r-vanish.svg"));
+    own(&user);
+    let before: Vec<_> = targets.iter().map(|n| fingerprint(&root.join(n))).collect();
+    let mut watch = Watch::new();
+    for n in targets {
+        watch.add(&root.join(n), libc::IN_ALL_EVENTS);
+    }
+    let report = || {
+        run(
+            &[
+                "bench",
+                "--report",
+                "--results",
+                user.join("r.json").to_str().unwrap(),
+            ],
+            Duration::from_secs(60),
+        )
+    };
+    // No race: the links are simply there.
+    let out = report();
+    assert_eq!(out.code(), 0, "{}", out.stderr);
+    for n in ["r.md", "r-ratios.svg", "r-wake.svg"] {
+        let m = std::fs::symlink_metadata(user.join(n)).unwrap();
+        assert!(m.is_file(), "{n} is still a link");
+    }
+    assert!(
+        std::fs::read_to_string(user.join("r.md"))
+            .unwrap()
+            .contains("ratios")
+    );
+    // The race: every name exchanged with its link while root reports again and again.
+    let swapper = Swapper::start_with(
+        &user,
+        &["r.md", "r-ratios.svg", "r.json"],
+        "r-vanish.svg",
+        Duration::from_secs(10),
+    );
+    let started = Instant::now();
+    let (mut wrote, mut refused, mut runs) = (0, 0, 0);
+    let mut unexpected = Vec::new();
+    while started.elapsed() < Duration::from_secs(9) && runs < 200 {
+        let out = report();
+        match out.code() {
+            0 => wrote += 1,
+            2 => refused += 1,
+            c => unexpected.push(format!("exit {c}: {}", tail(&out.stderr, 1000))),
+        }
+        runs += 1;
+    }
+    let swaps = swapper.finish();
+    println!(
+        "{runs} reports against {swaps} exchanges: {wrote} written, {refused} refused (the \
+         results file a link when it was read)"
+    );
+    let events = watch.events();
+    assert!(
+        events.is_empty(),
+        "root's files were touched:\n{}",
+        events.join("\n")
+    );
+    for (n, b) in targets.iter().zip(&before) {
+        assert_eq!(&fingerprint(&root.join(n)), b, "{n} changed");
+    }
+    assert!(unexpected.is_empty(), "{}", unexpected.join("\n"));
+    assert!(swaps > 1000, "only {swaps} exchanges");
+    assert!(wrote > 0 && runs >= 5, "{runs} runs, {wrote} written");
 }
