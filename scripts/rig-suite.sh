@@ -10,18 +10,24 @@
 #                                     optionally NAME=FILTER (default: the suite below)
 #
 # Exits non-zero when any test fails inside, when a test prints SKIPPED inside that is not
-# on the allowed list below (with its reason), when the rig is not what it must be (no
-# kvm_amd, /dev/kvm, IOMMU groups or vfio-pci: rig.sh exit 3), or when the outer machine
-# dies in one of our VMM's threads or more than twice. A binary that ended keeps its result,
-# a failure included; when the outer machine dies (QEMU TCG's: rig.sh exit 125, its console
-# kept as target/rig/died-*.log), only the binaries that had not ended run again, on a new
-# machine, and the summary says so. linux_kernel runs on an outer machine under QEMU's
+# on the allowed list below (with its reason; every binary run is in PARTITION_MUST_RUN
+# there, so a skip fails its test too), when the rig is not what it must be (no kvm_amd,
+# /dev/kvm, IOMMU groups or vfio-pci: rig.sh exit 3), or when a binary's run is judged a
+# failure (scripts/rig-judge.sh): a FAILED or SKIPPED printed by any run of a binary is its
+# result, and no rerun removes it; a machine that died in one of our VMM's threads, or hung
+# silent while its heartbeat went on (its processes' kernel stacks and QEMU's state shown),
+# fails the binary it was running. Only a binary whose every finished test had passed when
+# the outer machine itself died (QEMU TCG's: rig.sh exit 125, its console kept as
+# target/rig/died-*.log) or stopped its clock runs again, on a new machine, printed as
+# RERUN with the console's end; after the third death nothing more runs. linux_kernel runs
+# on an outer machine under QEMU's
 # multi-threaded TCG, the others on one under single-threaded TCG (RIG_TCG_THREAD=single or
 # multi runs them all under that one; docs/testing.md, "Which TCG threading").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-case "${1:-}" in -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+. scripts/rig-judge.sh
+case "${1:-}" in -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 need_root
 need_cargo
 apt_lists
@@ -36,7 +42,7 @@ apt_qemu
 # pool, a triple fault's report, VFIO, Linux to userspace). The rest run on this host in
 # every `scripts/test.sh` and can run here by name (`scripts/rig-suite.sh blk engine`):
 # every minute of emulated machine is a minute it can die in (docs/testing.md).
-suite=(idle assist teardown pool vfio linux_kernel)
+suite=(idle assist teardown pool pod vfio linux_kernel)
 [ $# -gt 0 ] && suite=("$@")
 
 say "rig suite: building the test binaries"
@@ -92,8 +98,12 @@ run_machine() {
     local files=(--partition "$target/$TRIPLE/debug/partition"
         --file "$target/$TRIPLE/debug/partition:$target/$TRIPLE/debug/partition"
         --file "$target/$TRIPLE/debug/partition-bench:$target/$TRIPLE/debug/partition-bench")
+    # Every binary run here must run: a skip inside fails its test (tools/skip).
+    local must
+    must=$(printf '%s\n' "$@" | sed 's/=.*//' | paste -sd, -)
     {
         echo "mkdir -p '$target/$TRIPLE/tmp'"
+        echo "export PARTITION_MUST_RUN='$must'"
         echo "fail=0"
     } > "$script"
     for t in "$@"; do
@@ -121,6 +131,9 @@ run_machine() {
 declare -A result
 declare -A skips
 declare -A logs
+declare -A dead
+declare -A rerun_why
+declare -A rerun_end
 reruns=()
 deaths=0
 machines=0
@@ -154,10 +167,10 @@ oops_head() {
     sed -n "${start},$((start + 59))p" "$1"
 }
 
-# One group of binaries (one TCG mode): a machine, and a new one for what had not ended
-# each time the outer machine dies.
+# One group of binaries (one TCG mode): a machine, and a new one for what may run again
+# each time the outer machine dies (scripts/rig-judge.sh says which may).
 run_group() {
-    local mode=$1 t name end s rc kept
+    local mode=$1 t name rc kept line verdict
     shift
     local pending=("$@") left
     while [ ${#pending[@]} -gt 0 ]; do
@@ -172,59 +185,40 @@ run_group() {
             ready=0
             return
         fi
-        # Every binary that ended keeps its result, a failure included.
+        kept=""
+        if [ "$rc" = 125 ]; then
+            deaths=$((deaths + 1))
+            kept=$(ls -t "$target"/rig/died-*.log 2>/dev/null | head -n1)
+        fi
         left=()
-        for t in "${pending[@]}"; do
-            name=${t%%=*}
-            end=$(sed -n "s/^RIG-TEST-END $name rc=\([0-9]*\)\$/\1/p" "$runlog" | tail -n1)
-            if [ -n "$end" ]; then
-                [ "$end" = 0 ] && result[$name]=ok || result[$name]="failed rc=$end"
-                logs[$name]=$runlog
-                # SKIPPED lines between its markers.
-                s=$(sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "$runlog" | grep 'SKIPPED' || true)
-                [ -n "$s" ] && skips[$name]=$s
-            else
-                left+=("$t")
-            fi
-        done
+        while IFS= read -r line; do
+            name=${line%% *}
+            verdict=${line#* }
+            case "$verdict" in
+                "skipped: "*)
+                    # A skip sticks, whatever a later machine's run of the binary prints.
+                    skips[$name]+="${verdict#skipped: }"$'\n' ;;
+                "rerun: "*)
+                    for t in "${pending[@]}"; do [ "${t%%=*}" = "$name" ] && left+=("$t"); done
+                    rerun_why[$name]=${verdict#rerun: }
+                    rerun_end[$name]=$kept ;;
+                *)
+                    result[$name]=$(rig_sticky "${result[$name]:-}" "$verdict")
+                    logs[$name]=$runlog
+                    dead[$name]=$kept ;;
+            esac
+        done < <(rig_judge "$runlog" "$rc" "$kept" "${pending[@]}")
         pending=()
         [ ${#left[@]} -eq 0 ] && break
-        if [ "$rc" != 125 ]; then
-            # Timed out, or gone another way: what had not ended failed.
-            for t in "${left[@]}"; do result[${t%%=*}]="did not end (rig.sh exit $rc)"; done
-            break
-        fi
-        deaths=$((deaths + 1))
-        kept=$(ls -t "$target"/rig/died-*.log 2>/dev/null | head -n1)
-        # A panic in one of our VMM's threads (an exit it was taking, say), or one of them
-        # stuck in the kernel (a soft lockup or a hung task naming it), is ours to answer
-        # for, not the emulator's: no second machine for it.
-        # Except a panic seen under QEMU's own KVM guests in the rig too, which names
-        # whichever thread the outer kernel was scheduling, not a culprit: the outer
-        # kernel finding a task's stack end overwritten (docs/testing.md, "Deaths that
-        # name a thread").
-        ours='partition|vcpu[0-9]+|blk-q[0-9]*|api|engine|vfio-return'
-        emulators='corrupted stack end detected inside scheduler'
-        end=$( [ -n "$kept" ] && tail -n 200 "$kept" || true)
-        emulator_panic=$(grep -Eo "Kernel panic - not syncing: ($emulators)" <<< "$end" | tail -n1 | cut -d: -f2- | sed 's/^ //' || true)
-        if [ -z "$emulator_panic" ] \
-            && grep -Eq "(Comm: |soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \\[|INFO: task )($ours)[: ]" <<< "$end"; then
-            for t in "${left[@]}"; do
-                result[${t%%=*}]="failed: the outer machine died in one of our VMM's threads ($kept)"
-                logs[${t%%=*}]=$kept
-            done
-            break
-        fi
-        if [ "$deaths" -gt 2 ]; then
-            for t in "${left[@]}"; do result[${t%%=*}]="not run: the outer machine died $deaths times"; done
-            break
-        fi
-        why="the outer one died under QEMU TCG"
-        if [ -n "$emulator_panic" ]; then
-            why="the outer kernel panicked: $emulator_panic ($(grep -Eo 'Comm: [^ ]+' <<< "$end" | tail -n1 || true); seen under QEMU's own KVM guests too)"
-        fi
-        reruns+=("$(printf '%s ' "${left[@]}")on a new machine: $why (its console: $kept)")
-        pending=("${left[@]}")
+        for t in "${left[@]}"; do
+            name=${t%%=*}
+            if [ "$deaths" -gt 2 ]; then
+                result[$name]=$(rig_sticky "${result[$name]:-}" "not run: the outer machine died $deaths times")
+            else
+                reruns+=("$name on a new machine: ${rerun_why[$name]}|${rerun_end[$name]}")
+                pending+=("$t")
+            fi
+        done
     done
 }
 
@@ -244,18 +238,28 @@ for t in "${suite[@]}"; do
     if [ "${r#failed rc=}" != "$r" ]; then
         # Why it failed, where a CI log that keeps only the end shows it: each failed
         # test's panic and the lines after it (its assertion's message), at most 80 lines.
-        sed -n "/^RIG-TEST-BEGIN $name\$/,/^RIG-TEST-END $name /p" "${logs[$name]}" \
+        rig_section "${logs[$name]}" "$name" \
             | sed -n '/^failures:$/,/^test result:/p' | grep -A 25 -e '^---- ' -e 'panicked at' \
             | head -n 80 | sed 's/^/    | /' >&2
-    fi
-    if [ "${r#failed: the outer machine died}" != "$r" ]; then
+    elif [ "${r#failed: before}" != "$r" ]; then
+        # A test that failed before the machine stopped: its panic, from the partial log.
+        rig_section "${logs[$name]}" "$name" | grep -A 25 'panicked at' \
+            | head -n 80 | sed 's/^/    | /' >&2
+    elif [ "${r#failed: hung}" != "$r" ]; then
+        # Whose hang it was: our processes' threads inside the outer machine (their
+        # kernel stacks, dumped by the machine once the command had been silent a while)
+        # and QEMU's view of the outer CPUs.
+        sed -n '/^RIG-STACKS/,/^RIG-STACKS-END/p' "${dead[$name]}" | head -n 150 | sed 's/^/    | /' >&2
+        sed -n '/^---- QEMU.s state when it was stopped/,$p' "${dead[$name]}" | head -n 40 | sed 's/^/    | /' >&2
+    elif [ "${r#failed: the outer machine died}" != "$r" ]; then
         # What the outer kernel said first (the oops's head: what, where, which thread, the
         # call trace), which a CI log that keeps only the end would otherwise lose: from
         # the first line of the last oops on the console, at most 60 lines.
-        oops_head "${logs[$name]}" | sed 's/^/    | /' >&2
+        oops_head "${dead[$name]}" | sed 's/^/    | /' >&2
     fi
     if [ -n "${skips[$name]:-}" ]; then
         while IFS= read -r line; do
+            [ -n "$line" ] || continue
             reason=""
             for a in ${allowed_skips[@]+"${allowed_skips[@]}"}; do
                 who=${a%%|*}          # BINARY:TEST
@@ -269,10 +273,12 @@ for t in "${suite[@]}"; do
                 echo "    FAIL: a test skipped inside the rig: $line" >&2
                 stage_rc=1
             fi
-        done <<< "${skips[$name]}"
+        done < <(printf '%s' "${skips[$name]}" | awk '!seen[$0]++')
     fi
 done
 for r in ${reruns[@]+"${reruns[@]}"}; do
-    echo "  RERUN $r" >&2
+    echo "  RERUN ${r%|*}" >&2
+    # The dead machine's console end: what a reader needs to judge the rerun.
+    [ -n "${r##*|}" ] && tail -n 15 "${r##*|}" 2>/dev/null | sed 's/^/    | /' >&2
 done
 exit "$stage_rc"

@@ -22,7 +22,8 @@
 # without them). RIG_TCG_THREAD=single|multi picks QEMU's TCG threading (default multi;
 # docs/testing.md, "Which QEMU"). RIG_VRAM=SIZE: ivshmem's BAR (default 256G, a sparse file;
 # 512G does not fit the outer machine's 40-bit physical address width). RIG_SILENCE=SECS: a machine silent that long on the
-# command's line is hung, stopped and reported as a death (exit 125; default 420).
+# command's line is hung, stopped and reported as a death (exit 125; default: the longest
+# deadline a test gives itself plus 120 s, scripts/lib.sh rig_silence).
 # RIG_MODULE_PARAMS="kvm-amd:npt=0 ...": parameters given to modules as they are loaded
 # (an experiment's knob: the suite's configuration passes none).
 # RIG_TRACE_EVENTS="kvm/kvm_exit ...": tracepoints enabled while the machine has one CPU,
@@ -76,6 +77,9 @@ command -v cpio >/dev/null 2>&1 \
     apt_install cpio xz-utils dpkg gcc libc6-dev
 }
 apt_qemu
+silence=${RIG_SILENCE:-$(rig_silence)}
+case "$silence" in ''|*[!0-9]*) die "RIG_SILENCE is a number of seconds, not '$silence'" ;; esac
+[ "$silence" -gt 60 ] || die "RIG_SILENCE must exceed 60 s (the machine dumps its stacks 60 s before)"
 tcg_thread=${RIG_TCG_THREAD:-multi}
 case "$tcg_thread" in single|multi) ;; *) die "RIG_TCG_THREAD is single or multi, not '$tcg_thread'" ;; esac
 say "rig: $(qemu-system-x86_64 --version | head -1), TCG thread=$tcg_thread"
@@ -158,7 +162,35 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 echo +cpuset > /sys/fs/cgroup/cgroup.subtree_control
 # A heartbeat on the console every 10 s of this machine's own clock: scripts/rig.sh reads a
 # machine whose heartbeat stops as one whose timers stopped firing (docs/testing.md).
-(while :; do sleep 10; echo "rig-alive $(cut -d' ' -f1 /proc/uptime)" > /dev/ttyS0; done) &
+# And when the command's line (ttyS1, whose mtime the kernel keeps to 8 s) has been silent
+# for /rig/dump-after seconds, once per silence: the kernel stacks of every thread of the
+# command's processes (RIG-STACKS ... RIG-STACKS-END on the console), so a hang that
+# rig.sh stops shows whose it was.
+rig_stacks() {
+    echo "RIG-STACKS the command's line silent $1 s; uptime $(cut -d' ' -f1 /proc/uptime)"
+    for p in /proc/[0-9]*; do
+        exe=$(readlink "$p/exe" 2>/dev/null) || continue
+        case "$exe" in /bin/busybox|/bin/kvm-holder|"") continue ;; esac
+        echo "== pid ${p#/proc/} $exe"
+        for t in "$p"/task/*; do
+            echo "-- ${t##*/} $(cat "$t/comm" 2>/dev/null) state $(sed 's/^.*) //' "$t/stat" 2>/dev/null | cut -d' ' -f1) wchan $(cat "$t/wchan" 2>/dev/null)"
+            cat "$t/stack" 2>/dev/null
+        done
+    done
+    echo "RIG-STACKS-END"
+}
+(dump_after=$(cat /rig/dump-after 2>/dev/null || echo 0); dumped=0
+ while :; do
+    sleep 10
+    echo "rig-alive $(cut -d' ' -f1 /proc/uptime)" > /dev/ttyS0
+    quiet=$(( $(date +%s) - $(stat -c %Y /dev/ttyS1 2>/dev/null || date +%s) ))
+    if [ "$dump_after" -gt 0 ] && [ "$quiet" -ge "$dump_after" ]; then
+        [ "$dumped" = 1 ] || rig_stacks "$quiet" > /dev/ttyS0 2>&1
+        dumped=1
+    else
+        dumped=0
+    fi
+ done) &
 ip link set lo up 2>/dev/null
 for m in $(cat /lib/modules/load); do
     if grep -qx "$m" /rig/omit-modules 2>/dev/null; then
@@ -267,6 +299,7 @@ done
 } > "$extra/rig/cmd"
 for m in ${RIG_OMIT_MODULES:-}; do echo "${m//-/_}"; echo "${m//_/-}"; done > "$extra/rig/omit-modules"
 for e in ${RIG_TRACE_EVENTS:-}; do echo "$e"; done > "$extra/rig/trace-events"
+echo $((silence - 60)) > "$extra/rig/dump-after"
 # "MODULE:PARAM=VALUE": each as the module is loaded, under both spellings of its name.
 for p in ${RIG_MODULE_PARAMS:-}; do
     m=${p%%:*}
@@ -312,8 +345,9 @@ deadline=$((SECONDS + timeout))
 # heartbeat within RIG_STALL more seconds means the poke woke it, and the run goes on,
 # said on stderr; none means it is hung: stopped, reported as a death (exit 125), its
 # console kept. And a machine that says nothing on the command's line for RIG_SILENCE
-# seconds (default 420: longer than any test's own deadline inside, 300 s) is hung too.
-silence=${RIG_SILENCE:-420}
+# seconds (default: the longest deadline a test gives itself, plus 120 s: rig_silence in
+# scripts/lib.sh) is hung too; 60 s before that the machine dumps its command's stacks on
+# the console (above).
 stall=${RIG_STALL:-60}
 # qmp WHAT: asks QEMU's monitor. "status": its run state (a poke that wakes its main loop);
 # "state": the outer machine as QEMU sees it, each CPU's registers (HLT=1: halted) and

@@ -35,7 +35,7 @@ apt_qemu
 PARTITION_IRQBALANCE=$(irqbalance_bin)
 export PARTITION_IRQBALANCE
 # What this host is for: these fail, not skip, when something they need is missing.
-export PARTITION_MUST_RUN=cri,irqbalance,pool::a_reservation_takes_its_cores_from_every_other_cpuset,linux_kernel::our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk
+export PARTITION_MUST_RUN=cri,irqbalance,pod,tenancy,crash,pool::a_reservation_takes_its_cores_from_every_other_cpuset,linux_kernel::our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk
 
 # Our own guest kernel (scripts/guest-image.sh: about 7 minutes on two cores the first
 # time, cached in benchmarks/cache after), built beside the lints: tests/linux_kernel.rs

@@ -17,17 +17,52 @@ pub const WORK_ENV: &str = "PARTITION_BENCH_WORK";
 
 /// The scratch directory `supervise` made for this process, if it is the run. The run
 /// removes it at the end, so an inherited or hand-set variable naming anything else
-/// (another directory, a supervisor that is not our parent) is ignored.
+/// (another directory, a supervisor that is not our parent, a directory that is not ours
+/// alone) is ignored.
 pub fn supervised_work() -> Option<PathBuf> {
     let work = PathBuf::from(std::env::var_os(WORK_ENV)?);
     // SAFETY: getppid has no arguments and cannot fail.
     let parent = unsafe { libc::getppid() };
-    (work == scratch_dir(parent as u32)).then_some(work)
+    let name = work.file_name()?.to_str()?;
+    let ours = work.parent() == Some(std::env::temp_dir().as_path())
+        && name
+            .strip_prefix(&scratch_prefix(parent as u32))
+            .is_some_and(|rest| {
+                !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+            });
+    (ours && private_dir(&work)).then_some(work)
 }
 
-/// The scratch directory of the supervisor with pid `pid`.
-fn scratch_dir(pid: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("partition-bench-{pid}"))
+/// The start of the scratch directory's name of the supervisor with pid `pid`; the rest is
+/// a name nobody can guess, so a user cannot make it ahead of us in the shared /tmp.
+fn scratch_prefix(pid: u32) -> String {
+    format!("partition-bench-{pid}-")
+}
+
+/// A directory (not a link) owned by us, that nobody else may enter.
+fn private_dir(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| {
+        // SAFETY: geteuid has no arguments and cannot fail.
+        m.is_dir() && m.uid() == unsafe { libc::geteuid() } && m.mode() & 0o077 == 0
+    })
+}
+
+/// Makes the supervisor's scratch directory: mode 0700 under an unguessable name, refused
+/// (never adopted) if anything already has it.
+fn make_scratch() -> Result<PathBuf, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    let name = format!(
+        "{}{}",
+        scratch_prefix(std::process::id()),
+        pool::poolfile::unguessable()
+    );
+    let work = std::env::temp_dir().join(name);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&work)
+        .map_err(|e| format!("{}: {e}", work.display()))?;
+    Ok(work)
 }
 
 /// Runs this same command as a child (the run) and waits for it. If the run is stopped
@@ -39,8 +74,7 @@ fn scratch_dir(pid: u32) -> PathBuf {
 /// the run's exit status, or 128+N when stopped by signal N; an error if the run could
 /// not be started (or waited for: then `Ok(None)` after the cleanup).
 pub fn supervise() -> Result<Option<u8>, String> {
-    let work = scratch_dir(std::process::id());
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let work = make_scratch()?;
     let hugepages = HugepageCount::read();
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer flag; no pointers.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
@@ -254,4 +288,33 @@ fn give_back(work: &Path, hugepages: u64) -> Vec<String> {
         _ => {}
     }
     said
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scratch_directory_is_private_and_unguessable() {
+        let a = make_scratch().unwrap();
+        let b = make_scratch().unwrap();
+        let name = a.file_name().unwrap().to_str().unwrap().to_owned();
+        let rest = name
+            .strip_prefix(&scratch_prefix(std::process::id()))
+            .unwrap();
+        assert!(rest.len() >= 16, "{name}");
+        assert_ne!(a, b);
+        assert!(private_dir(&a));
+        // A link to a private directory, or a directory others may enter, is not ours.
+        let link = a.with_extension("link");
+        std::os::unix::fs::symlink(&a, &link).unwrap();
+        assert!(!private_dir(&link));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&b, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(!private_dir(&b));
+        std::fs::remove_file(&link).unwrap();
+        for p in [&a, &b] {
+            std::fs::remove_dir(p).unwrap();
+        }
+    }
 }

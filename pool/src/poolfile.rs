@@ -135,10 +135,16 @@ pub fn untrusted(file: &File, links: u64) -> Option<String> {
 /// A name nobody can guess, for a file made and unlinked at once where `O_TMPFILE` is not
 /// offered.
 fn unguessable_name() -> OsString {
+    OsString::from(format!(".partition-{}.mem", unguessable()))
+}
+
+/// 32 random hex digits (the pid and clock, in hex with a dash, with no entropy source):
+/// part of a name a user must not be able to make ahead of us.
+pub fn unguessable() -> String {
     let mut b = [0u8; 16];
     // SAFETY: getrandom writes at most `b.len()` bytes into a local array.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    let hex: String = if n == b.len() as isize {
+    if n == b.len() as isize {
         b.iter().map(|x| format!("{x:02x}")).collect()
     } else {
         // No entropy source: the clock and pid, still never reused (O_EXCL refuses a
@@ -150,8 +156,7 @@ fn unguessable_name() -> OsString {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos())
         )
-    };
-    OsString::from(format!(".partition-{hex}.mem"))
+    }
 }
 
 impl PoolFile {

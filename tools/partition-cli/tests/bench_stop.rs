@@ -77,15 +77,31 @@ fn stop_half_way(what: &str, stop: impl Fn(i32), expect_code: i32, expect_said: 
         .spawn()
         .unwrap();
     let pid = child.id() as i32;
-    let work = scratch.path(&format!("partition-bench-{pid}"));
+    let hugepages = benchmarks::HugepageCount::read();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    // The supervisor's scratch directory: its pid, then a name nobody can guess.
+    let prefix = format!("partition-bench-{pid}-");
+    let work = loop {
+        let found = std::fs::read_dir(&scratch.0)
+            .unwrap()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with(&prefix));
+        if let Some(e) = found {
+            break e.path();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the run never made its scratch directory"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
     let state = work.join("state");
     let tag = partition::host::ledger::state_tag(&state);
     let _fallback = Fallback {
         pgid: pid,
         state: state.clone(),
-        hugepages: benchmarks::HugepageCount::read(),
+        hugepages,
     };
-    let deadline = Instant::now() + Duration::from_secs(120);
     while !state.join("ledger.json").exists() {
         assert!(
             Instant::now() < deadline,

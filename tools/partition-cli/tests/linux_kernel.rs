@@ -1292,7 +1292,7 @@ fn the_exits_section_counts_each_operations_exits_by_reason() {
             "--results",
             results.to_str().unwrap(),
         ],
-        Duration::from_secs(900),
+        LONGEST_DEADLINE,
     );
     let text = std::fs::read_to_string(&results)
         .unwrap_or_else(|e| panic!("no results ({e}): {}\n{}", out.stderr, out.stdout));

@@ -6,7 +6,9 @@
 //! a clean stop). A launch asking for more than the pod's hugetlb limit, or on cores the
 //! cgroup does not hold exclusively, is refused before the guest starts. The host is left as
 //! it was: cgroups removed, the mount gone, the hugepage count and the cgroup v2 controllers
-//! as they were.
+//! as they were. On cgroup v1 (this host) the pod is a v1 cpuset (exclusive by
+//! `cpu_exclusive`) beside a hugetlb cgroup; on cgroup v2 alone (the rig) one cgroup with
+//! both controllers, exclusive as a partition root.
 
 mod common;
 
@@ -54,7 +56,8 @@ struct Pod {
     cpuset: PathBuf,
     hugetlb: PathBuf,
     v2_root: Option<PathBuf>,
-    enabled_hugetlb: bool,
+    /// The controllers this pod enabled in the v2 root's subtree_control.
+    enabled: Vec<String>,
     volume: PathBuf,
     hugepages_before: String,
     dir: Scratch,
@@ -77,29 +80,38 @@ impl Pod {
             skip(&test, "the pod's core needs another for the host");
             return None;
         }
-        let Some(cpuset_root) = mount_of("cgroup", Some("cpuset")) else {
-            skip(
-                &test,
-                "no cgroup v1 cpuset hierarchy (this test makes a v1 cpuset)",
-            );
-            return None;
+        // cgroup v1 (this host): a cpuset and a hugetlb cgroup, each in its hierarchy.
+        // cgroup v2 (the rig): one cgroup with both controllers, exclusive as a partition
+        // root.
+        let v1_cpuset = mount_of("cgroup", Some("cpuset"));
+        let v2_with = |want: &str| {
+            mount_of("cgroup2", None).filter(|m| {
+                read(&m.join("cgroup.controllers"))
+                    .split(' ')
+                    .any(|x| x == want)
+            })
         };
-        let (hugetlb_root, v2_root) = match mount_of("cgroup", Some("hugetlb")) {
-            Some(m) => (m, None),
-            None => match mount_of("cgroup2", None) {
-                Some(m)
-                    if read(&m.join("cgroup.controllers"))
-                        .split(' ')
-                        .any(|c| c == "hugetlb") =>
-                {
-                    (m.clone(), Some(m))
-                }
-                _ => {
-                    skip(&test, "no hugetlb cgroup controller here");
-                    return None;
-                }
+        let (cpuset_root, hugetlb_root, v2_root) = match (v1_cpuset, v2_with("cpuset")) {
+            (Some(cpuset), _) => match mount_of("cgroup", Some("hugetlb")) {
+                Some(h) => (cpuset, h, None),
+                None => match v2_with("hugetlb") {
+                    Some(m) => (cpuset, m.clone(), Some(m)),
+                    None => {
+                        skip(&test, "no hugetlb cgroup controller here");
+                        return None;
+                    }
+                },
             },
+            (None, Some(m)) if v2_with("hugetlb").is_some() => (m.clone(), m.clone(), Some(m)),
+            _ => {
+                skip(
+                    &test,
+                    "no cgroup v1 cpuset hierarchy, and no cgroup v2 with cpuset and hugetlb",
+                );
+                return None;
+            }
         };
+        let v2_cpuset = v2_root.as_ref() == Some(&cpuset_root);
         let name = format!("partition-pod-{tag}-{}", std::process::id());
         let dir = Scratch::new(&format!("pod-{tag}"));
         let mut pod = Self {
@@ -107,7 +119,7 @@ impl Pod {
             cpuset: cpuset_root.join(&name),
             hugetlb: hugetlb_root.join(&name),
             v2_root: v2_root.clone(),
-            enabled_hugetlb: false,
+            enabled: Vec::new(),
             volume: dir.path("volume"),
             hugepages_before: read(Path::new(HUGEPAGES)),
             dir,
@@ -115,23 +127,42 @@ impl Pod {
         // The node's pre-allocated hugepages, as a kubelet expects them.
         let before: u64 = pod.hugepages_before.parse().unwrap_or(0);
         write(Path::new(HUGEPAGES), &(before + 96).to_string());
-        std::fs::create_dir(&pod.cpuset).unwrap();
-        write(&pod.cpuset.join("cpuset.cpus"), &core.to_string());
-        write(
-            &pod.cpuset.join("cpuset.mems"),
-            &read(&cpuset_root.join("cpuset.mems")),
-        );
-        if exclusive {
-            write(&pod.cpuset.join("cpuset.cpu_exclusive"), "1");
-        }
         if let Some(root) = &v2_root {
             let ctl = root.join("cgroup.subtree_control");
-            if !read(&ctl).split(' ').any(|c| c == "hugetlb") {
-                write(&ctl, "+hugetlb");
-                pod.enabled_hugetlb = true;
+            let want: &[&str] = if v2_cpuset {
+                &["cpuset", "hugetlb"]
+            } else {
+                &["hugetlb"]
+            };
+            for c in want {
+                if !read(&ctl).split(' ').any(|x| x == *c) {
+                    write(&ctl, &format!("+{c}"));
+                    pod.enabled.push(c.to_string());
+                }
             }
         }
-        std::fs::create_dir(&pod.hugetlb).unwrap();
+        std::fs::create_dir(&pod.cpuset).unwrap();
+        write(&pod.cpuset.join("cpuset.cpus"), &core.to_string());
+        let mems = if v2_cpuset {
+            "cpuset.mems.effective"
+        } else {
+            "cpuset.mems"
+        };
+        write(
+            &pod.cpuset.join("cpuset.mems"),
+            &read(&cpuset_root.join(mems)),
+        );
+        if exclusive && v2_cpuset {
+            // What a CPU manager would make on cgroup v2: a partition root.
+            let part = pod.cpuset.join("cpuset.cpus.partition");
+            write(&part, "root");
+            assert_eq!(read(&part), "root", "{}", part.display());
+        } else if exclusive {
+            write(&pod.cpuset.join("cpuset.cpu_exclusive"), "1");
+        }
+        if pod.hugetlb != pod.cpuset {
+            std::fs::create_dir(&pod.hugetlb).unwrap();
+        }
         let limit = (limit_mib << 20).to_string();
         if v2_root.is_some() {
             write(&pod.hugetlb.join("hugetlb.2MB.max"), &limit);
@@ -151,12 +182,30 @@ impl Pod {
 
     /// `partition ARGS` started inside the pod's cgroups.
     fn spawn(&self, args: &[&str]) -> Child {
-        let procs = if self.v2_root.is_some() {
-            "cgroup.procs"
-        } else {
-            "tasks"
+        partition_command_in(&self.membership(), args)
+    }
+
+    /// The files a process writes its pid to, to join the pod: one per cgroup.
+    fn membership(&self) -> Vec<PathBuf> {
+        let file = |d: &Path| {
+            if self.v2_root.as_deref().is_some_and(|r| d.starts_with(r)) {
+                d.join("cgroup.procs")
+            } else {
+                d.join("tasks")
+            }
         };
-        partition_command_in(&[self.cpuset.join("tasks"), self.hugetlb.join(procs)], args)
+        let mut m = vec![file(&self.cpuset)];
+        if self.hugetlb != self.cpuset {
+            m.push(file(&self.hugetlb));
+        }
+        m
+    }
+
+    /// Whether the pod's cpuset is cgroup v2's.
+    fn v2_cpuset(&self) -> bool {
+        self.v2_root
+            .as_deref()
+            .is_some_and(|r| self.cpuset.starts_with(r))
     }
 
     /// Starts `partition launch --cores from-cgroup --memory MEMORY --memory-from VOLUME
@@ -196,7 +245,11 @@ fn partition_command_in(tasks: &[PathBuf], args: &[&str]) -> Child {
 impl Drop for Pod {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.volume).status();
-        for cg in [&self.cpuset, &self.hugetlb] {
+        let mut cgs = vec![&self.cpuset];
+        if self.hugetlb != self.cpuset {
+            cgs.push(&self.hugetlb);
+        }
+        for cg in cgs {
             // Whatever is left in them goes back to the parent first.
             let parent = cg.parent().unwrap();
             for f in ["tasks", "cgroup.procs"] {
@@ -206,9 +259,9 @@ impl Drop for Pod {
             }
             let _ = std::fs::remove_dir(cg);
         }
-        if self.enabled_hugetlb {
-            if let Some(root) = &self.v2_root {
-                let _ = std::fs::write(root.join("cgroup.subtree_control"), "-hugetlb");
+        if let Some(root) = &self.v2_root {
+            for c in &self.enabled {
+                let _ = std::fs::write(root.join("cgroup.subtree_control"), format!("-{c}"));
             }
         }
         let _ = std::fs::write(HUGEPAGES, &self.hugepages_before);
@@ -390,13 +443,19 @@ fn more_than_the_pods_hugetlb_limit_or_shared_cores_are_refused_before_the_guest
         "{}",
         out.stderr
     );
-    // What fits runs, its cores proven by the cgroup's own cpu_exclusive.
+    // What fits runs, its cores proven by the cgroup's own cpu_exclusive (v1) or partition
+    // root (v2).
     let out = wait_output(pod.launch("16M", &[]), LIMIT, "within the limit");
     assert_eq!(out.code(), 0, "{}", out.stderr);
+    let proof = if pod.v2_cpuset() {
+        "is a root partition"
+    } else {
+        "cpu_exclusive"
+    };
     assert!(
         out.stderr
             .contains("cores from this process's cgroup, exclusive by")
-            && out.stderr.contains("cpu_exclusive"),
+            && out.stderr.contains(proof),
         "{}",
         out.stderr
     );

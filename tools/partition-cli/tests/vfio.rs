@@ -825,7 +825,7 @@ fn the_submit_vfio_section_measures_the_partition_its_twin_and_qemu() {
             "--results",
             results.to_str().unwrap(),
         ],
-        Duration::from_secs(900),
+        LONGEST_DEADLINE,
     );
     let ctx = format!("{}\n{}", tail(&out.stderr, 4000), tail(&out.stdout, 2000));
     assert_eq!(out.code(), 0, "{ctx}");

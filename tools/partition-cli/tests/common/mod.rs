@@ -210,6 +210,12 @@ pub fn read_lossy(r: &mut impl Read) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The longest any test may wait for one command (the exits and submit-vfio sections in
+/// the rig). `wait_output` refuses a longer limit, and `scripts/rig.sh` derives from this
+/// line how long a rig machine may stay silent before it is called hung (scripts/lib.sh
+/// `rig_silence`): change it here only.
+pub const LONGEST_DEADLINE: Duration = Duration::from_secs(900);
+
 /// Waits for `child` up to `limit`, killing it (and failing) if it takes longer. The limit
 /// is a hang guard, not a speed check.
 pub fn wait_output(child: Child, limit: Duration, what: &str) -> Output {
@@ -224,6 +230,10 @@ pub fn wait_output_showing(
     what: &str,
     also: impl Fn() -> String,
 ) -> Output {
+    assert!(
+        limit <= LONGEST_DEADLINE,
+        "{what}: a deadline of {limit:?} exceeds LONGEST_DEADLINE, which the rig's silence limit is made from"
+    );
     let start = Instant::now();
     // Drain pipes on threads so a chatty child cannot block on a full pipe.
     let mut out = child.stdout.take();
