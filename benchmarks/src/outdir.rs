@@ -14,7 +14,7 @@
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -31,18 +31,7 @@ fn cstr(name: &OsStr) -> Result<CString, String> {
     CString::new(name.as_bytes()).map_err(|_| format!("{name:?}: not a file name"))
 }
 
-/// `openat(2)` relative to `dir`, `O_CLOEXEC` added; the descriptor owned.
-fn openat(dir: &File, name: &OsStr, flags: i32, mode: u32) -> std::io::Result<File> {
-    let c = CString::new(name.as_bytes())
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: openat relative to a directory descriptor we hold, a NUL-terminated name.
-    let fd = unsafe { libc::openat(dir.as_raw_fd(), c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor, owned from here on.
-    Ok(unsafe { File::from_raw_fd(fd) })
-}
+use pool::poolfile::openat;
 
 /// A temporary's name nobody can guess (`O_EXCL` refuses a planted one all the same).
 fn temp_name(of: &OsStr) -> std::ffi::OsString {

@@ -82,8 +82,9 @@ pub struct PoolFile {
     page_size: u64,
 }
 
-/// `openat(2)` relative to `dir` with `flags`; the new descriptor owned.
-fn openat(dir: &File, name: &OsStr, flags: i32, mode: u32) -> std::io::Result<File> {
+/// `openat(2)` relative to `dir` with `flags` (`O_CLOEXEC` added); the new descriptor
+/// owned.
+pub fn openat(dir: &File, name: &OsStr, flags: i32, mode: u32) -> std::io::Result<File> {
     let c = CString::new(name.as_bytes())
         .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: openat relative to a directory descriptor we hold, with a NUL-terminated name.

@@ -86,23 +86,7 @@ fn assert_launcher_saw_its_keeper_die(out: &Output, what: &str) {
 
 /// The memory of pool extent `64M@0` is all zero for its next owner.
 fn assert_next_owner_sees_zeros(h: &Host, name: &str) {
-    let log = h.dir.join(format!("{name}.console"));
-    let out = h.run(&[
-        "launch",
-        "--name",
-        name,
-        "--cores",
-        "1",
-        "--memory",
-        "64M@0",
-        "--probe",
-        "--cmdline",
-        "probe.zerocheck=1 probe.memtest=0",
-        "--console",
-        log.to_str().unwrap(),
-    ]);
-    assert_eq!(out.code(), 0, "{}", out.stderr);
-    assert!(probe_zero(&std::fs::read_to_string(log).unwrap()));
+    assert!(probe_zero(&zerocheck_launch(h, name, "probe.memtest=0")));
 }
 
 #[test]

@@ -354,25 +354,7 @@ fn dirty_pool(h: &Host, len: usize) {
 fn a_reused_extent_sees_only_zeros() {
     let Some(h) = Host::new("scrub") else { return };
     h.reserve("256M");
-    let launch = |name: &str| {
-        let log = h.dir.join(format!("{name}.console"));
-        let out = h.run(&[
-            "launch",
-            "--name",
-            name,
-            "--cores",
-            "1",
-            "--memory",
-            "64M@0",
-            "--probe",
-            "--cmdline",
-            "probe.zerocheck=1",
-            "--console",
-            log.to_str().unwrap(),
-        ]);
-        assert_eq!(out.code(), 0, "{name}: {}", out.stderr);
-        std::fs::read_to_string(log).unwrap()
-    };
+    let launch = |name: &str| zerocheck_launch(&h, name, "");
     // First owner: fresh pages, then its memory test fills the extent with a pattern.
     let first = launch("first");
     assert!(probe_zero(&first), "{first}");

@@ -39,13 +39,18 @@ fn a_doubled_interrupt_is_refused_anywhere_but_under_tcg() {
     }
 }
 
-/// Runs scripts/rig-judge.sh's `FUNC ARGS...` and returns its output's lines.
-fn judge(func: &str, args: &[&str]) -> Vec<String> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The checkout's top directory.
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
         .unwrap()
-        .to_path_buf();
+        .to_path_buf()
+}
+
+/// Runs scripts/rig-judge.sh's `FUNC ARGS...` and returns its output's lines.
+fn judge(func: &str, args: &[&str]) -> Vec<String> {
+    let root = repo_root();
     let out = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(
@@ -255,11 +260,7 @@ fn a_silent_hang_fails_and_only_a_stopped_machine_reruns() {
 /// holds to: it exceeds it, and a test asking for more fails.
 #[test]
 fn the_rigs_silence_limit_exceeds_every_deadline() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .unwrap()
-        .to_path_buf();
+    let root = repo_root();
     let out = std::process::Command::new("bash")
         .arg("-c")
         .arg(format!(

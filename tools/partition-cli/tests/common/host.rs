@@ -260,6 +260,28 @@ impl Drop for Host {
     }
 }
 
+/// Launches the probe as `name` on pool extent `64M@0` with its zero check (`cmdline`
+/// added), and returns its console.
+pub fn zerocheck_launch(h: &Host, name: &str, cmdline: &str) -> String {
+    let log = h.dir.join(format!("{name}.console"));
+    let out = h.run(&[
+        "launch",
+        "--name",
+        name,
+        "--cores",
+        "1",
+        "--memory",
+        "64M@0",
+        "--probe",
+        "--cmdline",
+        &format!("probe.zerocheck=1 {cmdline}"),
+        "--console",
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code(), 0, "{name}: {}", out.stderr);
+    std::fs::read_to_string(log).unwrap()
+}
+
 /// Whether the probe's console says its memory was all zero when it started.
 pub fn probe_zero(console: &str) -> bool {
     let line = console
