@@ -156,8 +156,8 @@ apt_lists() {
 
 # rig_silence: how long (seconds) a rig machine may say nothing on its command's line
 # before scripts/rig.sh calls it hung: the longest deadline any test gives itself
-# (LONGEST_DEADLINE in tools/partition-cli/tests/common/mod.rs, which wait_output holds
-# every deadline to) plus 120 s for the harness around it.
+# in the rig (LONGEST_DEADLINE in tools/partition-cli/tests/common/mod.rs, which
+# wait_output holds every deadline to on a QEMU TCG machine) plus 120 s for the harness around it.
 rig_silence() {
     local d
     d=$(sed -n 's/^pub const LONGEST_DEADLINE: Duration = Duration::from_secs(\([0-9]*\));.*/\1/p' \
