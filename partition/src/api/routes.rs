@@ -281,7 +281,8 @@ impl ApiState {
         let readback = Readback::new(
             &self.idle,
             self.cpuid_back.as_deref(),
-            crate::cpu::cpuid::host_leaf5().is_some(),
+            crate::cpu::cpuid::host_leaf5(),
+            &self.description.cmdline,
             kvm.iter().map(|(i, m)| (*i, m)),
         );
         IdleDoc {

@@ -56,10 +56,11 @@ pub fn for_vcpu(
     tsc_deadline: bool,
 ) -> CpuId {
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
-    // MONITOR/MWAIT only when MWAIT exits are disabled; leaf 5 goes with it.
+    // MONITOR/MWAIT only when MWAIT exits are disabled; leaf 5 goes with it, counting a
+    // C1 sub-state so that a stock Linux guest idles in MWAIT (guest_idle.rs).
     entries.retain(|e| e.function != 5);
     if idle.mwait {
-        if let Some([a, b, c, d]) = host_leaf5() {
+        if let Some([a, b, c, d]) = host_leaf5().map(crate::cpu::guest_idle::guest_leaf5) {
             entries.push(kvm_cpuid_entry2 {
                 function: 5,
                 eax: a,
@@ -255,6 +256,12 @@ mod tests {
         );
         assert_ne!(get(&shown, 1).unwrap().ecx & LEAF1_ECX_MONITOR, 0);
         assert_eq!(get(&shown, 5).is_some(), host_leaf5().is_some());
+        // The leaf shown is the guest's version of the host's: a C1 sub-state wherever
+        // the host's leaf enumerates sub-states.
+        if let (Some(e), Some(host)) = (get(&shown, 5), host_leaf5()) {
+            let want = crate::cpu::guest_idle::guest_leaf5(host);
+            assert_eq!([e.eax, e.ebx, e.ecx, e.edx], want);
+        }
         assert_ne!(
             get(&shown, KVM_FEATURES_LEAF).unwrap().edx & KVM_HINTS_REALTIME,
             0

@@ -7,6 +7,7 @@ pub mod assist;
 pub mod cpuid;
 pub mod cpumodel;
 pub mod exits;
+pub mod guest_idle;
 pub mod idle;
 pub mod readback;
 pub mod syscall;

@@ -8,6 +8,7 @@ use kvm_bindings::kvm_cpuid_entry2;
 use serde::Serialize;
 
 use crate::cpu::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
+use crate::cpu::guest_idle::{GuestIdle, IdleCpuidView, predict};
 use crate::cpu::idle::{DisableExits, IdlePlan};
 
 /// One setting: what KVM shows, and what the plan asked for.
@@ -40,14 +41,47 @@ impl Fact {
 }
 
 /// The idle-related CPUID bits as KVM_GET_CPUID2 returned them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CpuidReadback {
     /// MONITOR/MWAIT shown (leaf 1 ECX bit 3).
     pub mwait: Fact,
     /// Leaf 5 (MONITOR/MWAIT parameters) present.
     pub leaf5: Fact,
+    /// The host's own leaf 5 `[eax, ebx, ecx, edx]`, which the guest's is made from.
+    pub host_leaf5: Option<[u32; 4]>,
+    /// The guest's leaf 5 as KVM gave it back.
+    pub guest_leaf5: Option<[u32; 4]>,
     /// KVM_HINTS_REALTIME set in the KVM features leaf.
     pub hints_realtime: Fact,
+    /// The loop a stock Linux guest (6.0 on) idles in with this CPUID and command line,
+    /// when no cpuidle driver takes over, and why.
+    pub guest_idle: GuestIdle,
+}
+
+/// The idle-related words of `cpuid` (as KVM returned it).
+fn view(c: &[kvm_cpuid_entry2]) -> IdleCpuidView {
+    let find = |f: u32| c.iter().find(|e| e.function == f);
+    let amd = find(0).is_some_and(|e| {
+        let mut v = [0u8; 12];
+        v[..4].copy_from_slice(&e.ebx.to_le_bytes());
+        v[4..8].copy_from_slice(&e.edx.to_le_bytes());
+        v[8..].copy_from_slice(&e.ecx.to_le_bytes());
+        &v == b"AuthenticAMD"
+    });
+    let family = find(1).map_or(0, |e| {
+        let base = (e.eax >> 8) & 0xf;
+        if base == 0xf {
+            base + ((e.eax >> 20) & 0xff)
+        } else {
+            base
+        }
+    });
+    IdleCpuidView {
+        amd,
+        family,
+        monitor: find(1).is_some_and(|e| e.ecx & LEAF1_ECX_MONITOR != 0),
+        leaf5: find(5).map(|e| [e.eax, e.ebx, e.ecx, e.edx]),
+    }
 }
 
 /// What the halt statistics say about the plan.
@@ -106,12 +140,13 @@ pub struct Readback {
 
 impl Readback {
     /// Reads `cpuid` (the boot vCPU's, as KVM returned it) and each vCPU's statistics
-    /// (`(index, stats by name)`) against `plan`. `host_leaf5` is whether the host has
-    /// leaf 5 to pass on.
+    /// (`(index, stats by name)`) against `plan`. `host_leaf5` is the host's own leaf 5
+    /// (none when it has no MONITOR); `cmdline` the guest's whole command line.
     pub fn new<'a>(
         plan: &IdlePlan,
         cpuid: Option<&[kvm_cpuid_entry2]>,
-        host_leaf5: bool,
+        host_leaf5: Option<[u32; 4]>,
+        cmdline: &str,
         vcpus: impl IntoIterator<Item = (usize, &'a BTreeMap<String, u64>)>,
     ) -> Self {
         let cpuid = cpuid.map(|c| {
@@ -121,11 +156,14 @@ impl Readback {
                     find(1).is_some_and(|e| e.ecx & LEAF1_ECX_MONITOR != 0),
                     plan.expose_mwait,
                 ),
-                leaf5: Fact::new(find(5).is_some(), plan.expose_mwait && host_leaf5),
+                leaf5: Fact::new(find(5).is_some(), plan.expose_mwait && host_leaf5.is_some()),
+                host_leaf5,
+                guest_leaf5: find(5).map(|e| [e.eax, e.ebx, e.ecx, e.edx]),
                 hints_realtime: Fact::new(
                     find(0x4000_0001).is_some_and(|e| e.edx & KVM_HINTS_REALTIME != 0),
                     plan.hints_realtime,
                 ),
+                guest_idle: predict(view(c), cmdline),
             }
         });
         let hlt_disabled = plan.disable_exits.contains(DisableExits::HLT);
@@ -172,6 +210,25 @@ impl Readback {
                 c.leaf5.verdict(),
                 if c.hints_realtime.got { "set" } else { "clear" },
                 c.hints_realtime.verdict(),
+            ));
+            let leaf = |l: Option<[u32; 4]>| {
+                l.map_or("none".to_string(), |[_, _, c, d]| {
+                    format!("ECX={c:#x} EDX={d:#x}")
+                })
+            };
+            out.push(format!(
+                "leaf 5: the host's {}, the guest's {}",
+                leaf(c.host_leaf5),
+                leaf(c.guest_leaf5),
+            ));
+            out.push(format!(
+                "a Linux guest (6.0 on) idles in {} without a cpuidle driver: {}",
+                match c.guest_idle.routine {
+                    crate::cpu::guest_idle::IdleRoutine::Mwait => "MWAIT",
+                    crate::cpu::guest_idle::IdleRoutine::Hlt => "HLT",
+                    crate::cpu::guest_idle::IdleRoutine::Poll => "a polling loop",
+                },
+                c.guest_idle.why
             ));
         }
         for v in &self.vcpus {
@@ -240,7 +297,7 @@ mod tests {
 
     #[test]
     fn each_fact_says_whether_it_held() {
-        let quiet = Readback::new(&plan(), None, false, [(0, &stats(0, 0))]);
+        let quiet = Readback::new(&plan(), None, None, "", [(0, &stats(0, 0))]);
         assert_eq!(quiet.vcpus[0].hlt, HaltVerdict::NoHltExits);
         assert_eq!(quiet.vcpus[0].halt_wakeup, 3);
         assert!(
@@ -248,7 +305,7 @@ mod tests {
             "{:?}",
             quiet.lines()
         );
-        let ignored = Readback::new(&plan(), None, false, [(0, &stats(5, 0))]);
+        let ignored = Readback::new(&plan(), None, None, "", [(0, &stats(5, 0))]);
         assert_eq!(
             (ignored.vcpus[0].hlt, ignored.vcpus[0].polling),
             (HaltVerdict::HltExitsDespiteDisable, PollVerdict::OffAsSet)
@@ -259,11 +316,11 @@ mod tests {
                 && l.contains("no polls over those halts, as set"),
             "{l}"
         );
-        let polled = Readback::new(&plan(), None, false, [(1, &stats(5, 2))]);
+        let polled = Readback::new(&plan(), None, None, "", [(1, &stats(5, 2))]);
         assert_eq!(polled.vcpus[0].polling, PollVerdict::PolledDespiteOff);
         assert!(polled.lines()[0].starts_with("vcpu1 stats: halt_exits=5"));
         // A vCPU without the halt counters says nothing.
-        let none = Readback::new(&plan(), None, false, [(0, &BTreeMap::new())]);
+        let none = Readback::new(&plan(), None, None, "", [(0, &BTreeMap::new())]);
         assert!(none.vcpus.is_empty() && none.lines().is_empty());
     }
 
@@ -274,8 +331,8 @@ mod tests {
             entry(1, LEAF1_ECX_MONITOR, 0),
             entry(0x4000_0001, 0, KVM_HINTS_REALTIME),
         ];
-        let r = Readback::new(&plan(), Some(&c), true, []);
-        let cp = r.cpuid.unwrap();
+        let r = Readback::new(&plan(), Some(&c), Some([0; 4]), "", []);
+        let cp = r.cpuid.clone().unwrap();
         assert_eq!(cp.mwait, Fact::new(true, false));
         assert!(!cp.mwait.held && cp.hints_realtime.held && cp.leaf5.held);
         let l = &r.lines()[0];
@@ -286,5 +343,67 @@ mod tests {
         );
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["cpuid"]["mwait"]["held"], false);
+        // No leaf 5 entry reads as zeros: MWAIT; the sentence and --json say so.
+        assert_eq!(json["cpuid"]["guest_idle"]["routine"], "mwait");
+        assert_eq!(
+            r.lines()[1],
+            "leaf 5: the host's ECX=0x0 EDX=0x0, the guest's none"
+        );
+        assert!(r.lines()[2].starts_with("a Linux guest (6.0 on) idles in MWAIT"));
+    }
+
+    #[test]
+    fn the_guest_idle_is_read_from_the_cpuid_kvm_gave_back() {
+        let vendor = kvm_cpuid_entry2 {
+            function: 0,
+            ebx: u32::from_le_bytes(*b"Auth"),
+            edx: u32::from_le_bytes(*b"enti"),
+            ecx: u32::from_le_bytes(*b"cAMD"),
+            ..Default::default()
+        };
+        // Family 0x17 (base 0xf + extended 0x8), MONITOR, AMD's raw leaf 5.
+        let mut l1 = entry(1, LEAF1_ECX_MONITOR, 0);
+        l1.eax = (0x8 << 20) | (0xf << 8);
+        let mut l5 = entry(5, 3, 0);
+        l5.eax = 64;
+        let raw = [vendor, l1, l5];
+        let r = Readback::new(
+            &plan(),
+            Some(&raw),
+            Some([64, 0, 3, 0]),
+            "console=ttyS0",
+            [],
+        );
+        let g = r.cpuid.unwrap().guest_idle;
+        assert_eq!(g.routine, crate::cpu::guest_idle::IdleRoutine::Hlt);
+        assert!(g.why.contains("no C1 sub-state"), "{}", g.why);
+        // The leaf we show (one C1 sub-state): MWAIT, unless the command line says no.
+        let shown = [vendor, l1, entry(5, 3, 0x10)];
+        let r = Readback::new(&plan(), Some(&shown), Some([64, 0, 3, 0]), "", []);
+        assert_eq!(
+            r.cpuid.unwrap().guest_idle.routine,
+            crate::cpu::guest_idle::IdleRoutine::Mwait
+        );
+        let r = Readback::new(
+            &plan(),
+            Some(&shown),
+            Some([64, 0, 3, 0]),
+            "idle=nomwait",
+            [],
+        );
+        assert_eq!(
+            r.cpuid.unwrap().guest_idle.routine,
+            crate::cpu::guest_idle::IdleRoutine::Hlt
+        );
+        // AMD family 0x10 (base 0xf + extended 1): erratum 400.
+        l1.eax = (0x1 << 20) | (0xf << 8);
+        let r = Readback::new(
+            &plan(),
+            Some(&[vendor, l1, entry(5, 3, 0x10)]),
+            Some([64, 0, 3, 0]),
+            "",
+            [],
+        );
+        assert!(r.cpuid.unwrap().guest_idle.why.contains("erratum 400"));
     }
 }

@@ -257,7 +257,8 @@ pub fn run(
     let idle_readback = Readback::new(
         &checked.plan.idle,
         vcpus.cpuid_back.as_ref().map(|c| c.as_slice()),
-        crate::cpu::cpuid::host_leaf5().is_some(),
+        crate::cpu::cpuid::host_leaf5(),
+        &checked.plan.cmdline,
         vcpu_reports
             .iter()
             .map(|v| (v.counters.vcpu, &v.counters.kvm)),

@@ -844,6 +844,7 @@ fn userspace_with(
             show()
         );
     }
+    check_guest_idle(name, &r, &log);
     if nested_pvm() {
         // Every system call of init went through the SYSCALL repair.
         let syscalls = r["vcpus"][0]["assists"]["syscall"].as_u64().unwrap_or(0);
@@ -860,6 +861,35 @@ fn userspace_with(
         wall.as_secs_f64()
     );
     (log, r)
+}
+
+/// The idle loop the launch says a Linux guest picks is the one this guest said it picked
+/// ("using mwait in idle threads" in its boot log, or no such line), and under the `mwait`
+/// policy it is MWAIT: a guest fallen back to HLT wakes by IPI (issue 53, docs/idle.md).
+fn check_guest_idle(name: &str, r: &serde_json::Value, log: &str) {
+    let guest_idle = &r["idle"]["readback"]["cpuid"]["guest_idle"];
+    let routine = guest_idle["routine"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: no guest_idle in the report: {}", r["idle"]));
+    let said_mwait = log.contains("using mwait in idle threads");
+    assert_eq!(
+        said_mwait,
+        routine == "mwait",
+        "{name}: the launch said the guest idles in {routine} ({}), its boot log {} \"using mwait in idle threads\"",
+        guest_idle["why"],
+        if said_mwait { "has" } else { "lacks" }
+    );
+    if r["idle"]["policy"] == "mwait" {
+        assert_eq!(
+            routine, "mwait",
+            "{name}: under the mwait policy the guest idles in {routine}: {}",
+            guest_idle["why"]
+        );
+    }
+    println!(
+        "NOTE {name}: idle policy {}, the guest idles in {routine} ({})",
+        r["idle"]["policy"], guest_idle["why"]
+    );
 }
 
 #[test]
