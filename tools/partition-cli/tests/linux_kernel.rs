@@ -886,9 +886,10 @@ fn check_guest_idle(name: &str, r: &serde_json::Value, log: &str) {
             guest_idle["why"]
         );
     }
+    let cpuid = &r["idle"]["readback"]["cpuid"];
     println!(
-        "NOTE {name}: idle policy {}, the guest idles in {routine} ({})",
-        r["idle"]["policy"], guest_idle["why"]
+        "NOTE {name}: idle policy {}, the guest idles in {routine} ({}); leaf 5 [eax, ebx,          ecx, edx]: the host's {}, the guest's {}",
+        r["idle"]["policy"], guest_idle["why"], cpuid["host_leaf5"], cpuid["guest_leaf5"]
     );
 }
 
