@@ -41,6 +41,16 @@ pub fn host_leaf5() -> Option<[u32; 4]> {
     Some([l5.eax, l5.ebx, l5.ecx, l5.edx])
 }
 
+/// The leaf 5 a guest of this host is shown under `mwait`, from the host's.
+pub fn guest_leaf5_here(host: [u32; 4]) -> [u32; 4] {
+    use crate::cpu::guest_idle::{guest_leaf5, host_mwait_waits};
+    if host_mwait_waits() {
+        guest_leaf5(host)
+    } else {
+        host
+    }
+}
+
 /// CPUID leaf 1 ECX: the local APIC's TSC-deadline mode.
 pub const LEAF1_ECX_TSC_DEADLINE: u32 = 1 << 24;
 
@@ -57,10 +67,11 @@ pub fn for_vcpu(
 ) -> CpuId {
     let mut entries: Vec<kvm_cpuid_entry2> = supported.as_slice().to_vec();
     // MONITOR/MWAIT only when MWAIT exits are disabled; leaf 5 goes with it, counting a
-    // C1 sub-state so that a stock Linux guest idles in MWAIT (guest_idle.rs).
+    // C1 sub-state so that a stock Linux guest idles in MWAIT, where the host's MWAIT
+    // waits (guest_idle.rs).
     entries.retain(|e| e.function != 5);
     if idle.mwait {
-        if let Some([a, b, c, d]) = host_leaf5().map(crate::cpu::guest_idle::guest_leaf5) {
+        if let Some([a, b, c, d]) = host_leaf5().map(guest_leaf5_here) {
             entries.push(kvm_cpuid_entry2 {
                 function: 5,
                 eax: a,
@@ -259,7 +270,7 @@ mod tests {
         // The leaf shown is the guest's version of the host's: a C1 sub-state wherever
         // the host's leaf enumerates sub-states.
         if let (Some(e), Some(host)) = (get(&shown, 5), host_leaf5()) {
-            let want = crate::cpu::guest_idle::guest_leaf5(host);
+            let want = guest_leaf5_here(host);
             assert_eq!([e.eax, e.ebx, e.ecx, e.edx], want);
         }
         assert_ne!(

@@ -29,6 +29,30 @@ pub fn guest_leaf5(host: [u32; 4]) -> [u32; 4] {
     [a, b, c, d]
 }
 
+/// Whether this host runs a guest's MWAIT as a wait: not when it is itself a QEMU TCG
+/// machine (hypervisor leaf vendor "TCGTCGTCGTCG"), whose `helper_mwait`
+/// (target/i386/tcg's misc_helper.c, QEMU 7.2 and 10.0 alike) with more than one CPU runs MWAIT as PAUSE and
+/// returns at once. There a guest idling in MWAIT spins its host's CPU, which the `mwait`
+/// policy never promised (that is `poll`), and the rig's outer machine lost its timer
+/// wake-ups under it (docs/idle.md); its own leaf is kept and the guest halts.
+pub fn host_mwait_waits() -> bool {
+    let l1 = core::arch::x86_64::__cpuid(1);
+    if l1.ecx & (1 << 31) == 0 {
+        return true;
+    }
+    let h = core::arch::x86_64::__cpuid(0x4000_0000);
+    let mut vendor = [0u8; 12];
+    vendor[..4].copy_from_slice(&h.ebx.to_le_bytes());
+    vendor[4..8].copy_from_slice(&h.ecx.to_le_bytes());
+    vendor[8..].copy_from_slice(&h.edx.to_le_bytes());
+    !runs_mwait_as_pause(&vendor)
+}
+
+/// Whether the hypervisor of vendor `vendor` runs MWAIT as PAUSE (QEMU's TCG).
+fn runs_mwait_as_pause(vendor: &[u8; 12]) -> bool {
+    vendor == b"TCGTCGTCGTCG"
+}
+
 /// The idle loop a stock Linux guest runs when no cpuidle driver takes over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -182,6 +206,13 @@ mod tests {
             ..zen()
         };
         assert_eq!(predict(intel, "").routine, IdleRoutine::Mwait);
+    }
+
+    #[test]
+    fn only_an_emulator_that_spins_on_mwait_keeps_the_hosts_leaf() {
+        assert!(runs_mwait_as_pause(b"TCGTCGTCGTCG"));
+        assert!(!runs_mwait_as_pause(b"KVMKVMKVM\0\0\0"));
+        assert!(!runs_mwait_as_pause(b"Microsoft Hv"));
     }
 
     #[test]
