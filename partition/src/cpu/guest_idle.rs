@@ -37,15 +37,21 @@ pub fn guest_leaf5(host: [u32; 4]) -> [u32; 4] {
 /// wake-ups under it (docs/idle.md); its own leaf is kept and the guest halts.
 pub fn host_mwait_waits() -> bool {
     let l1 = core::arch::x86_64::__cpuid(1);
-    if l1.ecx & (1 << 31) == 0 {
+    if l1.ecx & crate::cpu::cpuid::LEAF1_ECX_HYPERVISOR == 0 {
         return true;
     }
     let h = core::arch::x86_64::__cpuid(0x4000_0000);
-    let mut vendor = [0u8; 12];
-    vendor[..4].copy_from_slice(&h.ebx.to_le_bytes());
-    vendor[4..8].copy_from_slice(&h.ecx.to_le_bytes());
-    vendor[8..].copy_from_slice(&h.edx.to_le_bytes());
-    !runs_mwait_as_pause(&vendor)
+    !runs_mwait_as_pause(&vendor_string([h.ebx, h.ecx, h.edx]))
+}
+
+/// The 12-byte vendor string CPUID spells in three registers, given in the leaf's order
+/// (leaf 0: EBX, EDX, ECX; the hypervisor leaf: EBX, ECX, EDX).
+pub fn vendor_string(regs: [u32; 3]) -> [u8; 12] {
+    let mut v = [0u8; 12];
+    for (chunk, r) in v.chunks_exact_mut(4).zip(regs) {
+        chunk.copy_from_slice(&r.to_le_bytes());
+    }
+    v
 }
 
 /// Whether the hypervisor of vendor `vendor` runs MWAIT as PAUSE (QEMU's TCG).

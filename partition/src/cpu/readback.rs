@@ -8,7 +8,7 @@ use kvm_bindings::kvm_cpuid_entry2;
 use serde::Serialize;
 
 use crate::cpu::cpuid::{KVM_HINTS_REALTIME, LEAF1_ECX_MONITOR};
-use crate::cpu::guest_idle::{GuestIdle, IdleCpuidView, predict};
+use crate::cpu::guest_idle::{GuestIdle, IdleCpuidView, predict, vendor_string};
 use crate::cpu::idle::{DisableExits, IdlePlan};
 
 /// One setting: what KVM shows, and what the plan asked for.
@@ -61,13 +61,7 @@ pub struct CpuidReadback {
 /// The idle-related words of `cpuid` (as KVM returned it).
 fn view(c: &[kvm_cpuid_entry2]) -> IdleCpuidView {
     let find = |f: u32| c.iter().find(|e| e.function == f);
-    let amd = find(0).is_some_and(|e| {
-        let mut v = [0u8; 12];
-        v[..4].copy_from_slice(&e.ebx.to_le_bytes());
-        v[4..8].copy_from_slice(&e.edx.to_le_bytes());
-        v[8..].copy_from_slice(&e.ecx.to_le_bytes());
-        &v == b"AuthenticAMD"
-    });
+    let amd = find(0).is_some_and(|e| &vendor_string([e.ebx, e.edx, e.ecx]) == b"AuthenticAMD");
     let family = find(1).map_or(0, |e| {
         let base = (e.eax >> 8) & 0xf;
         if base == 0xf {
