@@ -18,8 +18,6 @@ fn bits_for(count: u32) -> u32 {
 
 /// CPUID leaf 1 ECX: MONITOR/MWAIT.
 pub const LEAF1_ECX_MONITOR: u32 = 1 << 3;
-/// CPUID leaf 1 ECX: running under a hypervisor.
-pub const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
 /// CPUID 0x40000001 EDX: KVM_HINTS_REALTIME.
 pub const KVM_HINTS_REALTIME: u32 = 1 << 0;
 const KVM_FEATURES_LEAF: u32 = 0x4000_0001;
@@ -92,7 +90,7 @@ pub fn for_vcpu(
                 if count > 1 {
                     e.edx |= 1 << 28; // HTT: the count field is valid
                 }
-                e.ecx |= LEAF1_ECX_HYPERVISOR;
+                e.ecx |= crate::cpu::guest_idle::LEAF1_ECX_HYPERVISOR;
                 if tsc_deadline {
                     e.ecx |= LEAF1_ECX_TSC_DEADLINE;
                 }

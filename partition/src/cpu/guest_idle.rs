@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+/// CPUID leaf 1 ECX: running under a hypervisor.
+pub const LEAF1_ECX_HYPERVISOR: u32 = 1 << 31;
 /// Leaf 5 ECX bit 0: MWAIT extensions; EDX's sub-state counts are valid.
 pub const LEAF5_ECX_EMX: u32 = 1 << 0;
 /// Leaf 5 EDX bits 7:4: how many C1 sub-states MWAIT takes (Linux's
@@ -37,7 +39,7 @@ pub fn guest_leaf5(host: [u32; 4]) -> [u32; 4] {
 /// wake-ups under it (docs/idle.md); its own leaf is kept and the guest halts.
 pub fn host_mwait_waits() -> bool {
     let l1 = core::arch::x86_64::__cpuid(1);
-    if l1.ecx & crate::cpu::cpuid::LEAF1_ECX_HYPERVISOR == 0 {
+    if l1.ecx & LEAF1_ECX_HYPERVISOR == 0 {
         return true;
     }
     let h = core::arch::x86_64::__cpuid(0x4000_0000);
