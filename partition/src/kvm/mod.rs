@@ -4,6 +4,7 @@
 //! the crate asks these by meaning (`Vm::irq_line`, `Vm::bind_doorbell`, `idle_caps`) and
 //! never issues an ioctl itself.
 
+pub mod apic;
 pub mod regs;
 pub mod stats;
 pub mod syscall;

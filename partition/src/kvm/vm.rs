@@ -13,6 +13,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::cpu::cpuid::IdleCpuid;
 use crate::cpu::idle::{IdleCaps, IdlePlan};
+use crate::kvm::apic::VmApic;
 use crate::memory::GuestMemory;
 
 /// `IA32_LSTAR`: the 64-bit SYSCALL entry.
@@ -213,6 +214,9 @@ pub struct Vm {
     /// The guest memory behind the memory slots: a clone keeps its mappings alive for as
     /// long as the VM (and so any vCPU) can reach them. Dropped after `fd`.
     memory: std::sync::OnceLock<vm_memory::GuestMemoryMmap>,
+    /// What was done so that KVM has no reason of ours to inhibit APIC virtualization
+    /// (super::apic), filled in as the VM is built.
+    apic: std::sync::Mutex<VmApic>,
 }
 
 impl Vm {
@@ -260,15 +264,24 @@ impl Vm {
         if let Err(e) = fd.set_identity_map_address(KVM_IDENTITY_MAP_ADDR) {
             log::debug!("KVM_SET_IDENTITY_MAP_ADDR: {e}");
         }
+        let host = crate::kvm::apic::host_accel_here();
+        let apic = VmApic {
+            x2apic_shown: crate::kvm::apic::show_x2apic(&host),
+            host,
+            why_unknown: crate::kvm::apic::ACTIVE_UNKNOWN,
+            ..Default::default()
+        };
         Ok(Self {
             kvm,
             fd,
             memory: std::sync::OnceLock::new(),
+            apic: std::sync::Mutex::new(apic),
         })
     }
 
-    /// The in-kernel irqchip (PIC, IOAPIC, each vCPU's LAPIC) and PIT. Once, before any
-    /// vCPU exists.
+    /// The in-kernel irqchip (PIC, IOAPIC, each vCPU's LAPIC) and PIT, the PIT out of
+    /// reinject mode (which inhibits AMD's AVIC for the whole VM: super::apic). Once,
+    /// before any vCPU exists.
     pub fn add_irqchip(&self) -> Result<(), VmError> {
         self.fd
             .create_irq_chip()
@@ -280,8 +293,85 @@ impl Vm {
         self.fd
             .create_pit2(pit)
             .map_err(kvm_err("creating the in-kernel PIT"))?;
+        let reinject = if self
+            .kvm
+            .check_extension_raw(kvm_bindings::KVM_CAP_REINJECT_CONTROL as _)
+            > 0
+        {
+            vmm_sys_util::ioctl_io_nr!(KVM_REINJECT_CONTROL, 0xae, 0x71);
+            let off = kvm_bindings::kvm_reinject_control::default();
+            // SAFETY: KVM_REINJECT_CONTROL reads one `struct kvm_reinject_control`, which
+            // `off` is and outlives the call; the descriptor is this VM's.
+            let rc = unsafe {
+                vmm_sys_util::ioctl::ioctl_with_ref(&self.fd, KVM_REINJECT_CONTROL(), &off)
+            };
+            if rc != 0 {
+                return Err(VmError::Kvm {
+                    what: "KVM_REINJECT_CONTROL",
+                    source: kvm_ioctls::Error::last(),
+                });
+            }
+            Some(false)
+        } else {
+            None
+        };
+        self.apic_mut().pit_reinject = reinject;
         crate::sys::timeline::mark("irqchip");
         Ok(())
+    }
+
+    /// Sizes the VM for `count` vCPUs (IDs 0 to count - 1) and asks for 32-bit x2APIC IDs,
+    /// where KVM offers each (super::apic). Must run before any vCPU exists.
+    pub fn prepare_vcpus(&self, count: usize) -> Result<(), VmError> {
+        use kvm_bindings::{
+            KVM_CAP_MAX_VCPU_ID, KVM_CAP_X2APIC_API, KVM_X2APIC_API_DISABLE_BROADCAST_QUIRK,
+            KVM_X2APIC_API_USE_32BIT_IDS,
+        };
+        let flags = KVM_X2APIC_API_USE_32BIT_IDS | KVM_X2APIC_API_DISABLE_BROADCAST_QUIRK;
+        let offered = self.kvm.check_extension_raw(KVM_CAP_X2APIC_API as _).max(0) as u32;
+        let x2apic_api = offered & flags == flags;
+        if x2apic_api {
+            let mut cap = kvm_bindings::kvm_enable_cap {
+                cap: KVM_CAP_X2APIC_API,
+                ..Default::default()
+            };
+            cap.args[0] = flags as u64;
+            self.fd
+                .enable_cap(&cap)
+                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X2APIC_API)"))?;
+        }
+        // KVM_CHECK_EXTENSION(KVM_CAP_MAX_VCPU_ID) answers the largest it takes.
+        let most = self
+            .kvm
+            .check_extension_raw(KVM_CAP_MAX_VCPU_ID as _)
+            .max(0) as u64;
+        let ids = count as u64;
+        let max_vcpu_id = if ids > 0 && ids <= most {
+            let mut cap = kvm_bindings::kvm_enable_cap {
+                cap: KVM_CAP_MAX_VCPU_ID,
+                ..Default::default()
+            };
+            cap.args[0] = ids;
+            self.fd
+                .enable_cap(&cap)
+                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_MAX_VCPU_ID)"))?;
+            Some(ids as u32)
+        } else {
+            None
+        };
+        let mut apic = self.apic_mut();
+        apic.x2apic_api = x2apic_api;
+        apic.max_vcpu_id = max_vcpu_id;
+        Ok(())
+    }
+
+    /// What was done for APIC virtualization, for the launch report.
+    pub fn apic_report(&self) -> VmApic {
+        self.apic_mut().clone()
+    }
+
+    fn apic_mut(&self) -> std::sync::MutexGuard<'_, VmApic> {
+        self.apic.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
@@ -509,6 +599,11 @@ impl Vm {
             deadline,
         );
         model.apply(cpuid.as_mut_slice());
+        if !self.apic_mut().x2apic_shown {
+            for e in cpuid.as_mut_slice().iter_mut().filter(|e| e.function == 1) {
+                e.ecx &= !crate::kvm::apic::LEAF1_ECX_X2APIC;
+            }
+        }
         vcpu.set_cpuid2(&cpuid).map_err(kvm_err("KVM_SET_CPUID2"))?;
         // Read back: some hosts rewrite what we set.
         let back = vcpu.get_cpuid2(KVM_MAX_CPUID_ENTRIES).ok();

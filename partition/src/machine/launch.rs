@@ -269,6 +269,7 @@ pub fn run(
         .map(|c| checked.plan.cpu_model.shown_anyway(c.as_slice()))
         .unwrap_or_default();
     Ok(LaunchReport {
+        apic: vm.apic_report(),
         idle: checked.plan.idle.clone(),
         idle_readback,
         cpu_model: checked.plan.cpu_model.clone(),
@@ -323,6 +324,7 @@ pub(super) fn build_vm(
     crate::sys::timeline::mark("slots");
     vm.add_irqchip()?;
     vm.apply_idle(&checked.plan.idle)?;
+    vm.prepare_vcpus(checked.plan.cores.len())?;
     vm.report_emulation_failures()?;
     crate::sys::timeline::mark("vm_caps");
     Ok(Arc::new(vm))

@@ -357,6 +357,9 @@ pub struct ReportDoc {
     pub cmdline: String,
     /// The idle plan and its read-back.
     pub idle: IdleDoc,
+    /// APIC virtualization: the host's (module parameters) and what this VM did so that
+    /// KVM has no reason of ours to inhibit it (`active` is always null: KVM does not say).
+    pub apic: crate::kvm::apic::VmApic,
     /// The CPU model.
     pub cpu_model: CpuModelDoc,
     /// Per-vCPU counters.
@@ -405,6 +408,7 @@ pub fn document(r: &LaunchReport) -> ReportDoc {
             cmdline: r.idle.cmdline,
             readback: r.idle_readback.clone(),
         },
+        apic: r.apic.clone(),
         cpu_model: CpuModelDoc {
             name: r.cpu_model.name,
             why: r.cpu_model.why.clone(),
@@ -477,6 +481,8 @@ pub struct LaunchReport {
     pub idle: IdlePlan,
     /// What KVM reported back about it.
     pub idle_readback: Readback,
+    /// What the VM did so that KVM has no reason of ours to inhibit APIC virtualization.
+    pub apic: crate::kvm::apic::VmApic,
     /// The CPU model in force.
     pub cpu_model: CpuModel,
     /// The features it hides that the host shows in CPUID anyway (so only the command line
@@ -591,6 +597,7 @@ impl LaunchReport {
         for line in &self.idle_readback.lines() {
             out.push(format!("read back: {line}"));
         }
+        out.push(self.apic.sentence());
         if let Some(note) = self
             .cpu_model
             .shown_anyway_note(&self.cpu_model_shown_anyway)

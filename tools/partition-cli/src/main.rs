@@ -133,8 +133,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<std::ffi::OsString>,
     },
-    /// What this host's KVM offers for idle policies, which policies it can give, and the
-    /// host settings that cost the reserved cores latency: cpufreq governor and EPP, the
+    /// What this host's KVM offers for idle policies, which policies it can give, its APIC
+    /// virtualization (APICv/AVIC/x2AVIC/IPIv, docs/idle.md), and the host settings that cost the reserved cores latency: cpufreq governor and EPP, the
     /// pstate mode, idle states, SMT siblings, isolcpus/nohz_full/rcu_nocbs/irqaffinity,
     /// transparent hugepages, mitigations, irqbalance; each with what it costs and what to
     /// change (docs/operations.md).

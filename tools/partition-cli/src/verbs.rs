@@ -541,6 +541,8 @@ pub fn caps(json: bool, named: Option<&str>, state_dir: &Path) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e, false),
     };
+    let apic = partition::kvm::apic::host_accel_here();
+    let x2apic = partition::kvm::apic::show_x2apic(&apic);
     let policies: Vec<serde_json::Value> = IdlePolicy::ALL
         .iter()
         .map(|&p| match resolve(p, &caps) {
@@ -560,6 +562,8 @@ pub fn caps(json: bool, named: Option<&str>, state_dir: &Path) -> ExitCode {
             "halt_poll": caps.halt_poll,
             "host_mwait": caps.host_mwait,
             "host_halt_poll_ns": caps.host_halt_poll_ns,
+            "apic_acceleration": apic,
+            "guest_x2apic": x2apic,
             "policies": policies,
             "host": host,
         });
@@ -582,6 +586,15 @@ pub fn caps(json: bool, named: Option<&str>, state_dir: &Path) -> ExitCode {
             "host halt_poll_ns: {}",
             caps.host_halt_poll_ns
                 .map_or("unknown".into(), |n| n.to_string())
+        );
+        println!(
+            "APIC virtualization: {}; guests are shown x2APIC: {}",
+            apic.summary,
+            if x2apic {
+                "yes"
+            } else {
+                "no (AVIC without x2AVIC would intercept x2APIC's ICR writes)"
+            }
         );
         print_host_report(&host);
         for p in policies {
