@@ -35,7 +35,7 @@ apt_qemu
 PARTITION_IRQBALANCE=$(irqbalance_bin)
 export PARTITION_IRQBALANCE
 # What this host is for: these fail, not skip, when something they need is missing.
-export PARTITION_MUST_RUN=cri,irqbalance,pod,tenancy,crash,pool::a_reservation_takes_its_cores_from_every_other_cpuset,linux_kernel::our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk
+export PARTITION_MUST_RUN=cri,irqbalance,pod,tenancy,crash,pool::a_reservation_takes_its_cores_from_every_other_cpuset,linux_kernel::our_guest_bzimage_reaches_userspace_and_uses_our_disk
 
 # Our own guest kernel (scripts/guest-image.sh: about 7 minutes on two cores the first
 # time, cached in benchmarks/cache after), built beside the lints: tests/linux_kernel.rs
@@ -71,7 +71,7 @@ fi
 # Our own kernel's boot on this host takes minutes of one core or two (guest ring 0 is
 # emulated here); it runs beside the rig suite, whose first machine (single-threaded TCG)
 # leaves a core free, rather than before it.
-own_kernel_test=our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk
+own_kernel_test=our_guest_bzimage_reaches_userspace_and_uses_our_disk
 
 say "cargo test"
 # --show-output: a test that skips or checks less than it would on other hardware says so.

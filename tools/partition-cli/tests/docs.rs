@@ -112,7 +112,7 @@ fn scripts_test_sh_says_what_it_runs() {
         ("PARTITION_LONG_TESTS=1", "--long"),
         ("guest-image.sh", "build our own guest kernel"),
         (
-            "linux_kernel::our_guest_bzimage_on_two_cpus",
+            "linux_kernel::our_guest_bzimage_reaches_userspace",
             "SYSCALL repair",
         ),
         ("validate-manifests.sh", "Kubernetes schemas"),

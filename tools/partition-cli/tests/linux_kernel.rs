@@ -1120,14 +1120,18 @@ impl Drop for HostNvme {
 }
 
 /// Our own guest kernel (`scripts/guest-image.sh`, which `scripts/test.sh` runs first) as a
-/// bzImage (LZ4), on two vCPUs: its decompressor, SMP bring-up and the same userspace
-/// checks; its virtio drivers are built in. The smallest Linux boot that runs the SYSCALL
-/// repair under a real userspace, so it runs in every CI run on the nested host too (about
-/// 2 minutes there with [`SHORT_STRESS`]; `scripts/test.sh` builds the kernel first and
-/// makes this test one that must run, as `scripts/rig-suite.sh` does in the rig).
+/// bzImage (LZ4): its decompressor and the same userspace checks; its virtio drivers are
+/// built in. The smallest Linux boot that runs the SYSCALL repair under a real userspace,
+/// so it runs in every CI run on the nested host too (about 2 minutes there with
+/// [`SHORT_STRESS`]; `scripts/test.sh` builds the kernel first and makes this test one that
+/// must run, as `scripts/rig-suite.sh` does in the rig). On two vCPUs where the stress runs
+/// (the nested host: the repair across CPUs, and SMP bring-up); on one elsewhere, where
+/// SMP bring-up is Debian's two-vCPU boots' to show: in the rig every two-vCPU Linux boot
+/// risks the emulated machine's triple fault (docs/testing.md), and this one needs no
+/// second vCPU there.
 #[test]
-fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
-    let name = "our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk";
+fn our_guest_bzimage_reaches_userspace_and_uses_our_disk() {
+    let name = "our_guest_bzimage_reaches_userspace_and_uses_our_disk";
     if !kvm_available(name) {
         return;
     }
@@ -1156,7 +1160,11 @@ fn our_guest_bzimage_on_two_cpus_reaches_userspace_and_uses_our_disk() {
         let _g = ASSETS.lock().unwrap_or_else(|e| e.into_inner());
         userspace_initramfs(&own_initramfs(), &[])
     };
-    userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
+    if stress_seconds() == "0" {
+        userspace("own-bzimage-1cpu", &bz, &initrd, "0");
+    } else {
+        userspace("own-bzimage-2cpu", &bz, &initrd, "1,0");
+    }
 }
 
 #[test]
