@@ -554,7 +554,7 @@ pub fn run(env: &Env) -> BlkSection {
                 .collect(),
         )
     } else {
-        Peers::Note("qemu-system-x86_64 not found: no peer rows".into())
+        Peers::Note(format!("{}: no peer rows", env.qemu_absent()))
     });
 
     // A peer not given is said once, with the peers of the provenance.

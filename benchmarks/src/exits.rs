@@ -654,8 +654,7 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
     if env.qemu.is_some() {
         vmms.push("qemu");
     } else {
-        s.failures
-            .push("qemu: qemu-system-x86_64 is not installed".into());
+        s.failures.push(format!("qemu: {}", env.qemu_absent()));
     }
     // Runs each VMM has had that count: a run lost to a triple fault in its guest does not,
     // and is run again in a round of its own, up to SPARE_ROUNDS of them in the section.

@@ -50,8 +50,10 @@ pub struct Env {
     pub work: PathBuf,
     /// The repository (for the commit in provenance), if known.
     pub repo: Option<PathBuf>,
-    /// `qemu-system-x86_64`, if installed.
+    /// `qemu-system-x86_64`, if installed and not left out.
     pub qemu: Option<PathBuf>,
+    /// QEMU was left out on purpose (`partition bench --no-qemu`), not missing.
+    pub qemu_left_out: bool,
     /// Cloud Hypervisor's binary, if given or on PATH (a peer: [`peers`]).
     pub cloud_hypervisor: Option<PathBuf>,
     /// Firecracker's binary, if given or on PATH (a peer: [`peers`]).
@@ -75,6 +77,14 @@ pub struct Env {
 }
 
 impl Env {
+    /// Why a section has no QEMU rows, for its failures: left out, or not installed.
+    pub fn qemu_absent(&self) -> &'static str {
+        if self.qemu_left_out {
+            "left out (partition bench --no-qemu)"
+        } else {
+            "qemu-system-x86_64 is not installed"
+        }
+    }
     /// An environment for unit tests: nothing found, one run, cores 0 and 1.
     #[cfg(test)]
     pub(crate) fn for_tests() -> Env {
@@ -83,6 +93,7 @@ impl Env {
             work: "/w".into(),
             repo: None,
             qemu: None,
+            qemu_left_out: false,
             cloud_hypervisor: None,
             firecracker: None,
             runs: 1,
@@ -665,6 +676,7 @@ mod tests {
             partition: "partition".into(),
             work: "/nonexistent".into(),
             qemu: Some("/opt/q".into()),
+            qemu_left_out: false,
             ..Env::for_tests()
         };
         let probe = Path::new("/p.elf");

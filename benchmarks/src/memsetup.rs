@@ -557,6 +557,7 @@ mod tests {
     fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {
         let env = crate::Env {
             qemu: Some("/bin/qemu".into()),
+            qemu_left_out: false,
             ..crate::Env::for_tests()
         };
         let dir = Path::new("/mnt/h");

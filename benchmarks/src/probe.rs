@@ -273,7 +273,7 @@ pub fn run(env: &Env) -> ProbeSection {
     section.qemu = Some(if env.qemu.is_some() {
         Peer::Ran(ran(&qemu))
     } else {
-        Peer::Note("qemu-system-x86_64 not found: no peer rows".into())
+        Peer::Note(format!("{}: no peer rows", env.qemu_absent()))
     });
     section.pio_note = Some(
         "pio_in is `in` executed in ring 3 (IOPL 3). Where the hypervisor refuses ring-3 port I/O (#GP; the nested kvm_pvm host does), the probe times pio_in_service (the same `in` through its ring-0 service) and pio_exit_ns is pio_in_service - service.".into(),

@@ -487,7 +487,7 @@ pub fn run(env: &Env) -> SubmitSection {
     let probe = match env.qemu {
         None => {
             s.not_measured
-                .push("QEMU peers: qemu-system-x86_64 is not installed".into());
+                .push(format!("QEMU peers: {}", env.qemu_absent()));
             None
         }
         Some(_) => match crate::probe_image(env) {

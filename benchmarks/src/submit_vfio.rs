@@ -280,7 +280,7 @@ pub fn run(env: &Env) -> SubmitVfioSection {
     let probe = match env.qemu {
         None => {
             s.not_measured
-                .push("QEMU vfio-pci: qemu-system-x86_64 is not installed".into());
+                .push(format!("QEMU vfio-pci: {}", env.qemu_absent()));
             None
         }
         Some(_) => match crate::probe_image(env) {

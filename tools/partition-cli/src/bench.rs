@@ -58,6 +58,11 @@ pub struct BenchArgs {
     /// the partition, the bare host and QEMU drive it in turn.
     #[arg(long, value_name = "BDF")]
     vfio: Option<String>,
+    /// Leave QEMU out of every section that would run it beside ours (each says so in its
+    /// failures, as where QEMU is not installed): our rows alone, for a check of our own
+    /// counts that a QEMU guest's failure must not decide.
+    #[arg(long)]
+    no_qemu: bool,
     /// Cloud Hypervisor's binary, a peer in `memsetup` (default: `cloud-hypervisor` on PATH;
     /// none: its rows say so). docs/benchmarks.md says how to build it.
     #[arg(long, value_name = "PATH", env = "PARTITION_CLOUD_HYPERVISOR")]
@@ -253,7 +258,10 @@ pub fn bench(a: BenchArgs) -> ExitCode {
             .unwrap_or_else(|_| "partition".into()),
         work: work.clone(),
         repo: cwd.join(".git").exists().then_some(cwd.clone()),
-        qemu: benchmarks::host::on_path("qemu-system-x86_64"),
+        qemu: (!a.no_qemu)
+            .then(|| benchmarks::host::on_path("qemu-system-x86_64"))
+            .flatten(),
+        qemu_left_out: a.no_qemu,
         cloud_hypervisor: a
             .cloud_hypervisor
             .or_else(|| benchmarks::host::on_path("cloud-hypervisor")),

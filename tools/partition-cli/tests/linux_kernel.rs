@@ -1308,8 +1308,10 @@ fn the_early_log_is_complete_only_when_the_e820_map_is() {
 /// kernel runs hotpaths' counted loops (10 then 30 iterations each) in a partition, every
 /// exit counted by the host kernel's tracepoint. Each operation gets a row, and a system
 /// call takes less than one exit (a timer tick may fall inside a loop of 20: KVM's own
-/// count of the claim that system calls never exit). Where the machine has no QEMU (the
-/// rig's Linux machine), the QEMU rows are missing with that reason and nothing else is.
+/// count of the claim that system calls never exit). QEMU is left out (`--no-qemu`): this
+/// test checks our counts, and in the rig QEMU's own two-vCPU guest triple-faulted under
+/// TCG in 3 of 26 suite runs (2026-12-06, docs/testing.md), failing it with nothing of ours
+/// at fault; `scripts/rig-bench.sh exits` runs QEMU beside ours.
 /// The section runs again a run whose guest triple-faults and lists it under `replaced` (a
 /// benchmark's rows stay whole); this test does not take that: a triple fault fails it, as
 /// it fails the other two-vCPU boots here (the rig's TCG, docs/testing.md, until traced
@@ -1337,6 +1339,7 @@ fn the_exits_section_counts_each_operations_exits_by_reason() {
             "10,30",
             "--runs",
             "1",
+            "--no-qemu",
             "--results",
             results.to_str().unwrap(),
         ],
@@ -1351,7 +1354,7 @@ fn the_exits_section_counts_each_operations_exits_by_reason() {
         .unwrap()
         .iter()
         .filter_map(|f| f.as_str())
-        .filter(|f| !f.contains("qemu-system-x86_64 is not installed"))
+        .filter(|f| *f != "qemu: left out (partition bench --no-qemu)")
         .collect();
     assert!(failures.is_empty(), "{failures:?}\n{}", out.stderr);
     // No retry here: a run the section replaced is a failure of this test.
