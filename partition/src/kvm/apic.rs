@@ -110,8 +110,12 @@ pub fn host_accel(sys_module: &Path, svm_edx: Option<u32>) -> HostApicAccel {
 }
 
 /// This host's: /sys/module and, on an AMD CPU that has the leaf, CPUID 0x8000000A EDX.
+/// Read once a process (module parameters are fixed while the module is loaded), so a
+/// launch's VM creation reads no sysfs file for it.
 pub fn host_accel_here() -> HostApicAccel {
-    host_accel(Path::new("/sys/module"), host_svm_edx())
+    static HERE: std::sync::OnceLock<HostApicAccel> = std::sync::OnceLock::new();
+    HERE.get_or_init(|| host_accel(Path::new("/sys/module"), host_svm_edx()))
+        .clone()
 }
 
 fn host_svm_edx() -> Option<u32> {

@@ -331,14 +331,11 @@ impl Vm {
         let offered = self.kvm.check_extension_raw(KVM_CAP_X2APIC_API as _).max(0) as u32;
         let x2apic_api = offered & flags == flags;
         if x2apic_api {
-            let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: KVM_CAP_X2APIC_API,
-                ..Default::default()
-            };
-            cap.args[0] = flags as u64;
-            self.fd
-                .enable_cap(&cap)
-                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X2APIC_API)"))?;
+            self.enable_cap(
+                KVM_CAP_X2APIC_API,
+                flags as u64,
+                "KVM_ENABLE_CAP(KVM_CAP_X2APIC_API)",
+            )?;
         }
         // KVM_CHECK_EXTENSION(KVM_CAP_MAX_VCPU_ID) answers the largest it takes.
         let most = self
@@ -347,14 +344,11 @@ impl Vm {
             .max(0) as u64;
         let ids = count as u64;
         let max_vcpu_id = if ids > 0 && ids <= most {
-            let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: KVM_CAP_MAX_VCPU_ID,
-                ..Default::default()
-            };
-            cap.args[0] = ids;
-            self.fd
-                .enable_cap(&cap)
-                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_MAX_VCPU_ID)"))?;
+            self.enable_cap(
+                KVM_CAP_MAX_VCPU_ID,
+                ids,
+                "KVM_ENABLE_CAP(KVM_CAP_MAX_VCPU_ID)",
+            )?;
             Some(ids as u32)
         } else {
             None
@@ -374,27 +368,31 @@ impl Vm {
         self.apic.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// KVM_ENABLE_CAP on this VM with one argument (every capability we enable takes one).
+    fn enable_cap(&self, cap: u32, arg: u64, what: &'static str) -> Result<(), VmError> {
+        let mut c = kvm_bindings::kvm_enable_cap {
+            cap,
+            ..Default::default()
+        };
+        c.args[0] = arg;
+        self.fd.enable_cap(&c).map_err(kvm_err(what))
+    }
+
     /// Applies an idle plan's VM-wide settings. Must run before any vCPU exists.
     pub fn apply_idle(&self, plan: &IdlePlan) -> Result<(), VmError> {
         if !plan.disable_exits.is_empty() {
-            let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: KVM_CAP_X86_DISABLE_EXITS,
-                ..Default::default()
-            };
-            cap.args[0] = plan.disable_exits.bits() as u64;
-            self.fd
-                .enable_cap(&cap)
-                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_DISABLE_EXITS)"))?;
+            self.enable_cap(
+                KVM_CAP_X86_DISABLE_EXITS,
+                plan.disable_exits.bits() as u64,
+                "KVM_ENABLE_CAP(KVM_CAP_X86_DISABLE_EXITS)",
+            )?;
         }
         if let Some(ns) = plan.halt_poll_ns {
-            let mut cap = kvm_bindings::kvm_enable_cap {
-                cap: KVM_CAP_HALT_POLL,
-                ..Default::default()
-            };
-            cap.args[0] = ns as u64;
-            self.fd
-                .enable_cap(&cap)
-                .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_HALT_POLL)"))?;
+            self.enable_cap(
+                KVM_CAP_HALT_POLL,
+                ns as u64,
+                "KVM_ENABLE_CAP(KVM_CAP_HALT_POLL)",
+            )?;
         }
         Ok(())
     }
@@ -406,14 +404,7 @@ impl Vm {
         if self.kvm.check_extension_raw(cap as _) <= 0 {
             return Ok(());
         }
-        let mut c = kvm_bindings::kvm_enable_cap {
-            cap,
-            ..Default::default()
-        };
-        c.args[0] = 1;
-        self.fd
-            .enable_cap(&c)
-            .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_EXIT_ON_EMULATION_FAILURE)"))
+        self.enable_cap(cap, 1, "KVM_ENABLE_CAP(KVM_CAP_EXIT_ON_EMULATION_FAILURE)")
     }
 
     /// Makes every guest write of IA32_LSTAR exit to the VMM, which completes it and arms
@@ -426,14 +417,11 @@ impl Vm {
         {
             return Err(VmError::MissingCap("KVM_CAP_X86_USER_SPACE_MSR"));
         }
-        let mut c = kvm_bindings::kvm_enable_cap {
-            cap: KVM_CAP_X86_USER_SPACE_MSR,
-            ..Default::default()
-        };
-        c.args[0] = kvm_bindings::KVM_MSR_EXIT_REASON_FILTER as u64;
-        self.fd
-            .enable_cap(&c)
-            .map_err(kvm_err("KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)"))?;
+        self.enable_cap(
+            KVM_CAP_X86_USER_SPACE_MSR,
+            kvm_bindings::KVM_MSR_EXIT_REASON_FILTER as u64,
+            "KVM_ENABLE_CAP(KVM_CAP_X86_USER_SPACE_MSR)",
+        )?;
         // A zero bit denies the access, which sends it to userspace.
         let deny = [0u8; 1];
         let lstar = kvm_ioctls::MsrFilterRange {
