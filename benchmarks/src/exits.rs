@@ -28,7 +28,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::doc::exits::{ExitsParams, ExitsRow, ExitsSection};
+use crate::doc::exits::{ExitsParams, ExitsRow, ExitsSection, IdleRoutineSeen};
 use crate::head::Head;
 use crate::stats::summary;
 use crate::{Env, Launch, Microvm, timed_run};
@@ -38,7 +38,8 @@ mod trace;
 pub use guest::{cpio_entry, init_script, initramfs};
 use trace::under_trace;
 pub use trace::{
-    Exit, FIRST_MARK, Loop, Tracer, exit_of, loops, per_iteration, shutdowns, snapshots,
+    Exit, FIRST_MARK, Loop, Tracer, exit_of, ipis_per_iteration, loops, per_iteration, shutdowns,
+    snapshots,
 };
 
 /// The mark port (the VMM's, `partition::cpu::exits::MARK_PORT`).
@@ -94,7 +95,7 @@ pub const MINIMUM: &[(&str, &str)] = &[
     ),
     (
         "sleep_1ms",
-        "2: arming the TSC-deadline timer (a wrmsr exit) and its expiry (the host's timer interrupt exits the vCPU to inject it); the EOI needs none with PV EOI",
+        "3: arming the TSC-deadline timer (a wrmsr exit), its expiry (the host's timer interrupt exits the vCPU to inject it) and the write that programs the next event, which the guest's hrtimer_interrupt makes after every expiry (Linux 6.1 kernel/time/hrtimer.c); the EOI needs none with PV EOI",
     ),
     (
         "blk_read",
@@ -155,8 +156,20 @@ pub fn nvme_per_read(
     Some([per(2), per(4)])
 }
 
-/// What one run of the guest gave: per loop (op, part) the exits per iteration by reason.
+/// Per loop (op, part), a quantity per iteration by kind.
 type Counts = BTreeMap<(String, u32), BTreeMap<String, f64>>;
+
+/// What one run of the guest gave.
+struct Run {
+    /// Exits per iteration by reason.
+    exits: Counts,
+    /// The guest's own IPIs per iteration by kind (`RES`, `CAL`).
+    ipis: Counts,
+    /// How the guest said it idles (`guest_idle`).
+    idle: Option<String>,
+    /// The idle loop its kernel took, in its words, and as our launch predicted it.
+    routine: Option<IdleRoutineSeen>,
+}
 
 /// Why a traced run gave nothing: the message, and whether a vCPU took a shutdown exit (a
 /// triple fault in the guest).
@@ -175,9 +188,8 @@ impl From<String> for Failed {
     }
 }
 
-/// Runs `cmd` (a VMM booting the guest) under the tracer and counts; with how the guest
-/// said it idles (`guest_idle`).
-fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), Failed> {
+/// Runs `cmd` (a VMM booting the guest) under the tracer and counts.
+fn traced(cmd: std::process::Command) -> Result<Run, Failed> {
     let (r, trace) =
         under_trace(|| timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}")))?;
     let console = r.stdout;
@@ -186,6 +198,12 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), Failed
         eprintln!("partition: bench exits: {}", l.trim());
     }
     let idle = ready.and_then(guest_idle);
+    let routine = ready.and_then(|l| {
+        Some(IdleRoutineSeen {
+            guest: word_after(l, "routine=")?,
+            predicted: predicted_routine(&r.stderr),
+        })
+    });
     // Where the guest took its disk's interrupts (a completion on another vCPU than the
     // reader's costs an IPI a read).
     for l in console.lines().filter(|l| l.contains("EXITS-IRQ")) {
@@ -210,20 +228,44 @@ fn traced(cmd: std::process::Command) -> Result<(Counts, Option<String>), Failed
         });
     }
     let snaps = snapshots(&trace, MARK_PORT);
-    let mut out = Counts::new();
-    for l in loops(&console) {
-        let per = per_iteration(&snaps, FIRST_MARK, &l)
+    let mut exits = Counts::new();
+    let loops = loops(&console);
+    for l in &loops {
+        let per = per_iteration(&snaps, FIRST_MARK, l)
             .ok_or_else(|| format!("{}: its marks are not all in the trace", l.op))?;
-        out.insert((l.op.clone(), l.part), per);
+        exits.insert((l.op.clone(), l.part), per);
     }
-    Ok((out, idle))
+    Ok(Run {
+        exits,
+        ipis: ipis_per_iteration(&console, &loops),
+        idle,
+        routine,
+    })
+}
+
+/// The value of the first `key` word of a line (`routine=mwait` -> `mwait`).
+fn word_after(line: &str, key: &str) -> Option<String> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .filter(|v| !v.is_empty())
+        .map(String::from)
+}
+
+/// The loop our launch report said a Linux guest idles in (`a Linux guest (6.0 on) idles
+/// in MWAIT without a cpuidle driver: ...`): `MWAIT`, `HLT` or `a polling loop`.
+fn predicted_routine(stderr: &str) -> Option<String> {
+    const SAID: &str = "a Linux guest (6.0 on) idles in ";
+    let l = stderr
+        .lines()
+        .find_map(|l| Some(&l[l.find(SAID)? + SAID.len()..]))?;
+    Some(l.split(" without").next()?.trim().to_string())
 }
 
 /// How the guest said it idles: the `idle=` and `gov=` words of its `EXITS-READY` line.
 fn guest_idle(line: &str) -> Option<String> {
     let words: Vec<&str> = line
         .split_whitespace()
-        .filter(|w| w.starts_with("idle=") || w.starts_with("gov="))
+        .filter(|w| w.starts_with("idle=") || w.starts_with("gov=") || w.starts_with("routine="))
         .collect();
     (!words.is_empty()).then(|| words.join(" "))
 }
@@ -234,8 +276,42 @@ fn part_of(op: &str) -> u32 {
     if op.starts_with("ctx_switch") { 1 } else { 0 }
 }
 
-/// The section, each loop counted over `n1` then `n2` iterations.
-pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
+/// The name of our partition's rows under idle `policy` (`partition` for `mwait`, the
+/// section's first and the rows every reader of results written before knows).
+pub fn partition_label(policy: &str) -> String {
+    if policy == "mwait" {
+        "partition".into()
+    } else {
+        format!("partition --idle {policy}")
+    }
+}
+
+/// One VMM a round runs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Vmm {
+    /// Ours, under an idle policy.
+    Partition(String),
+    /// QEMU microvm.
+    Qemu,
+}
+
+impl Vmm {
+    fn name(&self) -> String {
+        match self {
+            Self::Partition(p) => partition_label(p),
+            Self::Qemu => "qemu".into(),
+        }
+    }
+}
+
+/// The section, each loop counted over `n1` then `n2` iterations, our partition once a
+/// round under each idle policy of `policies` (none: `mwait` alone).
+pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
+    let policies: Vec<String> = if policies.is_empty() {
+        vec!["mwait".into()]
+    } else {
+        policies.to_vec()
+    };
     let mut head = Head::start(env);
     let mut s = ExitsSection {
         head: Head::default(),
@@ -250,6 +326,8 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
                 format!("qemu: microvm -enable-kvm -cpu host -overcommit cpu-pm=on -smp 2 -bios {QEMU_FIRMWARE}, virtio-blk-device (virtio-mmio) with an iothread"),
             ],
             guest_idle: Default::default(),
+            idle_routine: Default::default(),
+            policies: policies.clone(),
         },
         method: "host tracepoint kvm:kvm_exit over the whole run; per loop (N2-run exits - N1-run exits) / (N2 - N1), by reason".into(),
         minimum: MINIMUM
@@ -280,8 +358,15 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
         kernel.display(),
         dir.join("base.cpio").display()
     );
+    for p in policies.iter().filter(|p| *p != "mwait") {
+        s.params.vmms.push(format!(
+            "{}: as partition, the guest idling as --idle {p} has it",
+            partition_label(p)
+        ));
+    }
     let cmdline = GUEST_CMDLINE;
     let mut per: BTreeMap<(String, String), Vec<BTreeMap<String, f64>>> = BTreeMap::new();
+    let mut ipis: BTreeMap<(String, String), Vec<BTreeMap<String, f64>>> = BTreeMap::new();
     // The NVMe rows, with a function to pass through: the probe's driver in both VMMs.
     // The NVMe rows, with a function to pass through: the probe's driver in both VMMs (QEMU's
     // run needs the probe as a file).
@@ -300,56 +385,69 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
         (bdf, probe)
     });
     let runs = env.runs.max(1);
-    let mut vmms = vec!["partition"];
+    let mut vmms: Vec<Vmm> = policies.iter().cloned().map(Vmm::Partition).collect();
     if env.qemu.is_some() {
-        vmms.push("qemu");
+        vmms.push(Vmm::Qemu);
     } else {
         s.failures.push(format!("qemu: {}", env.qemu_absent()));
     }
     // Runs each VMM has had that count: a run lost to a triple fault in its guest does not,
     // and is run again in a round of its own, up to SPARE_ROUNDS of them in the section.
-    let mut counted: BTreeMap<&str, usize> = vmms.iter().map(|v| (*v, 0)).collect();
+    let mut counted: BTreeMap<Vmm, usize> = vmms.iter().map(|v| (v.clone(), 0)).collect();
     let mut spare = SPARE_ROUNDS;
     for round in 0.. {
-        let due: Vec<&str> = vmms.iter().copied().filter(|v| counted[v] < runs).collect();
+        let due: Vec<Vmm> = vmms
+            .iter()
+            .filter(|v| counted[*v] < runs)
+            .cloned()
+            .collect();
         if due.is_empty() {
             break;
         }
         let state = env.work.join(format!("exits-state-{round}"));
         for vmm in due {
-            let cmd = match vmm {
-                "partition" => Launch::new(
+            let name = vmm.name();
+            let cmd = match &vmm {
+                Vmm::Partition(policy) => Launch::new(
                     env,
                     &state,
                     &format!("{},{}", env.host_core, env.core),
                     "512M",
                 )
                 .kernel(&kernel, &initrd)
-                .idle("mwait")
+                .idle(policy)
                 .disk(&disk, "")
                 .cmdline(cmdline)
                 .command(),
-                _ => qemu_command(env, &kernel, &initrd, &disk, cmdline),
+                Vmm::Qemu => qemu_command(env, &kernel, &initrd, &disk, cmdline),
             };
             match traced(cmd) {
-                Ok((counts, idle)) => {
-                    if let Some(idle) = idle {
-                        s.params.guest_idle.entry(vmm.to_string()).or_insert(idle);
+                Ok(run) => {
+                    if let Some(idle) = run.idle {
+                        s.params.guest_idle.entry(name.clone()).or_insert(idle);
                     }
-                    for ((op, part), m) in counts {
+                    if let Some(r) = run.routine {
+                        s.params.idle_routine.entry(name.clone()).or_insert(r);
+                    }
+                    for ((op, part), m) in run.exits {
                         if part == part_of(&op) {
-                            per.entry((vmm.to_string(), op)).or_default().push(m);
+                            per.entry((name.clone(), op)).or_default().push(m);
+                        }
+                    }
+                    for ((op, part), m) in run.ipis {
+                        if part == part_of(&op) {
+                            ipis.entry((name.clone(), op)).or_default().push(m);
                         }
                     }
                 }
                 Err(f) if f.triple_fault && spare > 0 => {
                     spare -= 1;
-                    s.replaced.push(format!("{vmm} round {round}: {}", f.why));
+                    s.replaced.push(format!("{name} round {round}: {}", f.why));
                     continue;
                 }
-                Err(f) => s.failures.push(format!("{vmm} round {round}: {}", f.why)),
+                Err(f) => s.failures.push(format!("{name} round {round}: {}", f.why)),
             }
-            *counted.get_mut(vmm).expect("a VMM of the section") += 1;
+            *counted.get_mut(&vmm).expect("a VMM of the section") += 1;
         }
         let _ = std::fs::remove_dir_all(&state);
         // The NVMe loops run in the section's first `runs` rounds (the probe's own guest,
@@ -397,9 +495,11 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
                 reasons.entry(r.clone()).or_default().push(*v);
             }
         }
+        let guest_ipis = medians(ipis.get(&(vmm.clone(), op.clone())));
         s.rows.push(ExitsRow {
             vmm,
             op,
+            guest_ipis,
             total: summary(&totals),
             reasons: reasons
                 .into_iter()
@@ -414,6 +514,19 @@ pub fn run(env: &Env, n1: u64, n2: u64) -> ExitsSection {
     head.finish(complete, || s.failures.join("; "));
     s.head = head;
     s
+}
+
+/// The median of each kind over the runs (none: empty).
+fn medians(runs: Option<&Vec<BTreeMap<String, f64>>>) -> BTreeMap<String, f64> {
+    let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for m in runs.into_iter().flatten() {
+        for (k, v) in m {
+            by.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    by.into_iter()
+        .filter_map(|(k, v)| Some((k, summary(&v)?.median)))
+        .collect()
 }
 
 /// QEMU's run of one round: the same kernel, initramfs, disk and command line as ours, on
@@ -593,6 +706,40 @@ mod tests {
         let trace = [OUT, MSR, shut, INTR, vmx].join("\n");
         assert_eq!(shutdowns(&trace), [1, 0]);
         assert!(shutdowns(&[OUT, MSR, INTR].join("\n")).is_empty());
+    }
+
+    #[test]
+    fn the_guests_ipis_per_iteration_are_the_difference_of_its_two_runs() {
+        let console = "hotpaths-count op=pipe_2cores part=0 mark=4136 n1=50 n2=550\n\
+                       hotpaths-ipis op=pipe_2cores part=0 res=100,110,110,130 cal=7,57,57,557\n\
+                       hotpaths-ipis op=unknown part=0 res=1,2,3,4 cal=1,2,3,4\n\
+                       hotpaths-ipis op=pipe_2cores part=1 res=1,2 cal=x\n";
+        let l = loops(console);
+        let got = ipis_per_iteration(console, &l);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let m = &got[&("pipe_2cores".to_string(), 0)];
+        // RES: (20 - 10) / 500; CAL: (500 - 50) / 500.
+        assert!((m["RES"] - 0.02).abs() < 1e-9, "{m:?}");
+        assert!((m["CAL"] - 0.9).abs() < 1e-9, "{m:?}");
+    }
+
+    #[test]
+    fn the_guests_idle_loop_and_the_launchs_prediction_are_read() {
+        let ready = "EXITS-READY cpus=2 idle= gov= routine=mwait";
+        assert_eq!(word_after(ready, "routine=").as_deref(), Some("mwait"));
+        assert_eq!(word_after("EXITS-READY routine=", "routine="), None);
+        assert_eq!(
+            guest_idle(ready).as_deref(),
+            Some("idle= gov= routine=mwait")
+        );
+        let stderr = "partition: x\npartition: a Linux guest (6.0 on) idles in HLT without a cpuidle driver: leaf 5 counts no C1\n";
+        assert_eq!(predicted_routine(stderr).as_deref(), Some("HLT"));
+        let poll =
+            "a Linux guest (6.0 on) idles in a polling loop without a cpuidle driver: idle=poll";
+        assert_eq!(predicted_routine(poll).as_deref(), Some("a polling loop"));
+        assert_eq!(predicted_routine("nothing said"), None);
+        assert_eq!(partition_label("mwait"), "partition");
+        assert_eq!(partition_label("hlt"), "partition --idle hlt");
     }
 
     #[test]

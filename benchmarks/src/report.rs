@@ -22,6 +22,9 @@ use crate::head::Cell;
 use crate::lookup::{SEED, guest_values, host_value, twin_index};
 use crate::stats::Summary;
 
+mod exits;
+use exits::exits;
+
 /// Where the report and chart of a results file go.
 pub fn paths(results: &Path) -> (PathBuf, PathBuf) {
     let stem = results
@@ -405,92 +408,6 @@ fn wake_goal(o: &mut String, w: &WakeSection) {
         list(&met),
         list(&not)
     );
-}
-
-/// Exits per operation on real KVM: ours and QEMU's by reason, beside the minimum.
-fn exits(o: &mut String, e: &crate::doc::exits::ExitsSection) {
-    let _ = writeln!(
-        o,
-        "\n## Exits per operation on real KVM (`exits`)\n\n{} rounds; each loop {} then {} \
-         iterations, counted by {}. Guest: {}. {}. Reasons as the host's tracepoint names \
-         them (AMD: `io`, `msr`, `npf` (nested page fault: MMIO), `interrupt` (a host interrupt), \
-         `vintr` (an interrupt window), `hlt`, `pause`...).\n",
-        e.params.runs,
-        e.params.n1,
-        e.params.n2,
-        e.method,
-        e.params.guest,
-        e.params.vmms.join("; ")
-    );
-    if !e.params.guest_idle.is_empty() {
-        let idle: Vec<String> = e
-            .params
-            .guest_idle
-            .iter()
-            .map(|(vmm, how)| format!("{vmm}: `{how}`"))
-            .collect();
-        let _ = writeln!(
-            o,
-            "How each guest idles (its cpuidle driver and governor, as it said at its start; \
-             an empty driver: none, the kernel's default idle): {}.\n",
-            idle.join(", ")
-        );
-    }
-    if !e.failures.is_empty() {
-        let _ = writeln!(o, "Failed: {}\n", e.failures.join("; ").replace('|', "/"));
-    }
-    if !e.replaced.is_empty() {
-        let _ = writeln!(
-            o,
-            "Run again in a round of its own (a triple fault in the guest, below both VMMs; \
-             the rows are over the runs that finished): {}\n",
-            e.replaced.join("; ").replace('|', "/")
-        );
-    }
-    let _ = writeln!(
-        o,
-        "| operation | minimum (AMD, no AVIC) | partition exits/op (by reason) | QEMU exits/op (by reason) |\n|---|---|---|---|"
-    );
-    let cell = |vmm: &str, op: &str| {
-        e.rows
-            .iter()
-            .find(|r| r.vmm == vmm && r.op == op)
-            .and_then(|r| {
-                let t = r.total?;
-                let reasons: Vec<String> = r
-                    .reasons
-                    .iter()
-                    .filter(|(_, v)| v.abs() >= 0.005)
-                    .map(|(k, v)| format!("{k} {v:.2}"))
-                    .collect();
-                Some(format!(
-                    "**{:.2}** ({:.2}-{:.2}){}",
-                    t.median,
-                    t.min,
-                    t.max,
-                    if reasons.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", reasons.join(", "))
-                    }
-                ))
-            })
-            .unwrap_or_else(|| "-".into())
-    };
-    for op in &e.params.ops {
-        let min = e
-            .minimum
-            .iter()
-            .find(|(m, _)| m == op)
-            .map_or("-", |(_, w)| w.as_str());
-        let _ = writeln!(
-            o,
-            "| {op} | {} | {} | {} |",
-            min.replace('|', "/"),
-            cell("partition", op),
-            cell("qemu", op)
-        );
-    }
 }
 
 /// What the host takes from the partition's core: ours, the bare twin and QEMU, quiet and

@@ -14,6 +14,9 @@ pub struct Options {
     pub noise_ms: u64,
     /// The exits section's two counted runs a loop (None: `exits::N1`, `exits::N2`).
     pub exits_count: Option<(u64, u64)>,
+    /// The exits section's idle policies for our partition, a row set each (empty:
+    /// `mwait` alone).
+    pub exits_policies: Vec<String>,
 }
 
 /// One benchmark section.
@@ -88,7 +91,12 @@ impl Section for Exits {
             .unwrap_or((crate::exits::N1, crate::exits::N2));
         vec![(
             "exits",
-            SectionDoc::Exits(Box::new(crate::exits::run(env, n1, n2))),
+            SectionDoc::Exits(Box::new(crate::exits::run(
+                env,
+                n1,
+                n2,
+                &opts.exits_policies,
+            ))),
         )]
     }
 }

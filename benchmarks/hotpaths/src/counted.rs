@@ -11,6 +11,13 @@
 //! M+2, M+3 the N2 run (part: the loop's order within the benchmark, as a benchmark that
 //! subtracts a baseline runs two). A warm-up of N1/10 iterations (at least one) comes
 //! first, unmarked.
+//!
+//! Where the process can read `/proc/interrupts` (a Linux guest), it also reads the
+//! guest's own count of rescheduling (`RES`) and function-call (`CAL`) IPIs, summed over
+//! its CPUs, just outside each mark (before a run's first, after its last), and after the
+//! loop prints `hotpaths-ipis op=NAME part=K res=A,B,C,D cal=A,B,C,D`: the same difference
+//! gives the IPIs one iteration sent, the guest's own word beside the host's exit count.
+//! The reads themselves fall outside the marked runs, so they add no exit to them.
 
 use std::cell::{Cell, RefCell};
 use std::io::Write;
@@ -74,16 +81,77 @@ impl Counted {
         let _ = std::io::stdout().flush();
         self.part.set(self.part.get() + 1);
         f((self.n1 / 10).max(1));
+        let a = ipis();
         self.mark(m);
         f(self.n1);
         self.mark(m + 1);
+        let b = ipis();
+        let c = ipis();
         self.mark(m + 2);
         f(self.n2);
         self.mark(m + 3);
+        let d = ipis();
+        if let (Some(a), Some(b), Some(c), Some(d)) = (a, b, c, d) {
+            println!(
+                "{}",
+                ipis_line(&self.op.borrow(), self.part.get() - 1, [a, b, c, d])
+            );
+            let _ = std::io::stdout().flush();
+        }
     }
+}
+
+/// The guest's rescheduling and function-call IPIs so far, each summed over its CPUs
+/// (None where `/proc/interrupts` is not there or has no such rows).
+fn ipis() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/interrupts").ok()?;
+    ipis_of(&text)
+}
+
+/// `RES` and `CAL` of an `/proc/interrupts` text, summed over the CPU columns.
+pub fn ipis_of(text: &str) -> Option<(u64, u64)> {
+    let sum = |name: &str| {
+        let row = text.lines().find(|l| l.trim_start().starts_with(name))?;
+        let cols = row.trim_start()[name.len()..].split_whitespace();
+        Some(cols.map_while(|w| w.parse::<u64>().ok()).sum::<u64>())
+    };
+    Some((sum("RES:")?, sum("CAL:")?))
+}
+
+/// The line that gives a counted loop's IPI counts at its four marks.
+pub fn ipis_line(op: &str, part: u32, at: [(u64, u64); 4]) -> String {
+    let join = |f: fn(&(u64, u64)) -> u64| {
+        at.iter()
+            .map(|p| f(p).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!(
+        "hotpaths-ipis op={op} part={part} res={} cal={}",
+        join(|p| p.0),
+        join(|p| p.1)
+    )
 }
 
 /// The line that names a counted loop.
 pub fn line(op: &str, part: u32, mark: u32, n1: u64, n2: u64) -> String {
     format!("hotpaths-count op={op} part={part} mark={mark} n1={n1} n2={n2}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipis_are_summed_over_the_cpus_and_named_per_loop() {
+        let text = "           CPU0       CPU1\n  0:         36          0   IO-APIC   2-edge      timer\n\
+                    RES:         17         25   Rescheduling interrupts\n\
+                    CAL:       4000        991   Function call interrupts\n";
+        assert_eq!(ipis_of(text), Some((42, 4991)));
+        assert_eq!(ipis_of("  0: 36 IO-APIC timer\n"), None);
+        assert_eq!(
+            ipis_line("pipe_2cores", 0, [(1, 2), (3, 4), (5, 6), (7, 8)]),
+            "hotpaths-ipis op=pipe_2cores part=0 res=1,3,5,7 cal=2,4,6,8"
+        );
+    }
 }

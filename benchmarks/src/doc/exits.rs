@@ -52,6 +52,27 @@ pub struct ExitsParams {
     /// driver, `gov=` the governor): the wake-up rows' timer writes and IPIs depend on it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub guest_idle: std::collections::BTreeMap<String, String>,
+    /// VMM -> the idle loop the guest's kernel took, from its own boot log (`mwait`: "using
+    /// mwait in idle threads"; `poll`: "using polling idle threads"; `default`: neither, its
+    /// HLT), beside the launch's prediction from the CPUID KVM gave back (ours only).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub idle_routine: std::collections::BTreeMap<String, IdleRoutineSeen>,
+    /// The idle policies our partition ran under, one row set each (`partition` is
+    /// `--idle mwait`; another policy's rows are `partition --idle P`). Absent from
+    /// results written before: mwait alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<String>,
+}
+
+/// Which idle loop a guest took, in its words and as predicted.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IdleRoutineSeen {
+    /// From the guest's boot log: `mwait`, `poll` or `default`.
+    pub guest: String,
+    /// The launch report's prediction (`MWAIT`, `HLT`, `a polling loop`), where it made
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<String>,
 }
 
 /// One VMM's exits per iteration of one operation.
@@ -65,4 +86,9 @@ pub struct ExitsRow {
     pub total: Option<Summary>,
     /// The median per iteration of each reason that is not 0.
     pub reasons: BTreeMap<String, f64>,
+    /// The guest's own count of the IPIs an iteration sent, median per iteration by kind
+    /// (`RES` rescheduling, `CAL` function call, from its /proc/interrupts around the same
+    /// marks). Absent where the guest is not Linux, and from results written before.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub guest_ipis: BTreeMap<String, f64>,
 }

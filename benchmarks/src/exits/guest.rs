@@ -46,10 +46,13 @@ pub fn init_script(n1: u64, n2: u64, ops: &str) -> String {
          for m in $($B cat /lib/modules/load); do $B insmod /lib/modules/$m; done\n\
          i=0\n\
          while [ ! -b /dev/vda ] && [ $i -lt 600 ]; do $B sleep 0.1; i=$((i+1)); done\n\
-         $B echo EXITS-READY cpus=$($B nproc) idle=$($B cat /sys/devices/system/cpu/cpuidle/current_driver) gov=$($B cat /sys/devices/system/cpu/cpuidle/current_governor_ro)\n\
+         r=default\n\
+         $B dmesg | $B grep -q 'using mwait in idle threads' && r=mwait\n\
+         $B dmesg | $B grep -q 'using polling idle threads' && r=poll\n\
+         $B echo EXITS-READY cpus=$($B nproc) idle=$($B cat /sys/devices/system/cpu/cpuidle/current_driver) gov=$($B cat /sys/devices/system/cpu/cpuidle/current_governor_ro) routine=$r\n\
          /bin/hotpaths --count {n1},{n2} --mark-port {MARK_PORT:#x} --cpus 0,1 --only {ops} --blk /dev/vda --dir /tmp\n\
          $B echo EXITS-DONE rc=$?\n\
-         $B grep -i -e virtio -e CPU0 /proc/interrupts | while read -r l; do $B echo \"EXITS-IRQ $l\"; done\n\
+         $B grep -i -e virtio -e CPU0 -e RES: -e CAL: /proc/interrupts | while read -r l; do $B echo \"EXITS-IRQ $l\"; done\n\
          $B sleep 1\n\
          $B poweroff -f\n\
          $B reboot -f\n"

@@ -44,6 +44,51 @@ pub fn loops(console: &str) -> Vec<Loop> {
         .collect()
 }
 
+/// The guest's IPIs per iteration of each counted loop, by kind (`RES`, `CAL`), from the
+/// `hotpaths-ipis` lines of a console (hotpaths' counts at a loop's four marks) and the
+/// loops' iteration counts: ((D - C) - (B - A)) / (N2 - N1), as the exits.
+pub fn ipis_per_iteration(
+    console: &str,
+    loops: &[Loop],
+) -> BTreeMap<(String, u32), BTreeMap<String, f64>> {
+    let mut out = BTreeMap::new();
+    for l in console.lines() {
+        let Some(at) = l.find("hotpaths-ipis ") else {
+            continue;
+        };
+        let kv: BTreeMap<&str, &str> = l[at + "hotpaths-ipis ".len()..]
+            .split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .collect();
+        let (Some(op), Some(part)) = (
+            kv.get("op"),
+            kv.get("part").and_then(|p| p.parse::<u32>().ok()),
+        ) else {
+            continue;
+        };
+        let Some(lp) = loops.iter().find(|x| x.op == *op && x.part == part) else {
+            continue;
+        };
+        let Some(n) = lp.n2.checked_sub(lp.n1).filter(|n| *n > 0) else {
+            continue;
+        };
+        let mut per = BTreeMap::new();
+        for (key, name) in [("res", "RES"), ("cal", "CAL")] {
+            let v: Vec<i64> = kv
+                .get(key)
+                .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                .unwrap_or_default();
+            if let [a, b, c, d] = v[..] {
+                per.insert(name.to_string(), ((d - c) - (b - a)) as f64 / n as f64);
+            }
+        }
+        if !per.is_empty() {
+            out.insert((op.to_string(), part), per);
+        }
+    }
+    out
+}
+
 /// One `kvm_exit` event: its reason and, for an I/O exit that writes, the port.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Exit {

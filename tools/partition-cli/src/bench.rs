@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// 50,550; N1 < N2).
     #[arg(long, value_name = "N1,N2", value_parser = parse_counts)]
     exits_count: Option<(u64, u64)>,
+    /// The `exits` section's idle policies for our partition, one row set each, in order
+    /// (default mwait; any of auto, mwait, hlt, haltpoll, poll, shared): what each costs
+    /// in exits on the same guest and loops.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_policy)]
+    exits_policies: Option<Vec<String>>,
     /// What the baseline is, for the results (default: its path).
     #[arg(long, value_name = "TEXT", requires = "baseline")]
     baseline_label: Option<String>,
@@ -90,6 +95,21 @@ fn parse_counts(s: &str) -> Result<(u64, u64), String> {
         .and_then(|(a, b)| Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?)))
         .filter(|&(a, b)| a > 0 && a < b && b <= 100_000_000)
         .ok_or_else(|| format!("{s:?} is not N1,N2 with 0 < N1 < N2 <= 100000000"))
+}
+
+/// An idle policy's name.
+fn parse_policy(s: &str) -> Result<String, String> {
+    let w = s.trim();
+    partition::cpu::idle::IdlePolicy::parse(w)
+        .map(|p| p.name().to_string())
+        .ok_or_else(|| {
+            format!(
+                "{w:?} is not an idle policy (one of {})",
+                partition::cpu::idle::IdlePolicy::ALL
+                    .map(|p| p.name())
+                    .join(", ")
+            )
+        })
 }
 
 fn write_report(results: &Path) -> bool {
@@ -155,6 +175,16 @@ fn merge(from: &Path, results: &Path) -> ExitCode {
 }
 
 pub fn bench(a: BenchArgs) -> ExitCode {
+    if let Some(p) = &a.exits_policies {
+        if let Some(twice) = p
+            .iter()
+            .enumerate()
+            .find_map(|(i, x)| p[..i].contains(x).then_some(x))
+        {
+            eprintln!("partition: error: --exits-policies: {twice:?} is named twice");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
     if a.list {
         for section in sections::ALL {
             for (name, what) in section.names() {
@@ -302,6 +332,7 @@ pub fn bench(a: BenchArgs) -> ExitCode {
         sizes,
         noise_ms: a.noise_ms,
         exits_count: a.exits_count,
+        exits_policies: a.exits_policies.unwrap_or_default(),
     };
     let mut code = ExitCode::SUCCESS;
     for section in sections::ALL {

@@ -194,6 +194,21 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
         assert_eq!(out.code(), 2, "--exits-count {bad}: {}", out.stderr);
         assert!(out.stderr.contains("N1,N2"), "{bad}: {}", out.stderr);
     }
+    // Its idle policies are known names, each once.
+    for (bad, why) in [
+        ("mwait,bogus", "not an idle policy"),
+        ("hlt,hlt", "named twice"),
+        ("", "not an idle policy"),
+    ] {
+        let out = run(&["bench", "--exits-policies", bad, "--list"], LIMIT);
+        assert_eq!(out.code(), 2, "--exits-policies {bad:?}: {}", out.stderr);
+        assert!(out.stderr.contains(why), "{bad:?}: {}", out.stderr);
+    }
+    let out = run(
+        &["bench", "--exits-policies", "mwait,hlt,shared", "--list"],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 0, "{}", out.stderr);
     let out = run(
         &[
             "bench",

@@ -1381,6 +1381,67 @@ fn the_exits_section_counts_each_operations_exits_by_reason() {
     for op in ["null_syscall", "read", "write", "stat"] {
         assert!(of(op) < 1.0, "{op}: {} exits an iteration: {e}", of(op));
     }
+    // The idle loop the guest's kernel took (its boot log) is the one the launch predicted
+    // from the CPUID KVM gave back, and the cross-vCPU wake-ups count what that loop costs:
+    // under MWAIT (a host that shows C1, docs/idle.md) a wake-up is a store, so a round trip
+    // takes at most half an exit; under HLT (the rig: its TCG keeps the host's leaf 5) each
+    // wake-up is an IPI, which the guest counts as it takes it (RES, CAL) and the host as
+    // the sender's ICR write exits (`msr wr 0x830`): the two counts agree.
+    let seen = &e["params"]["idle_routine"]["partition"];
+    let guest = seen["guest"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the guest did not say its idle loop: {e}"));
+    let predicted = seen["predicted"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the launch predicted no idle loop: {e}\n{}", out.stderr));
+    let expected = match predicted {
+        "MWAIT" => "mwait",
+        "HLT" => "default",
+        "a polling loop" => "poll",
+        other => panic!("an unknown prediction {other:?}: {e}"),
+    };
+    assert_eq!(
+        guest, expected,
+        "the guest idles in {guest}, the launch predicted {predicted}: {e}"
+    );
+    let mut wakes = Vec::new();
+    for op in ["pipe_2cores", "unix_2cores", "ctx_switch_2cores"] {
+        let row = rows
+            .iter()
+            .find(|r| r["vmm"] == "partition" && r["op"] == op)
+            .unwrap();
+        let ipis: f64 = row["guest_ipis"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{op}: no guest IPI count: {row}"))
+            .values()
+            .filter_map(|v| v.as_f64())
+            .sum();
+        let icr = row["reasons"]["msr wr 0x830"].as_f64().unwrap_or(0.0);
+        if guest == "mwait" {
+            assert!(
+                of(op) <= 0.5,
+                "{op}: {} exits a round trip under MWAIT idle: {row}",
+                of(op)
+            );
+        } else {
+            assert!(
+                ipis >= 0.5,
+                "{op}: a halted vCPU woken with {ipis} IPIs a round trip: {row}"
+            );
+            assert!(
+                (icr - ipis).abs() <= 0.3 + 0.25 * ipis,
+                "{op}: the host counted {icr} ICR writes a round trip, the guest {ipis} IPIs: {row}"
+            );
+        }
+        wakes.push(format!(
+            "{op} {:.2} exits, ICR {icr:.2}, guest IPIs {ipis:.2}",
+            of(op)
+        ));
+    }
+    println!(
+        "NOTE exits: the guest idles in {guest} (predicted {predicted}); {}",
+        wakes.join("; ")
+    );
     println!(
         "NOTE exits: per iteration, null syscall {:.2}, pipe across vCPUs {:.2}, 1 ms sleep \
          {:.2}, 4 KiB disk read {:.2}",
