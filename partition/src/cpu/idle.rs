@@ -105,6 +105,10 @@ pub struct IdleCaps {
     pub host_mwait: bool,
     /// The host's halt_poll_ns module default, if readable.
     pub host_halt_poll_ns: Option<u64>,
+    /// The host accepts HLT exit-disabling and ignores it: its guests' HLTs exit anyway
+    /// (the nested kvm_pvm module, as every launch's read-back there shows: docs/idle.md,
+    /// "What KVM says back").
+    pub hlt_exits_ignored: bool,
 }
 
 /// Why a policy cannot be had.
@@ -229,11 +233,25 @@ pub fn resolve(policy: IdlePolicy, caps: &IdleCaps) -> Result<IdlePlan, IdleErro
     }
     missing(policy_reason, need)?;
     let disable_exits = want_exits & offered;
+    // Halt polling is turned off where the guest's idle never reaches KVM's halt (its HLT
+    // or MWAIT stays in the guest) or where the guest polls before it halts (haltpoll,
+    // poll). Under `hlt` on a host whose HLTs exit regardless, turning it off would put
+    // the halted vCPU's thread to sleep and make each wake-up a host scheduler wake-up
+    // (an IPI to an idle core, through the outer hypervisor on a nested host); the core
+    // is the partition's alone, so its thread polls there first, as the host's default.
+    let hlt_reaches_kvm = policy_reason == IdlePolicy::Hlt && caps.hlt_exits_ignored;
+    let mut reason = format!("asked for; the host disables {offered} exits");
+    if hlt_reaches_kvm {
+        reason.push_str(
+            ", but its guests' HLTs exit regardless (kvm_pvm), so a halted vCPU polls on \
+             its own core as the host's default halt polling has it",
+        );
+    }
     Ok(IdlePlan {
         policy: policy_reason,
-        reason: format!("asked for; the host disables {offered} exits"),
+        reason,
         disable_exits,
-        halt_poll_ns: dedicated.then_some(0),
+        halt_poll_ns: (dedicated && !hlt_reaches_kvm).then_some(0),
         expose_mwait: policy_reason == IdlePolicy::Mwait,
         hints_realtime: dedicated,
         // `poll` makes the guest spin (without idle=poll it is haltpoll). `mwait` keeps a
@@ -292,13 +310,30 @@ mod tests {
         halt_poll: true,
         host_mwait: false,
         host_halt_poll_ns: Some(200_000),
+        hlt_exits_ignored: true,
     };
     const METAL: IdleCaps = IdleCaps {
         disable_exits: DisableExits::all(),
         halt_poll: true,
         host_mwait: true,
         host_halt_poll_ns: Some(200_000),
+        hlt_exits_ignored: false,
     };
+
+    #[test]
+    fn a_halted_vcpu_polls_where_its_hlt_exits_regardless() {
+        let h = resolve(IdlePolicy::Hlt, &NESTED).unwrap();
+        assert_eq!(h.halt_poll_ns, None, "{}", h.describe());
+        assert!(h.reason.contains("HLTs exit regardless"), "{}", h.reason);
+        // Where HLT stays in the guest, or the guest polls itself, polling stays off.
+        assert_eq!(
+            resolve(IdlePolicy::Hlt, &METAL).unwrap().halt_poll_ns,
+            Some(0)
+        );
+        for p in [IdlePolicy::Haltpoll, IdlePolicy::Poll] {
+            assert_eq!(resolve(p, &NESTED).unwrap().halt_poll_ns, Some(0), "{p}");
+        }
+    }
 
     #[test]
     fn auto_picks_the_best_offered() {

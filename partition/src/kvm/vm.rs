@@ -132,6 +132,7 @@ pub fn idle_caps() -> Result<IdleCaps, VmError> {
         host_halt_poll_ns: std::fs::read_to_string("/sys/module/kvm/parameters/halt_poll_ns")
             .ok()
             .and_then(|s| s.trim().parse().ok()),
+        hlt_exits_ignored: crate::cpu::cpumodel::host_is_kvm_pvm(),
     })
 }
 

@@ -291,6 +291,7 @@ mod tests {
                 halt_poll: true,
                 host_mwait: true,
                 host_halt_poll_ns: Some(200_000),
+                hlt_exits_ignored: false,
             },
             kvm_pvm: false,
             phys_bits: 48,

@@ -83,6 +83,8 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
     // not fails here rather than skipping the policy's checks.
     let hw_kvm = std::path::Path::new("/sys/module/kvm_amd").exists()
         || std::path::Path::new("/sys/module/kvm_intel").exists();
+    // The nested kvm_pvm host accepts HLT exit-disabling and ignores it (docs/idle.md).
+    let hlt_exits_ignored = std::path::Path::new("/sys/module/kvm_pvm").exists();
     let host_mwait = std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
         c.lines()
             .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "monitor"))
@@ -181,12 +183,25 @@ fn every_offered_policy_runs_and_the_others_are_refused() {
         assert_eq!(rt["held"], true, "{policy}: KVM changed the hint: {back}");
         let vcpus = back["vcpus"].as_array().unwrap();
         assert_eq!(vcpus.len(), 2, "{policy}: {back}");
+        // Dedicated policies turn halt polling off, except `hlt` on a host whose HLTs exit
+        // regardless (kvm_pvm), where a halted vCPU polls on its own core instead of
+        // sleeping (the plan leaves the host default: null).
+        let poll_off = r["idle"]["halt_poll_ns"] == 0;
+        assert_eq!(
+            poll_off,
+            resolved != "shared" && !(resolved == "hlt" && hlt_exits_ignored),
+            "{policy}: {}",
+            r["idle"]
+        );
         for v in vcpus {
-            if resolved != "shared" {
+            if poll_off {
                 // Halt polling was set to 0: KVM must not have polled.
                 assert_eq!(v["halt_attempted_poll"], 0, "{policy}: {v}");
                 assert_ne!(v["polling"], "polled_despite_off", "{policy}: {v}");
             }
+            // Where polling stays on, whether KVM polled depends on how long the halts
+            // lasted (it grows its window only after halts shorter than the most it
+            // polls): a time, not asserted; the NOTE below shows the counts.
             if resolved == "poll" {
                 assert_eq!(v["halt_exits"], 0, "{policy}: a polling guest halted: {v}");
             }
