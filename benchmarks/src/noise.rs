@@ -194,8 +194,18 @@ fn qemu(env: &Env, probe: &Path, ms: u64, round: usize) -> Result<Window, String
 /// guest reading its disk, launched again each time it finishes; stopped on drop.
 struct Neighbour {
     stop: Arc<AtomicBool>,
-    guest: Option<std::thread::JoinHandle<usize>>,
+    guest: Option<std::thread::JoinHandle<()>>,
     stress: Option<Child>,
+    /// What its guest's launches did so far.
+    runs: Arc<std::sync::Mutex<GuestRuns>>,
+}
+
+/// The neighbour guest's launches: started, ended well, and the first that did not.
+#[derive(Default)]
+struct GuestRuns {
+    started: usize,
+    ok: usize,
+    failed: Option<String>,
 }
 
 /// What the neighbour is, as the results say it.
@@ -254,36 +264,99 @@ impl Neighbour {
             None => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let (s, partition, state, core) = (
+        let runs = Arc::new(std::sync::Mutex::new(GuestRuns::default()));
+        let (s, partition, state, core, seen) = (
             stop.clone(),
             env.partition.clone(),
             env.work.join("noise-neighbour-state"),
             env.host_core,
+            runs.clone(),
         );
         let guest = std::thread::spawn(move || {
-            let mut runs = 0;
+            let count =
+                |f: &dyn Fn(&mut GuestRuns)| f(&mut seen.lock().unwrap_or_else(|e| e.into_inner()));
             while !s.load(Ordering::Acquire) {
                 let mut c = Command::new(&partition);
                 c.env("PARTITION_STATE_DIR", &state)
                     .args(["launch", "--cores", &core.to_string(), "--memory", "32M"])
                     .arg("--probe")
                     .arg("--disk")
-                    .arg(&disk)
+                    .arg(format!("path={}", disk.display()))
                     .args([
                         "--cmdline",
-                        "probe.memtest=0 probe.blk=qd32,lat probe.blk_n=5000",
+                        "probe.memtest=0 probe.blk=qd32,lat probe.blk_n=3000",
                     ]);
-                if timed_run(c, Duration::from_secs(120)).is_ok() {
-                    runs += 1;
+                count(&|r| r.started += 1);
+                let ended = timed_run(c, Duration::from_secs(120));
+                if s.load(Ordering::Acquire) {
+                    // Stopped from outside (its launch may have been cut short): not a run.
+                    break;
+                }
+                match ended {
+                    Ok(r) if r.status.success() => count(&|g| g.ok += 1),
+                    Ok(r) => {
+                        let why = format!(
+                            "its guest's launch exited {:?}: {}",
+                            r.status.code(),
+                            r.stderr.lines().last().unwrap_or("")
+                        );
+                        count(&|g| {
+                            g.failed.get_or_insert_with(|| why.clone());
+                        });
+                    }
+                    Err(e) => count(&|g| {
+                        g.failed
+                            .get_or_insert_with(|| format!("its guest did not run: {e}"));
+                    }),
                 }
             }
-            runs
         });
         Ok(Self {
             stop,
             guest: Some(guest),
             stress,
+            runs,
         })
+    }
+
+    /// Whether the neighbour is still doing its work: stress-ng (where installed) alive,
+    /// its guest launched and none of its launches failed.
+    fn running(&mut self) -> Result<(), String> {
+        if let Some(c) = self.stress.as_mut() {
+            match c.try_wait() {
+                Ok(None) => {}
+                Ok(Some(st)) => return Err(format!("the neighbour's stress-ng exited ({st})")),
+                Err(e) => return Err(format!("the neighbour's stress-ng: {e}")),
+            }
+        }
+        let r = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &r.failed {
+            return Err(format!("the neighbour failed: {why}"));
+        }
+        if r.started == 0 {
+            return Err("the neighbour's guest never launched".into());
+        }
+        Ok(())
+    }
+}
+
+/// A case's rounds so far: its measurements, its failures, and the windows the neighbour
+/// was seen running through (None: quiet).
+type Gathered<T> = (Vec<T>, Vec<String>, Option<usize>);
+
+/// A path's rounds so far: medians, p99s, failures, windows the neighbour ran through.
+type PathGathered = (Vec<f64>, Vec<f64>, Vec<String>, Option<usize>);
+
+/// After a window beside `n` (None: quiet): whether the neighbour ran through it, counted
+/// in `seen`; Err is the window's failure.
+fn neighbour_ran(n: &mut Option<Neighbour>, seen: &mut Option<usize>) -> Result<(), String> {
+    match n {
+        None => Ok(()),
+        Some(n) => {
+            n.running()?;
+            *seen.get_or_insert(0) += 1;
+            Ok(())
+        }
     }
 }
 
@@ -403,21 +476,25 @@ fn phase(
     measure: &dyn Fn(&str, usize) -> Result<Window, String>,
 ) -> Result<(), String> {
     for neighbour in [false, true] {
-        let _n = Neighbour::when(neighbour, env)?;
-        let mut got: BTreeMap<&str, (Vec<Window>, Vec<String>)> = BTreeMap::new();
+        let mut n = Neighbour::when(neighbour, env)?;
+        let mut got: BTreeMap<&str, Gathered<Window>> = BTreeMap::new();
         for round in 0..env.runs {
             let mut order = cases.to_vec();
             order.rotate_left(round % cases.len());
             for case in order {
                 let e = got.entry(case).or_default();
-                match measure(case, round) {
-                    Ok(w) => e.0.push(w),
-                    Err(why) => e.1.push(why),
+                let w = measure(case, round);
+                match neighbour_ran(&mut n, &mut e.2) {
+                    Err(why) => e.1.push(format!("round {round}: {why}")),
+                    Ok(()) => match w {
+                        Ok(w) => e.0.push(w),
+                        Err(why) => e.1.push(why),
+                    },
                 }
             }
         }
         for case in cases {
-            let (windows, failures) = got.remove(case).unwrap_or_default();
+            let (windows, failures, neighbour_windows) = got.remove(case).unwrap_or_default();
             let mut metrics = BTreeMap::new();
             for (i, name) in METRICS.iter().enumerate() {
                 let v: Vec<f64> = windows.iter().map(|w| w.metrics()[i]).collect();
@@ -430,6 +507,7 @@ fn phase(
                 neighbour,
                 metrics,
                 failures,
+                neighbour_windows,
             });
         }
     }
@@ -445,23 +523,34 @@ fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
     let policy = "auto";
     let mut rows = Vec::new();
     for neighbour in [false, true] {
-        let _n = Neighbour::when(neighbour, env)?;
-        // (medians, p99s, failures) per path; the mode the wake guest waited in.
-        let mut got: [(Vec<f64>, Vec<f64>, Vec<String>); 2] = Default::default();
+        let mut n = Neighbour::when(neighbour, env)?;
+        // (medians, p99s, failures, windows the neighbour ran through) per path; the mode
+        // the wake guest waited in.
+        let mut got: [PathGathered; 2] = Default::default();
         let mut mode = None;
-        for _ in 0..env.runs {
-            match crate::wake::guest_once(env, policy) {
-                Ok(lines) => match lines.get("ipi") {
-                    Some((m, p, how)) => {
-                        got[0].0.push(*m);
-                        got[0].1.push(*p);
-                        mode = Some(how.clone());
-                    }
-                    None => got[0].2.push("no ipi line (one vCPU?)".into()),
-                },
-                Err(e) => got[0].2.push(e),
+        for round in 0..env.runs {
+            let wake = crate::wake::guest_once(env, policy);
+            if let Err(why) = neighbour_ran(&mut n, &mut got[0].3) {
+                got[0].2.push(format!("round {round}: {why}"));
+            } else {
+                match wake {
+                    Ok(lines) => match lines.get("ipi") {
+                        Some((m, p, how)) => {
+                            got[0].0.push(*m);
+                            got[0].1.push(*p);
+                            mode = Some(how.clone());
+                        }
+                        None => got[0].2.push("no ipi line (one vCPU?)".into()),
+                    },
+                    Err(e) => got[0].2.push(e),
+                }
             }
-            match crate::submit::mapped_fence_once(env, policy) {
+            let fence = crate::submit::mapped_fence_once(env, policy);
+            if let Err(why) = neighbour_ran(&mut n, &mut got[1].3) {
+                got[1].2.push(format!("round {round}: {why}"));
+                continue;
+            }
+            match fence {
                 Ok((m, p)) => {
                     got[1].0.push(m);
                     got[1].1.push(p);
@@ -469,7 +558,9 @@ fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
                 Err(e) => got[1].2.push(e),
             }
         }
-        for (path, (medians, p99s, failures)) in ["wake-ipi", "submit-fence"].into_iter().zip(got) {
+        for (path, (medians, p99s, failures, neighbour_windows)) in
+            ["wake-ipi", "submit-fence"].into_iter().zip(got)
+        {
             let policy = match (&mode, path) {
                 (Some(m), "wake-ipi") => format!("{policy} (waited in {m})"),
                 _ => policy.to_string(),
@@ -481,6 +572,7 @@ fn paths(env: &Env) -> Result<Vec<PathRow>, String> {
                 median_ns: summary(&medians),
                 p99_ns: summary(&p99s),
                 failures,
+                neighbour_windows,
             });
         }
     }

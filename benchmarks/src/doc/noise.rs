@@ -46,6 +46,10 @@ pub struct PathRow {
     pub p99_ns: Option<Summary>,
     /// Runs that produced nothing, and why.
     pub failures: Vec<String>,
+    /// Beside the neighbour: the runs it was seen running through (as a row's
+    /// `neighbour_windows`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbour_windows: Option<usize>,
 }
 
 /// What `noise` ran.
@@ -76,4 +80,9 @@ pub struct NoiseRow {
     pub metrics: std::collections::BTreeMap<String, Summary>,
     /// Runs that produced nothing, and why.
     pub failures: Vec<String>,
+    /// Beside the neighbour: the windows it was seen running through (stress-ng alive,
+    /// no launch of its guest failed); a window it was not is a failure, not a row value.
+    /// None for a quiet row and in results written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbour_windows: Option<usize>,
 }

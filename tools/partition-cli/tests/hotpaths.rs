@@ -381,6 +381,14 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
             for m in benchmarks::noise::METRICS {
                 assert_eq!(r["metrics"][m]["n"], 1, "{m} in {r:#}");
             }
+            // Beside the neighbour, it was seen running through the window (stress-ng
+            // alive, its guest launched, none of its launches failed).
+            let seen = if neighbour {
+                serde_json::json!(1)
+            } else {
+                serde_json::Value::Null
+            };
+            assert_eq!(r["neighbour_windows"], seen, "{r:#}");
         }
     }
     // The two paths, quiet and beside the neighbour, one run each.
@@ -395,6 +403,12 @@ fn the_noise_section_runs_every_case_quiet_and_beside_the_neighbour() {
             assert_eq!(r["failures"], serde_json::json!([]), "{r:#}");
             assert_eq!(r["median_ns"]["n"], 1, "{r:#}");
             assert!(r["median_ns"]["median"].as_f64().unwrap() > 0.0, "{r:#}");
+            let seen = if neighbour {
+                serde_json::json!(1)
+            } else {
+                serde_json::Value::Null
+            };
+            assert_eq!(r["neighbour_windows"], seen, "{r:#}");
         }
     }
     let md = std::fs::read_to_string(dir.path("noise.md")).unwrap();
