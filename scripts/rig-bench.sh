@@ -87,5 +87,12 @@ scripts/rig.sh "${files[@]}" --file "$inner:/rig/bench.sh" --timeout "${RIG_TIME
 taken=target/rig/bench-results.json
 sed -n '/^RIG-RESULTS-BEGIN$/,/^RIG-RESULTS-END$/p' "$out" | sed '1d;$d' > "$taken"
 [ -s "$taken" ] || die "the rig gave no results (rig.sh exit $rc)"
-"$bin" bench --merge "$taken" --results benchmarks/results/rig.json
+if [ -n "${RIG_BENCH_MERGE_POLICY_ROWS:-}" ]; then
+    # RIG_BENCH_MERGE_POLICY_ROWS=1 with RIG_BENCH_NO_QEMU=1 and --exits-policies P: this
+    # run's rows of P join rig.json's completed exits section, saying which run they came
+    # from (a run of many guests in the rig tends to lose the outer machine: docs/idle.md).
+    "$bin" bench --merge-policy-rows "$taken" --results benchmarks/results/rig.json
+else
+    "$bin" bench --merge "$taken" --results benchmarks/results/rig.json
+fi
 exit "$rc"

@@ -34,8 +34,10 @@ use crate::stats::summary;
 use crate::{Env, Launch, Microvm, timed_run};
 
 mod guest;
+mod merge;
 mod trace;
 pub use guest::{cpio_entry, init_script, initramfs};
+pub use merge::merge_policy_rows;
 use trace::under_trace;
 pub use trace::{
     Exit, FIRST_MARK, Loop, Tracer, exit_of, ipis_per_iteration, loops, per_iteration, shutdowns,

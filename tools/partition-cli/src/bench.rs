@@ -30,6 +30,12 @@ pub struct BenchArgs {
     /// (an incomplete one never replaces a completed one), then write the report.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["only", "report", "quick"])]
     merge: Option<PathBuf>,
+    /// Add the rows of the non-mwait idle policies of this results file's `exits` section
+    /// (a run of its own, such as `RIG_BENCH_NO_QEMU=1 scripts/rig-bench.sh exits
+    /// --exits-policies hlt`) to the completed `exits` section of --results, each row set
+    /// naming the run it came from, then write the report.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["only", "report", "quick", "merge"])]
+    merge_policy_rows: Option<PathBuf>,
     /// Measured runs per configuration (memsetup adds a discarded warm-up round; wake
     /// discards warm-up samples inside each run).
     #[arg(long, default_value_t = 5)]
@@ -126,6 +132,55 @@ fn write_report(results: &Path) -> bool {
             eprintln!("partition: bench: report: {e}");
             false
         }
+    }
+}
+
+/// `--merge-policy-rows FROM`: the other policies' rows of `from`'s exits section added to
+/// the completed one of `results`.
+fn merge_policy_rows(from: &Path, results: &Path) -> ExitCode {
+    let exits_of = |p: &Path| {
+        benchmarks::doc::Results::read(p)
+            .map_err(|e| format!("{}: {e}", p.display()))?
+            .exits
+            .ok_or_else(|| format!("{}: no exits section", p.display()))
+    };
+    let (mut into, from_section) = match (exits_of(results), exits_of(from)) {
+        (Ok(i), Ok(f)) => (i, f),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("partition: error: --merge-policy-rows: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let merged = match benchmarks::exits::merge_policy_rows(&mut into, &from_section) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!(
+                "partition: error: --merge-policy-rows {}: {e}",
+                from.display()
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let value = match serde_json::to_value(&into) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("partition: error: --merge-policy-rows: {e}");
+            return ExitCode::from(EXIT_VMM_ERROR);
+        }
+    };
+    if let Err(e) = results::store_section(results, "exits", value) {
+        eprintln!("partition: error: exits: {e}");
+        return ExitCode::from(EXIT_VMM_ERROR);
+    }
+    eprintln!(
+        "partition: bench: {} merged into {}'s exits section",
+        merged.join(", "),
+        results.display()
+    );
+    if write_report(results) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VMM_ERROR)
     }
 }
 
@@ -238,6 +293,9 @@ pub fn bench(a: BenchArgs) -> ExitCode {
     let results = a.results.unwrap_or_else(|| results::default_path(&cwd));
     if let Some(from) = &a.merge {
         return merge(from, &results);
+    }
+    if let Some(from) = &a.merge_policy_rows {
+        return merge_policy_rows(from, &results);
     }
     if a.report {
         // The results file is the user's input: missing, not a regular file, too large or
