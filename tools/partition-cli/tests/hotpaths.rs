@@ -209,6 +209,20 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
         LIMIT,
     );
     assert_eq!(out.code(), 0, "{}", out.stderr);
+    // Merging another run's policy rows needs both results files, each with an exits
+    // section; a file that is not there is the user's error.
+    let out = run(
+        &[
+            "bench",
+            "--merge-policy-rows",
+            "/nonexistent/from.json",
+            "--results",
+            "/nonexistent/into.json",
+        ],
+        LIMIT,
+    );
+    assert_eq!(out.code(), 2, "{}", out.stderr);
+    assert!(out.stderr.contains("--merge-policy-rows"), "{}", out.stderr);
     let out = run(
         &[
             "bench",
