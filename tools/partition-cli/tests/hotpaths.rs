@@ -169,6 +169,13 @@ fn the_probe_times_the_vmm_paths_and_walks_the_staircase() {
     assert!(!exits.contains("mmio_write"), "{exits}");
 }
 
+/// `partition ARGS` is refused as bad input: exit 2, with `why` on stderr.
+fn refused(args: &[&str], why: &str) {
+    let out = run(args, LIMIT);
+    assert_eq!(out.code(), 2, "{args:?}: {}", out.stderr);
+    assert!(out.stderr.contains(why), "{args:?}: {}", out.stderr);
+}
+
 #[test]
 fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -211,7 +218,7 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
     assert_eq!(out.code(), 0, "{}", out.stderr);
     // Merging another run's policy rows needs both results files, each with an exits
     // section; a file that is not there is the user's error.
-    let out = run(
+    refused(
         &[
             "bench",
             "--merge-policy-rows",
@@ -219,11 +226,9 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
             "--results",
             "/nonexistent/into.json",
         ],
-        LIMIT,
+        "--merge-policy-rows",
     );
-    assert_eq!(out.code(), 2, "{}", out.stderr);
-    assert!(out.stderr.contains("--merge-policy-rows"), "{}", out.stderr);
-    let out = run(
+    refused(
         &[
             "bench",
             "--only",
@@ -231,10 +236,8 @@ fn bench_refuses_bad_arguments_and_reports_from_a_results_file() {
             "--baseline",
             "/nonexistent/partition",
         ],
-        LIMIT,
+        "not a file",
     );
-    assert_eq!(out.code(), 2, "{}", out.stderr);
-    assert!(out.stderr.contains("not a file"), "{}", out.stderr);
     let out = run(&["bench", "--list"], LIMIT);
     assert_eq!(out.code(), 0);
     for s in [
