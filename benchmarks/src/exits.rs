@@ -431,14 +431,11 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
                     if let Some(r) = run.routine {
                         s.params.idle_routine.entry(name.clone()).or_insert(r);
                     }
-                    for ((op, part), m) in run.exits {
-                        if part == part_of(&op) {
-                            per.entry((name.clone(), op)).or_default().push(m);
-                        }
-                    }
-                    for ((op, part), m) in run.ipis {
-                        if part == part_of(&op) {
-                            ipis.entry((name.clone(), op)).or_default().push(m);
+                    for (into, counts) in [(&mut per, run.exits), (&mut ipis, run.ipis)] {
+                        for ((op, part), m) in counts {
+                            if part == part_of(&op) {
+                                into.entry((name.clone(), op)).or_default().push(m);
+                            }
                         }
                     }
                 }
@@ -491,23 +488,15 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
     }
     for ((vmm, op), runs) in per {
         let totals: Vec<f64> = runs.iter().map(|m| m.values().sum()).collect();
-        let mut reasons: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-        for m in &runs {
-            for (r, v) in m {
-                reasons.entry(r.clone()).or_default().push(*v);
-            }
-        }
+        let mut reasons = medians(Some(&runs));
+        reasons.retain(|_, v| v.abs() >= 0.0005);
         let guest_ipis = medians(ipis.get(&(vmm.clone(), op.clone())));
         s.rows.push(ExitsRow {
             vmm,
             op,
             guest_ipis,
             total: summary(&totals),
-            reasons: reasons
-                .into_iter()
-                .filter_map(|(r, v)| Some((r, summary(&v)?.median)))
-                .filter(|(_, v)| v.abs() >= 0.0005)
-                .collect(),
+            reasons,
         });
     }
     let _ = std::fs::remove_file(&disk);

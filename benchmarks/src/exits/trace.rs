@@ -23,16 +23,28 @@ pub struct Loop {
     pub n2: u64,
 }
 
+/// The `key=value` words after `tag` on a console line (None: no `tag` there).
+fn fields<'a>(line: &'a str, tag: &str) -> Option<BTreeMap<&'a str, &'a str>> {
+    let rest = &line[line.find(tag)? + tag.len()..];
+    Some(
+        rest.split_whitespace()
+            .filter_map(|w| w.split_once('='))
+            .collect(),
+    )
+}
+
+/// What one iteration adds, from a count at a loop's four marks (A, B around the N1 run,
+/// C, D around the N2 run) and n = N2 - N1: ((D - C) - (B - A)) / n.
+fn difference([a, b, c, d]: [f64; 4], n: f64) -> f64 {
+    ((d - c) - (b - a)) / n
+}
+
 /// The `hotpaths-count` lines of a console.
 pub fn loops(console: &str) -> Vec<Loop> {
     console
         .lines()
         .filter_map(|l| {
-            let rest = &l[l.find("hotpaths-count ")? + "hotpaths-count ".len()..];
-            let kv: BTreeMap<&str, &str> = rest
-                .split_whitespace()
-                .filter_map(|w| w.split_once('='))
-                .collect();
+            let kv = fields(l, "hotpaths-count ")?;
             Some(Loop {
                 op: kv.get("op")?.to_string(),
                 part: kv.get("part")?.parse().ok()?,
@@ -53,13 +65,9 @@ pub fn ipis_per_iteration(
 ) -> BTreeMap<(String, u32), BTreeMap<String, f64>> {
     let mut out = BTreeMap::new();
     for l in console.lines() {
-        let Some(at) = l.find("hotpaths-ipis ") else {
+        let Some(kv) = fields(l, "hotpaths-ipis ") else {
             continue;
         };
-        let kv: BTreeMap<&str, &str> = l[at + "hotpaths-ipis ".len()..]
-            .split_whitespace()
-            .filter_map(|w| w.split_once('='))
-            .collect();
         let (Some(op), Some(part)) = (
             kv.get("op"),
             kv.get("part").and_then(|p| p.parse::<u32>().ok()),
@@ -74,12 +82,17 @@ pub fn ipis_per_iteration(
         };
         let mut per = BTreeMap::new();
         for (key, name) in [("res", "RES"), ("cal", "CAL")] {
-            let v: Vec<i64> = kv
+            let v: Vec<f64> = kv
                 .get(key)
-                .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect())
+                .map(|v| {
+                    v.split(',')
+                        .filter_map(|x| x.parse::<u64>().ok())
+                        .map(|x| x as f64)
+                        .collect()
+                })
                 .unwrap_or_default();
             if let [a, b, c, d] = v[..] {
-                per.insert(name.to_string(), ((d - c) - (b - a)) as f64 / n as f64);
+                per.insert(name.to_string(), difference([a, b, c, d], n as f64));
             }
         }
         if !per.is_empty() {
@@ -222,10 +235,7 @@ pub fn per_iteration(
     Some(
         reasons
             .into_iter()
-            .map(|r| {
-                let v = ((get(d, r) - get(c, r)) - (get(b, r) - get(a, r))) / n;
-                (r.clone(), v)
-            })
+            .map(|r| (r.clone(), difference([a, b, c, d].map(|m| get(m, r)), n)))
             .collect(),
     )
 }
