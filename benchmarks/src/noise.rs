@@ -200,11 +200,10 @@ struct Neighbour {
     runs: Arc<std::sync::Mutex<GuestRuns>>,
 }
 
-/// The neighbour guest's launches: started, ended well, and the first that did not.
+/// The neighbour guest's launches: how many started, and the first that did not end well.
 #[derive(Default)]
 struct GuestRuns {
     started: usize,
-    ok: usize,
     failed: Option<String>,
 }
 
@@ -273,8 +272,7 @@ impl Neighbour {
             runs.clone(),
         );
         let guest = std::thread::spawn(move || {
-            let count =
-                |f: &dyn Fn(&mut GuestRuns)| f(&mut seen.lock().unwrap_or_else(|e| e.into_inner()));
+            let runs = || seen.lock().unwrap_or_else(|e| e.into_inner());
             while !s.load(Ordering::Acquire) {
                 let mut c = Command::new(&partition);
                 c.env("PARTITION_STATE_DIR", &state)
@@ -286,29 +284,22 @@ impl Neighbour {
                         "--cmdline",
                         "probe.memtest=0 probe.blk=qd32,lat probe.blk_n=3000",
                     ]);
-                count(&|r| r.started += 1);
+                runs().started += 1;
                 let ended = timed_run(c, Duration::from_secs(120));
                 if s.load(Ordering::Acquire) {
                     // Stopped from outside (its launch may have been cut short): not a run.
                     break;
                 }
-                match ended {
-                    Ok(r) if r.status.success() => count(&|g| g.ok += 1),
-                    Ok(r) => {
-                        let why = format!(
-                            "its guest's launch exited {:?}: {}",
-                            r.status.code(),
-                            r.stderr.lines().last().unwrap_or("")
-                        );
-                        count(&|g| {
-                            g.failed.get_or_insert_with(|| why.clone());
-                        });
-                    }
-                    Err(e) => count(&|g| {
-                        g.failed
-                            .get_or_insert_with(|| format!("its guest did not run: {e}"));
-                    }),
-                }
+                let why = match ended {
+                    Ok(r) if r.status.success() => continue,
+                    Ok(r) => format!(
+                        "its guest's launch exited {:?}: {}",
+                        r.status.code(),
+                        r.stderr.lines().last().unwrap_or("")
+                    ),
+                    Err(e) => format!("its guest did not run: {e}"),
+                };
+                runs().failed.get_or_insert(why);
             }
         });
         Ok(Self {
