@@ -17,6 +17,19 @@ pub(super) fn cell_us(c: Option<Cell>) -> String {
     })
 }
 
+/// A table row of three names, a timing's median (min-max) and its p99, in µs.
+fn timed_row(o: &mut String, names: [&str; 3], median: Option<Cell>, p99: Option<Cell>) {
+    let _ = writeln!(
+        o,
+        "| {} | {} | {} | {} | {} |",
+        names[0],
+        names[1],
+        names[2],
+        cell_us(median),
+        p99_us(p99)
+    );
+}
+
 /// A p99 cell in µs (its median).
 pub(super) fn p99_us(c: Option<Cell>) -> String {
     num(c.map(|c| c.median_ns / 1e3), 2)
@@ -103,14 +116,11 @@ pub(super) fn submit_rows(o: &mut String, sub: &SubmitSection) {
         "\n| bare-host twin: engine | driver | twin of | median (min-max over runs) | p99 |\n|---|---|---|---|---|"
     );
     for t in &sub.host {
-        let _ = writeln!(
+        timed_row(
             o,
-            "| {} | {} | {} | {} | {} |",
-            t.engine,
-            t.waiter,
-            t.twin_of,
-            cell_us(t.submit_to_fence),
-            p99_us(t.p99),
+            [&t.engine, &t.waiter, &t.twin_of],
+            t.submit_to_fence,
+            t.p99,
         );
     }
     mapped_breakdown(o, sub);
@@ -120,15 +130,7 @@ pub(super) fn submit_rows(o: &mut String, sub: &SubmitSection) {
             "\n| QEMU peer (microvm, PCIe) | what was timed | peer of | median (min-max over runs) | p99 |\n|---|---|---|---|---|"
         );
         for r in &sub.qemu {
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {} | {} |",
-                r.device,
-                r.path,
-                r.peer_of,
-                cell_us(r.latency),
-                p99_us(r.p99),
-            );
+            timed_row(o, [&r.device, &r.path, &r.peer_of], r.latency, r.p99);
         }
     }
     let writes: Vec<String> = sub

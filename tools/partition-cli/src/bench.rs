@@ -118,6 +118,15 @@ fn parse_policy(s: &str) -> Result<String, String> {
         })
 }
 
+/// Writes the report after a merge: success, or a VMM error if it could not be written.
+fn report_exit(results: &Path) -> ExitCode {
+    if write_report(results) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_VMM_ERROR)
+    }
+}
+
 fn write_report(results: &Path) -> bool {
     match benchmarks::report::write(results) {
         Ok((md, svg)) => {
@@ -177,11 +186,7 @@ fn merge_policy_rows(from: &Path, results: &Path) -> ExitCode {
         merged.join(", "),
         results.display()
     );
-    if write_report(results) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_VMM_ERROR)
-    }
+    report_exit(results)
 }
 
 /// `--merge FROM`: each section of results file `from` stored into `results`.
@@ -222,11 +227,7 @@ fn merge(from: &Path, results: &Path) -> ExitCode {
             }
         }
     }
-    if write_report(results) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_VMM_ERROR)
-    }
+    report_exit(results)
 }
 
 pub fn bench(a: BenchArgs) -> ExitCode {
