@@ -78,15 +78,16 @@ impl Counted {
             "{}",
             line(&self.op.borrow(), self.part.get(), m, self.n1, self.n2)
         );
-        let _ = std::io::stdout().flush();
+        drain_stdout();
         self.part.set(self.part.get() + 1);
         f((self.n1 / 10).max(1));
         let a = ipis();
         self.mark(m);
         f(self.n1);
         self.mark(m + 1);
+        // One read serves as B and C: marks m+1 and m+2 have nothing but it between them.
         let b = ipis();
-        let c = ipis();
+        let c = b;
         self.mark(m + 2);
         f(self.n2);
         self.mark(m + 3);
@@ -96,8 +97,21 @@ impl Counted {
                 "{}",
                 ipis_line(&self.op.borrow(), self.part.get() - 1, [a, b, c, d])
             );
-            let _ = std::io::stdout().flush();
+            drain_stdout();
         }
+    }
+}
+
+/// Flushes stdout and, where it is a terminal (a guest's serial console), waits until the
+/// line has left it: a console still draining a line into the UART makes port-write exits
+/// inside the next loop's marked runs (seen in the rig: 3.6 `io` exits an iteration of
+/// `write`, 2026-12-07, while the lines before it drained).
+fn drain_stdout() {
+    let _ = std::io::stdout().flush();
+    // SAFETY: tcdrain on descriptor 1 touches no memory of ours; on a descriptor that is
+    // not a terminal it fails with ENOTTY, which is ignored.
+    unsafe {
+        libc::tcdrain(1);
     }
 }
 
