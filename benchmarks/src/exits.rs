@@ -203,7 +203,7 @@ fn traced(cmd: std::process::Command) -> Result<Run, Failed> {
     let routine = ready.and_then(|l| {
         Some(IdleRoutineSeen {
             guest: word_after(l, "routine=")?,
-            predicted: predicted_routine(&r.stderr),
+            predicted: predicted_routine(&console),
         })
     });
     // Where the guest took its disk's interrupts (a completion on another vCPU than the
@@ -253,14 +253,13 @@ fn word_after(line: &str, key: &str) -> Option<String> {
         .map(String::from)
 }
 
-/// The loop our launch report said a Linux guest idles in (`a Linux guest (6.0 on) idles
-/// in MWAIT without a cpuidle driver: ...`): `MWAIT`, `HLT` or `a polling loop`.
-fn predicted_routine(stderr: &str) -> Option<String> {
-    const SAID: &str = "a Linux guest (6.0 on) idles in ";
-    let l = stderr
-        .lines()
-        .find_map(|l| Some(&l[l.find(SAID)? + SAID.len()..]))?;
-    Some(l.split(" without").next()?.trim().to_string())
+/// The loop our launch's `--json` report (its last line on stdout) predicts a Linux guest
+/// idles in: `idle.readback.cpuid.guest_idle.routine`, `mwait`, `hlt` or `poll`.
+fn predicted_routine(stdout: &str) -> Option<String> {
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last()?).ok()?;
+    report["idle"]["readback"]["cpuid"]["guest_idle"]["routine"]
+        .as_str()
+        .map(String::from)
 }
 
 /// How the guest said it idles: the `idle=` and `gov=` words of its `EXITS-READY` line.
@@ -420,6 +419,7 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
                 .idle(policy)
                 .disk(&disk, "")
                 .cmdline(cmdline)
+                .json()
                 .command(),
                 Vmm::Qemu => qemu_command(env, &kernel, &initrd, &disk, cmdline),
             };
@@ -723,12 +723,13 @@ mod tests {
             guest_idle(ready).as_deref(),
             Some("idle= gov= routine=mwait")
         );
-        let stderr = "partition: x\npartition: a Linux guest (6.0 on) idles in HLT without a cpuidle driver: leaf 5 counts no C1\n";
-        assert_eq!(predicted_routine(stderr).as_deref(), Some("HLT"));
-        let poll =
-            "a Linux guest (6.0 on) idles in a polling loop without a cpuidle driver: idle=poll";
-        assert_eq!(predicted_routine(poll).as_deref(), Some("a polling loop"));
-        assert_eq!(predicted_routine("nothing said"), None);
+        // The launch's --json report is the last line of its stdout, after the console.
+        let stdout = "EXITS-DONE rc=0\n{\"idle\":{\"readback\":{\"cpuid\":{\"guest_idle\":{\"routine\":\"hlt\",\"why\":\"leaf 5 counts no C1\"}}}}}\n";
+        assert_eq!(predicted_routine(stdout).as_deref(), Some("hlt"));
+        assert_eq!(predicted_routine("EXITS-DONE rc=0\n{\"idle\":{}}"), None);
+        // Its English sentences are not read.
+        let said = "a Linux guest (6.0 on) idles in HLT without a cpuidle driver: x";
+        assert_eq!(predicted_routine(said), None);
         assert_eq!(partition_label("mwait"), "partition");
         assert_eq!(partition_label("hlt"), "partition --idle hlt");
     }

@@ -69,8 +69,9 @@ pub struct ExitsParams {
 pub struct IdleRoutineSeen {
     /// From the guest's boot log: `mwait`, `poll` or `default`.
     pub guest: String,
-    /// The launch report's prediction (`MWAIT`, `HLT`, `a polling loop`), where it made
-    /// one.
+    /// The launch's `--json` prediction (`idle.readback.cpuid.guest_idle.routine`: `mwait`,
+    /// `hlt`, `poll`; results merged before 2026-12-07 say `MWAIT`, `HLT`, `a polling loop`,
+    /// from its sentence), where it made one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted: Option<String>,
 }
