@@ -190,6 +190,21 @@ pub struct ExitCounters {
 }
 
 impl ExitCounters {
+    /// Whether the vCPU has come back from KVM_RUN at least once (any exit to the VMM).
+    pub fn any(&self) -> bool {
+        [
+            &self.io_in,
+            &self.io_out,
+            &self.mmio_read,
+            &self.mmio_write,
+            &self.hlt,
+            &self.interrupted,
+            &self.other,
+        ]
+        .iter()
+        .any(|c| c.load(std::sync::atomic::Ordering::Relaxed) > 0)
+    }
+
     pub(crate) fn assisted(&self, kind: assist::Kind) {
         let i = assist::Kind::ALL
             .iter()

@@ -227,10 +227,12 @@ impl Vm {
         self.fd.as_raw_fd()
     }
 
-    /// Opens KVM and creates a VM with an in-kernel irqchip and PIT.
+    /// Opens KVM and creates a VM with an in-kernel irqchip and PIT (out of reinject
+    /// mode).
     pub fn new() -> Result<Self, VmError> {
         let vm = Self::without_irqchip()?;
         vm.add_irqchip()?;
+        vm.end_pit_reinject()?;
         Ok(vm)
     }
 
@@ -280,9 +282,10 @@ impl Vm {
         })
     }
 
-    /// The in-kernel irqchip (PIC, IOAPIC, each vCPU's LAPIC) and PIT, the PIT out of
-    /// reinject mode (which inhibits AMD's AVIC for the whole VM: super::apic). Once,
-    /// before any vCPU exists.
+    /// The in-kernel irqchip (PIC, IOAPIC, each vCPU's LAPIC) and PIT. Once, before any
+    /// vCPU exists. The PIT starts in reinject mode (KVM's default, which inhibits AMD's
+    /// AVIC for the whole VM: super::apic); [`Vm::end_pit_reinject`] ends it once the
+    /// guest runs.
     pub fn add_irqchip(&self) -> Result<(), VmError> {
         self.fd
             .create_irq_chip()
@@ -294,30 +297,45 @@ impl Vm {
         self.fd
             .create_pit2(pit)
             .map_err(kvm_err("creating the in-kernel PIT"))?;
-        let reinject = if self
+        let control = self
             .kvm
             .check_extension_raw(kvm_bindings::KVM_CAP_REINJECT_CONTROL as _)
-            > 0
-        {
-            vmm_sys_util::ioctl_io_nr!(KVM_REINJECT_CONTROL, 0xae, 0x71);
-            let off = kvm_bindings::kvm_reinject_control::default();
-            // SAFETY: KVM_REINJECT_CONTROL reads one `struct kvm_reinject_control`, which
-            // `off` is and outlives the call; the descriptor is this VM's.
-            let rc = unsafe {
-                vmm_sys_util::ioctl::ioctl_with_ref(&self.fd, KVM_REINJECT_CONTROL(), &off)
-            };
-            if rc != 0 {
-                return Err(VmError::Kvm {
-                    what: "KVM_REINJECT_CONTROL",
-                    source: kvm_ioctls::Error::last(),
-                });
-            }
-            Some(false)
-        } else {
-            None
-        };
-        self.apic_mut().pit_reinject = reinject;
+            > 0;
+        // In reinject mode until ended; None: it cannot be ended here.
+        self.apic_mut().pit_reinject = control.then_some(true);
         crate::sys::timeline::mark("irqchip");
+        Ok(())
+    }
+
+    /// Takes the PIT out of reinject mode (KVM_REINJECT_CONTROL), which lifts the AVIC
+    /// inhibit it holds; nothing where KVM lacks the control or it is off already.
+    ///
+    /// The launch calls it once the vCPUs run, not while it builds the VM: KVM unhooks
+    /// the PIT's two interrupt notifiers, each behind a normal (not expedited)
+    /// `synchronize_srcu` of the VM's irq SRCU (`kvm_pit_set_reinject`,
+    /// arch/x86/kvm/i8254.c), and the second comes too soon after the first for SRCU to
+    /// expedite it: on this host, with the launcher in a reservation's housekeeping cpuset,
+    /// that held every launch 12-16 ms before its guest could start. The ioctl holds only
+    /// the PIT's own lock, so a guest touching the PIT meanwhile waits on it; Linux leaves
+    /// the PIT after its first milliseconds of boot (docs/architecture.md, "Where a
+    /// launch waits").
+    pub fn end_pit_reinject(&self) -> Result<(), VmError> {
+        if self.apic_mut().pit_reinject != Some(true) {
+            return Ok(());
+        }
+        vmm_sys_util::ioctl_io_nr!(KVM_REINJECT_CONTROL, 0xae, 0x71);
+        let off = kvm_bindings::kvm_reinject_control::default();
+        // SAFETY: KVM_REINJECT_CONTROL reads one `struct kvm_reinject_control`, which `off`
+        // is and outlives the call; the descriptor is this VM's.
+        let rc =
+            unsafe { vmm_sys_util::ioctl::ioctl_with_ref(&self.fd, KVM_REINJECT_CONTROL(), &off) };
+        if rc != 0 {
+            return Err(VmError::Kvm {
+                what: "KVM_REINJECT_CONTROL",
+                source: kvm_ioctls::Error::last(),
+            });
+        }
+        self.apic_mut().pit_reinject = Some(false);
         Ok(())
     }
 

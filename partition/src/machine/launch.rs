@@ -226,7 +226,10 @@ pub fn run(
         &vcpus.handles,
         &signals,
         observer,
-        filters.as_ref().map(|f| &f.main),
+        super::vcpus::MainThread {
+            filter: filters.as_ref().map(|f| &f.main),
+            vm: &vm,
+        },
         &control,
     );
     if let Some(a) = api {

@@ -263,15 +263,32 @@ pub(super) fn create_vcpus(
 
 /// Sets each vCPU running on its seat, waits for the first stop (or a signal), stops and
 /// joins them all: how it ended, and for how long the vCPUs ran.
+/// What the launcher's own thread does once the vCPUs run: the VM's last step
+/// ([`Vm::end_pit_reinject`](crate::kvm::vm::Vm::end_pit_reinject)), then its filter.
+pub(super) struct MainThread<'a> {
+    /// Its seccomp filter, when confined.
+    pub filter: Option<&'a seccompiler::BpfProgram>,
+    /// The VM.
+    pub vm: &'a crate::kvm::vm::Vm,
+}
+
+/// How long the launcher waits for the first vCPU's first exit before it takes the PIT out
+/// of reinject mode ([`run_vcpus`]).
+const FIRST_ENTRY_WAIT: Duration = Duration::from_millis(50);
+
 pub(super) fn run_vcpus(
     seats: Seats,
     vcpus: Vec<VcpuThread>,
     handles: &[VcpuHandle],
     signals: &SignalGuard,
     observer: &dyn Observer,
-    main_filter: Option<&seccompiler::BpfProgram>,
+    main: MainThread<'_>,
     control: &Control,
 ) -> Result<(Ending, Duration), LaunchError> {
+    let MainThread {
+        filter: main_filter,
+        vm,
+    } = main;
     let os = |what| move |source| LaunchError::Os { what, source };
     kvm_vcpu::install_kick_handler().map_err(os("installing the vCPU kick handler"))?;
     let exit_evt = Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(os("eventfd"))?);
@@ -299,6 +316,20 @@ pub(super) fn run_vcpus(
         })
         .collect();
     let threads = seats.seat(jobs);
+    // With the guest running, the PIT leaves reinject mode: KVM waits for two SRCU grace
+    // periods there (`Vm::end_pit_reinject`), which the guest no longer waits for. Not
+    // before the first vCPU's first entry is over: that entry moves the PIT's timer to its
+    // core under the lock the ioctl holds throughout (`__kvm_migrate_pit_timer`), so the
+    // guest would wait after all. Its first exit says it is; a guest that does not exit
+    // soon is not waited for longer than `FIRST_ENTRY_WAIT`.
+    let t = Instant::now();
+    while !handles.first().is_none_or(|h| h.counters.any()) && t.elapsed() < FIRST_ENTRY_WAIT {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    if let Err(e) = vm.end_pit_reinject() {
+        stop_all(handles, threads);
+        return Err(e.into());
+    }
 
     // The launcher's own thread, from here on only waiting, kicking, joining and reporting.
     if let Some(f) = main_filter {
