@@ -36,8 +36,9 @@ use crate::doc::blk::{
     BlkParams, BlkSection, GuestRow, HostRow, ImageDoc, Metric, PeerBlk, Peers, VsQemu,
 };
 use crate::head::{Head, Ordering};
-use crate::host::{XorShift, make_image, pin_and_start_qemu, pin_firecracker};
-use crate::peers::{Peer, PeerBoot};
+use crate::host::{XorShift, make_image};
+use crate::peers::{Peer, PeerBoot, PeerSetup};
+use crate::placement::{Placement, pin_and_start_qemu};
 
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm, pretty, timed_run, timed_run_with};
@@ -482,24 +483,20 @@ pub fn run(env: &Env) -> BlkSection {
             } else if let Some(&(_, engine, _)) = FIRECRACKER.iter().find(|c| c.0 == job) {
                 let cmdline = probe_cmdline();
                 let boot = PeerBoot {
-                    peer: Peer::Firecracker,
-                    pin: Some(env.host_core.to_string()),
+                    setup: PeerSetup::default_of(Peer::Firecracker),
+                    placement: Some(Placement::one(env.core, env.host_core)),
                     vcpus: 1,
                     mb: 64,
-                    hugepages: false,
                     probe: &probe,
                     cmdline: &cmdline,
                     disk: Some((&image, engine)),
                 };
                 let s = firecracker.get_mut(job).expect("present");
-                let Some(c) = boot.command(env, &env.work) else {
+                let Some((c, pin)) = boot.command(env, &env.work) else {
                     continue;
                 };
                 s.command = pretty(&c);
-                let (core, host_core) = (env.core, env.host_core);
-                let r = timed_run_with(c, Duration::from_secs(120), |pid| {
-                    pin_firecracker(pid, core, host_core)
-                });
+                let r = timed_run_with(c, Duration::from_secs(120), |pid| pin.apply(pid));
                 // Firecracker ends on the probe's i8042 reset, exiting 0.
                 record_guest(s, r, 0, expect);
             } else {

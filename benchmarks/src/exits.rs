@@ -30,8 +30,9 @@ use std::time::Duration;
 
 use crate::doc::exits::{ExitsParams, ExitsRow, ExitsSection, IdleRoutineSeen};
 use crate::head::Head;
+use crate::placement::{Pin, Placement};
 use crate::stats::summary;
-use crate::{Env, Launch, Microvm, timed_run};
+use crate::{Env, Launch, Microvm, timed_run_with};
 
 mod guest;
 mod merge;
@@ -191,9 +192,11 @@ impl From<String> for Failed {
 }
 
 /// Runs `cmd` (a VMM booting the guest) under the tracer and counts.
-fn traced(cmd: std::process::Command) -> Result<Run, Failed> {
-    let (r, trace) =
-        under_trace(|| timed_run(cmd, LIMIT).map_err(|e| format!("running the VMM: {e}")))?;
+fn traced((cmd, pin): (std::process::Command, Pin)) -> Result<Run, Failed> {
+    let (r, trace) = under_trace(|| {
+        timed_run_with(cmd, LIMIT, |pid| pin.apply(pid))
+            .map_err(|e| format!("running the VMM: {e}"))
+    })?;
     let console = r.stdout;
     let ready = console.lines().find(|l| l.contains("EXITS-READY"));
     if let Some(l) = ready {
@@ -409,18 +412,22 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
         for vmm in due {
             let name = vmm.name();
             let cmd = match &vmm {
-                Vmm::Partition(policy) => Launch::new(
-                    env,
-                    &state,
-                    &format!("{},{}", env.host_core, env.core),
-                    "512M",
-                )
-                .kernel(&kernel, &initrd)
-                .idle(policy)
-                .disk(&disk, "")
-                .cmdline(cmdline)
-                .json()
-                .command(),
+                Vmm::Partition(policy) => {
+                    let mut c = Launch::new(
+                        env,
+                        &state,
+                        &format!("{},{}", env.host_core, env.core),
+                        "512M",
+                    )
+                    .kernel(&kernel, &initrd)
+                    .idle(policy)
+                    .disk(&disk, "")
+                    .cmdline(cmdline)
+                    .json()
+                    .command();
+                    placement(env).start_on_other(&mut c);
+                    (c, Pin::Nothing)
+                }
                 Vmm::Qemu => qemu_command(env, &kernel, &initrd, &disk, cmdline),
             };
             match traced(cmd) {
@@ -520,16 +527,28 @@ fn medians(runs: Option<&Vec<BTreeMap<String, f64>>>) -> BTreeMap<String, f64> {
         .collect()
 }
 
+/// Where both VMMs' threads run: vCPU 0 on the housekeeping core, vCPU 1 on the reserved
+/// one, everything else on the housekeeping core.
+fn placement(env: &Env) -> Placement {
+    Placement {
+        vcpus: vec![env.host_core, env.core],
+        other: env.host_core,
+        join: None,
+    }
+}
+
 /// QEMU's run of one round: the same kernel, initramfs, disk and command line as ours, on
 /// microvm with qboot ([`QEMU_FIRMWARE`]), every idle exit disabled (`cpu-pm=on`), the
-/// disk a virtio-blk-device served by an iothread.
+/// disk a virtio-blk-device served by an iothread through the host's page cache with
+/// io_uring as ours is (`cache=writeback,aio=io_uring`), its threads placed as ours
+/// (started paused, vCPUs pinned over QMP).
 fn qemu_command(
     env: &Env,
     kernel: &Path,
     initrd: &Path,
     disk: &Path,
     cmdline: &str,
-) -> std::process::Command {
+) -> (std::process::Command, Pin) {
     let mut qemu = Microvm {
         pin: None,
         smp: 2,
@@ -547,11 +566,12 @@ fn qemu_command(
         .args(["-object", "iothread,id=io0"])
         .arg("-drive")
         .arg(format!(
-            "file={},if=none,id=d0,format=raw,cache=none,aio=native",
+            "file={},if=none,id=d0,format=raw,cache=writeback,aio=io_uring",
             disk.display()
         ))
         .args(["-device", "virtio-blk-device,drive=d0,iothread=io0"]);
-    qemu
+    let pin = placement(env).qemu(&mut qemu, "exits", &env.work.join("exits-qmp.sock"));
+    (qemu, pin)
 }
 
 /// The largest `base.cpio` the section reads (Debian's userspace initramfs is tens of MiB).
@@ -624,12 +644,18 @@ mod tests {
     #[test]
     fn qemu_boots_with_qboot_and_every_idle_exit_disabled() {
         let env = Env::for_tests();
-        let cmd = qemu_command(
+        let (cmd, pin) = qemu_command(
             &env,
             Path::new("/k/vmlinux"),
             Path::new("/k/initrd"),
             Path::new("/k/disk"),
             "console=ttyS0",
+        );
+        // Placed as ours: paused, its vCPUs one to a core as our --cores puts them.
+        assert!(
+            matches!(&pin, Pin::QemuPaused { placement, .. }
+                if placement.vcpus == [env.host_core, env.core]),
+            "{pin:?}"
         );
         let args: Vec<String> = cmd
             .get_args()
@@ -649,6 +675,8 @@ mod tests {
         assert_eq!(after("-kernel"), ["/k/vmlinux"]);
         assert_eq!(after("-initrd"), ["/k/initrd"]);
         assert!(after("-drive")[0].starts_with("file=/k/disk,"));
+        // The same caching as ours: the host's page cache, io_uring.
+        assert!(after("-drive")[0].ends_with(",cache=writeback,aio=io_uring"));
         assert_eq!(
             after("-device").last(),
             Some(&"virtio-blk-device,drive=d0,iothread=io0")

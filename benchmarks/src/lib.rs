@@ -20,6 +20,7 @@ pub mod noise;
 pub mod nvmecore;
 pub mod outdir;
 pub mod peers;
+pub mod placement;
 pub mod probe;
 pub mod provenance;
 pub use provenance::now_utc;
@@ -206,7 +207,7 @@ impl Launch {
 /// console on stdout, power-off through isa-debug-exit (status s exits `(s << 1) | 1`).
 /// Callers add what differs (QMP, a drive, `-overcommit`).
 pub struct Microvm<'a> {
-    /// A `taskset -c` list to start QEMU under, if any.
+    /// A core list ("0,1") to start QEMU on, if any (set before exec: [`placement`]).
     pub pin: Option<String>,
     /// vCPUs.
     pub smp: usize,
@@ -222,16 +223,19 @@ pub struct Microvm<'a> {
     pub cmdline: &'a str,
 }
 
-/// `bin`, started under `taskset -c PIN` when `pin` is given.
+/// `bin`, started on the cores of the list `pin` ("0,1") when it is given: the affinity is
+/// set in the child before exec (no `taskset` process whose exec and start would count as
+/// the VMM's own; [`placement`]).
 pub fn pinned(bin: &Path, pin: Option<&str>) -> Command {
-    match pin {
-        Some(cpus) => {
-            let mut c = Command::new("taskset");
-            c.args(["-c", cpus]).arg(bin);
-            c
-        }
-        None => Command::new(bin),
+    let mut c = Command::new(bin);
+    if let Some(list) = pin {
+        let cores: Vec<usize> = list
+            .split(',')
+            .filter_map(|x| x.trim().parse().ok())
+            .collect();
+        placement::start_on(&mut c, &cores);
     }
+    c
 }
 
 impl Microvm<'_> {
@@ -696,7 +700,8 @@ mod tests {
             cmdline: "a=1 b",
         };
         let a = args(&m.command(&env));
-        assert_eq!(a[..4], ["taskset", "-c", "0,1", "/opt/q"]);
+        // Pinned in the child before exec, not under taskset.
+        assert_eq!(a[0], "/opt/q");
         let after = |a: &[String], k: &str| a.iter().position(|x| x == k).map(|i| a[i + 1].clone());
         assert_eq!(after(&a, "-M").as_deref(), Some("microvm"));
         assert_eq!(after(&a, "-smp").as_deref(), Some("2"));

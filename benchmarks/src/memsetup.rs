@@ -10,15 +10,24 @@
 //!   launch's default, `--backing anonymous`; Firecracker's way without hugepages);
 //! - `hugetlb`: fresh MAP_HUGETLB | MAP_POPULATE from the kernel's free hugepages (grown
 //!   before and shrunk after each run, outside the timed part);
-//! - `qemu`: `qemu-system-x86_64 -M microvm -mem-prealloc`, the probe booted through PVH;
-//! - `qemu-hugetlbfs`: the strongest QEMU setup for the same job, guest memory from
-//!   preallocated 2 MiB hugepages (`-object memory-backend-file,mem-path=<hugetlbfs
-//!   mount>,prealloc=on`; the pages are taken from the kernel before and given back after
-//!   each run, outside the timed part, as for `hugetlb`);
-//! - `cloud-hypervisor`, `cloud-hypervisor-hugepages`: Cloud Hypervisor (`--memory
-//!   size=..,prefault=on`, and `hugepages=on,hugepage_size=2M`), when given ([`crate::peers`]);
-//! - `firecracker`, `firecracker-hugepages`: Firecracker (`--no-api --config-file`, and
-//!   `"huge_pages": "2M"`), when given. Both boot the probe through its PVH note.
+//! - `qemu`, `qemu-prealloc`: `qemu-system-x86_64 -M microvm` (its default: the guest faults
+//!   its pages in) and with `-mem-prealloc`, the probe booted through PVH;
+//! - `qemu-hugetlbfs`, `qemu-hugetlbfs-prealloc`: guest memory on 2 MiB hugepages
+//!   (`-object memory-backend-file,mem-path=<hugetlbfs mount>`, `prealloc=off` and `on`;
+//!   the pages are taken from the kernel before and given back after each run, outside the
+//!   timed part, as for `hugetlb`);
+//! - Cloud Hypervisor, when given ([`crate::peers`]): `cloud-hypervisor` (its default,
+//!   pages made on first touch), `-prefault` (`prefault=on`), `-hugepages`
+//!   (`hugepages=on,hugepage_size=2M`) and `-hugepages-prefault`;
+//! - Firecracker, when given: `firecracker` (its default) and `firecracker-hugepages`
+//!   (`"huge_pages": "2M"`; it has no prefault option). Both boot the probe through its
+//!   PVH note.
+//!
+//! Every VMM is placed alike ([`crate::placement`]): the guest's vCPU thread on the reserved
+//! core and everything else on the housekeeping core, each row saying how. Our ad hoc
+//! launches are the exception the product makes: a reserved core is the pool's, so their
+//! vCPU shares the housekeeping core (this puts them at a disadvantage, not the peers).
+//! A section with a peer's rows but not its default row fails.
 //!
 //! Time to first byte is measured from `spawn` to the first byte on the VMM's stdout;
 //! the memory part comes from our VMM's own report (`--json` timings; QEMU has no such
@@ -28,8 +37,7 @@
 //! its vCPU thread's guest time so far is in it) and its resident set (`VmRSS`; guest
 //! memory on hugepages is `HugetlbPages` instead, recorded beside it).
 //! One warm-up round is discarded; the sources then alternate, in an order rotated every
-//! round. Every launcher runs on the host core; the pool partition's vCPU runs on the
-//! reserved core (a pool partition can run nowhere else), the others' on the host core.
+//! round.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,27 +49,33 @@ use crate::doc::memsetup::{
     PoolPreallocation,
 };
 use crate::head::Head;
-use crate::peers::{Peer, PeerBoot};
+use crate::peers::{Peer, PeerBoot, PeerSetup};
+use crate::placement::{Pin, Placement};
 use crate::stats::summary;
-use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run};
+use crate::{Env, HugepageCount, Launch, Microvm, ms, timed_run_with};
 
 /// The sources that are `partition launch`'s own (the rest are peer VMMs').
 pub const OURS: [&str; 4] = ["pool", "anon-prefault", "anonymous", "hugetlb"];
 
-/// The memory sources compared.
-pub const SOURCES: [&str; 10] = [
-    "pool",
-    "anon-prefault",
-    "anonymous",
-    "hugetlb",
+/// QEMU's sources: its default (`-M microvm`, anonymous memory the guest faults in), with
+/// `-mem-prealloc`, and each from a hugetlbfs mount.
+pub const QEMU: [&str; 4] = [
     "qemu",
+    "qemu-prealloc",
     "qemu-hugetlbfs",
-    "cloud-hypervisor",
-    "cloud-hypervisor-hugepages",
-    "firecracker",
-    "firecracker-hugepages",
+    "qemu-hugetlbfs-prealloc",
 ];
 const HUGEPAGE: u64 = 2 << 20;
+
+/// The memory sources compared: ours, QEMU's, and every setup of each Rust peer
+/// ([`PeerSetup::all_of`], its default first).
+pub fn sources() -> Vec<String> {
+    let mut out: Vec<String> = OURS.iter().chain(&QEMU).map(|s| s.to_string()).collect();
+    for p in Peer::ALL {
+        out.extend(PeerSetup::all_of(p).iter().map(PeerSetup::source));
+    }
+    out
+}
 
 /// Sizes measured.
 pub fn default_sizes() -> Vec<u64> {
@@ -70,7 +84,18 @@ pub fn default_sizes() -> Vec<u64> {
 
 /// Whether `source` takes its pages from the kernel's free hugepages for each run.
 fn takes_hugepages(source: &str) -> bool {
-    matches!(source, "hugetlb" | "qemu-hugetlbfs") || source.ends_with("-hugepages")
+    source == "hugetlb"
+        || source.starts_with("qemu-hugetlbfs")
+        || PeerSetup::from_source(source).is_some_and(|s| s.hugepages)
+}
+
+/// One source's launch: the command, what follows its spawn to place it, what it runs
+/// (the options that make the configuration) and where its threads run.
+struct Launched {
+    cmd: Command,
+    pin: Pin,
+    config: String,
+    placement: String,
 }
 
 fn launch_cmd(
@@ -80,69 +105,106 @@ fn launch_cmd(
     size: u64,
     probe: &Path,
     hugetlbfs: &Path,
-) -> Option<Command> {
+    join: Option<&Path>,
+) -> Option<Launched> {
     let mb = (size >> 20).to_string();
-    if let Some(peer) = Peer::from_source(source) {
-        return PeerBoot {
-            peer,
-            pin: Some(env.host_core.to_string()),
+    // The guest's vCPU on the reserved core, the rest on the housekeeping core; a peer's
+    // process joins `join` so that it may use the reserved core at all.
+    let split = Placement::one(env.core, env.host_core);
+    let peer_split = split.clone().joining(join.map(Path::to_path_buf));
+    if let Some(setup) = PeerSetup::from_source(source) {
+        let boot = PeerBoot {
+            setup,
+            placement: Some(peer_split),
             vcpus: 1,
             mb: size >> 20,
-            hugepages: takes_hugepages(source),
             probe,
             cmdline: "probe.memtest=0",
             disk: None,
-        }
-        .command(env, &env.work);
+        };
+        let (cmd, pin) = boot.command(env, &env.work)?;
+        let config = crate::pretty(&cmd);
+        return Some(Launched {
+            config: config
+                .split_once(' ')
+                .map_or(String::new(), |(_, a)| a.to_string()),
+            placement: boot.placement_note(),
+            cmd,
+            pin,
+        });
     }
-    Some(match source {
-        "qemu" | "qemu-hugetlbfs" => {
-            let hugepages = source == "qemu-hugetlbfs";
-            let mut c = Microvm {
-                pin: Some(env.host_core.to_string()),
-                smp: 1,
-                mb: size >> 20,
-                acpi: true,
-                prealloc: !hugepages,
-                probe,
-                cmdline: "probe.memtest=0",
-            }
-            .command(env);
-            if hugepages {
-                c.args([
-                    "-object",
-                    &format!(
-                        "memory-backend-file,id=ram,size={mb}M,mem-path={},prealloc=on,share=off",
-                        hugetlbfs.display()
-                    ),
-                    "-machine",
-                    "memory-backend=ram",
-                ]);
-            }
-            c
+    if QEMU.contains(&source) {
+        let hugepages = source.starts_with("qemu-hugetlbfs");
+        let prealloc = source.ends_with("-prealloc");
+        let mut c = Microvm {
+            pin: None,
+            smp: 1,
+            mb: size >> 20,
+            acpi: true,
+            prealloc: prealloc && !hugepages,
+            probe,
+            cmdline: "probe.memtest=0",
         }
-        _ => {
-            let memory = format!("{mb}M");
-            let l = match source {
-                "pool" => Launch::new(env, state, &env.core.to_string(), &memory).name("memsetup"),
-                "anon-prefault" => {
-                    Launch::new(env, state, &env.host_core.to_string(), &memory).backing("prefault")
-                }
-                "anonymous" => Launch::new(env, state, &env.host_core.to_string(), &memory)
-                    .backing("anonymous"),
-                _ => {
-                    Launch::new(env, state, &env.host_core.to_string(), &memory).backing("hugetlb")
-                }
-            };
-            l.probe().cmdline("probe.memtest=0").json().command()
+        .command(env);
+        let mut config = String::from("-M microvm");
+        if hugepages {
+            let backend = format!(
+                "memory-backend-file,id=ram,size={mb}M,mem-path={},prealloc={},share=off",
+                hugetlbfs.display(),
+                if prealloc { "on" } else { "off" }
+            );
+            c.args(["-object", &backend, "-machine", "memory-backend=ram"]);
+            config.push_str(&format!(" -object {backend}"));
+        } else if prealloc {
+            config.push_str(" -mem-prealloc");
         }
+        let pin = peer_split.qemu(&mut c, "memsetup", &env.work.join("memsetup-qmp.sock"));
+        return Some(Launched {
+            cmd: c,
+            pin,
+            config,
+            placement: format!(
+                "{} (started paused, vCPU pinned over QMP, then cont: the QMP round trips \
+                 are in its times)",
+                split.describe()
+            ),
+        });
+    }
+    let memory = format!("{mb}M");
+    // An ad hoc launch may not take a reserved core: its vCPU shares the housekeeping one.
+    let (cores, placement) = if source == "pool" {
+        (env.core, split.clone())
+    } else {
+        (env.host_core, Placement::one(env.host_core, env.host_core))
+    };
+    let l = Launch::new(env, state, &cores.to_string(), &memory);
+    let (l, config) = match source {
+        "pool" => (l.name("memsetup"), "--name (a pool extent)"),
+        "anon-prefault" => (l.backing("prefault"), "--backing prefault"),
+        "anonymous" => (l.backing("anonymous"), "--backing anonymous (the default)"),
+        _ => (l.backing("hugetlb"), "--backing hugetlb"),
+    };
+    let mut cmd = l.probe().cmdline("probe.memtest=0").json().command();
+    split.start_on_other(&mut cmd);
+    Some(Launched {
+        cmd,
+        pin: Pin::Nothing,
+        config: config.into(),
+        placement: if source == "pool" {
+            format!("{} (its own --cores)", placement.describe())
+        } else {
+            format!(
+                "{} (an ad hoc launch may not take the reserved core)",
+                placement.describe()
+            )
+        },
     })
 }
 
 fn ok(source: &str, status: std::process::ExitStatus) -> bool {
     match source {
         // isa-debug-exit: status s exits with (s << 1) | 1.
-        "qemu" | "qemu-hugetlbfs" => status.code() == Some(1),
+        s if QEMU.contains(&s) => status.code() == Some(1),
         // Ours, and the peers, which exit 0 when the probe powers off.
         _ => status.success(),
     }
@@ -162,7 +224,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         params: MemSetupParams {
             sizes_bytes: sizes.to_vec(),
             runs: env.runs,
-            sources: SOURCES.iter().map(|s| s.to_string()).collect(),
+            sources: sources(),
             reserved_core: env.core,
             host_core: env.host_core,
         },
@@ -216,10 +278,11 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         seconds: prealloc_s,
     });
 
-    let mut sources: Vec<&str> = SOURCES
+    let all = sources();
+    let mut sources: Vec<&str> = all
         .iter()
-        .copied()
-        .filter(|s| !s.starts_with("qemu") || env.qemu.is_some())
+        .map(String::as_str)
+        .filter(|s| !QEMU.contains(s) || env.qemu.is_some())
         .filter(|s| Peer::from_source(s).is_none_or(|p| p.binary(env).is_some()))
         .collect();
     if env.qemu.is_none() {
@@ -228,7 +291,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
     // QEMU's hugepage backend needs a hugetlbfs mount of its own (in the scratch directory,
     // which the bench supervisor unmounts if this run dies).
     let hugetlbfs = env.work.join("qemu-hugetlbfs");
-    let mounted = sources.contains(&"qemu-hugetlbfs") && {
+    let mounted = sources.iter().any(|s| s.starts_with("qemu-hugetlbfs")) && {
         let _ = std::fs::create_dir_all(&hugetlbfs);
         match mount_hugetlbfs(&hugetlbfs) {
             Ok(()) => true,
@@ -242,16 +305,21 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         }
     };
     if !mounted {
-        sources.retain(|s| *s != "qemu-hugetlbfs");
+        sources.retain(|s| !s.starts_with("qemu-hugetlbfs"));
     }
     section.params.sources = sources.iter().map(|s| s.to_string()).collect();
+    let mut failures = Vec::new();
+    // Where a peer's process goes for its vCPU to be placed on the reserved core.
+    let join = crate::placement::reservation_cpuset(&state).unwrap_or_else(|e| {
+        failures.push(e);
+        None
+    });
     let base = HugepageCount::read();
     // Puts the count back to `base` (the pool's own pages) however the loop ends; it must
     // go before unreserve, which gives the pool's pages back.
     let restore = HugepageCount(base.to_string());
     // (source, size) -> per-run values
     let mut samples: BTreeMap<(String, u64), Samples> = BTreeMap::new();
-    let mut failures = Vec::new();
     for round in 0..=env.runs {
         let mut order = sources.clone();
         let n = order.len();
@@ -269,20 +337,33 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                         continue;
                     }
                 }
-                let Some(mut cmd) = launch_cmd(env, &state, source, size, &probe, &hugetlbfs)
+                let Some(Launched {
+                    mut cmd,
+                    pin,
+                    config,
+                    placement,
+                }) = launch_cmd(
+                    env,
+                    &state,
+                    source,
+                    size,
+                    &probe,
+                    &hugetlbfs,
+                    join.as_deref(),
+                )
                 else {
                     HugepageCount::set(base);
                     continue;
                 };
-                if !source.starts_with("qemu") && Peer::from_source(source).is_none() {
+                if OURS.contains(&source) {
                     // The timeline then starts at the spawn: exec and loading are a phase.
                     cmd.env(
                         partition::sys::timeline::EXEC_ENV,
                         partition::sys::timeline::monotonic_ns().to_string(),
                     );
                 }
-                let r = timed_run(cmd, Duration::from_secs(300));
-                if source == "qemu-hugetlbfs" {
+                let r = timed_run_with(cmd, Duration::from_secs(300), |pid| pin.apply(pid));
+                if source.starts_with("qemu-hugetlbfs") {
                     // QEMU unlinks its backing file; whatever is left goes before the pages do.
                     clear_dir(&hugetlbfs);
                 }
@@ -295,6 +376,8 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                             continue; // warm-up
                         }
                         let e = samples.entry((source.to_string(), size)).or_default();
+                        e.config = config;
+                        e.placement = placement;
                         e.first_byte.push(ms(r.first_byte.unwrap_or_default()));
                         if let Ok(j) = crate::LaunchJson::from_stdout(&r.stdout) {
                             e.memory.push(j.timings.memory_ms);
@@ -346,6 +429,8 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
             runs_vmm_rss_kib: v.rss.clone(),
             runs_timeline_ms: v.timeline.clone(),
             runs_timeline_cpu_ms: v.timeline_cpu.clone(),
+            config: Some(v.config.clone()),
+            placement: Some(v.placement.clone()),
         })
         .collect();
     let med = |source: &str, size: u64, which: usize| {
@@ -361,6 +446,13 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         .zip(med("pool", max, 1))
         .map(|(a, b)| a / b);
     section.against_peers = peer_goals(&rows);
+    let missing = crate::peers::missing_defaults(rows.iter().map(|r| r.source.as_str()));
+    if !missing.is_empty() {
+        failures.push(format!(
+            "no default row of {}: a peer's best alone says nothing of what its users get",
+            missing.join(", ")
+        ));
+    }
     section.rows = Some(rows);
     section.checks = Some(MemSetupChecks {
         pool_first_byte_largest_over_smallest: first_ratio,
@@ -373,7 +465,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
         .values()
         .filter(|v| v.first_byte.len() == env.runs)
         .count();
-    let complete = samples.len() == expected && full == samples.len();
+    let complete = samples.len() == expected && full == samples.len() && missing.is_empty();
     section.head.finish(complete, || {
         format!("{full} of {expected} configurations measured fully; failures: {failures:?}")
     });
@@ -382,14 +474,16 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
 }
 
 /// Our pool and ad hoc (`anonymous`) launches against the peers' best, at every size where
-/// both ours and a peer (Cloud Hypervisor's or Firecracker's) have a median.
+/// both ours and a peer have a median: the fastest and the lowest-CPU row of any peer
+/// (QEMU, Cloud Hypervisor, Firecracker, in any configuration), and Firecracker's lowest
+/// resident set.
 fn peer_goals(rows: &[MemSetupRow]) -> Vec<PeerGoals> {
     let mut out = Vec::new();
     for ours in ["pool", "anonymous"] {
         for r in rows.iter().filter(|r| r.source == ours) {
             let peers: Vec<&MemSetupRow> = rows
                 .iter()
-                .filter(|p| p.size_bytes == r.size_bytes && Peer::from_source(&p.source).is_some())
+                .filter(|p| p.size_bytes == r.size_bytes && !OURS.contains(&p.source.as_str()))
                 .collect();
             // The peer row with the lowest median of `pick`.
             let best = |pick: fn(&MemSetupRow) -> Option<f64>, among: &[&MemSetupRow]| {
@@ -435,6 +529,9 @@ fn peer_goals(rows: &[MemSetupRow]) -> Vec<PeerGoals> {
 /// Per-run values of one (source, size).
 #[derive(Default)]
 struct Samples {
+    /// What it ran and where (the same every run).
+    config: String,
+    placement: String,
     first_byte: Vec<f64>,
     memory: Vec<f64>,
     cpu: Vec<f64>,
@@ -521,22 +618,25 @@ mod tests {
             runs_vmm_rss_kib: vec![rss_kib],
             runs_timeline_ms: Vec::new(),
             runs_timeline_cpu_ms: Vec::new(),
+            config: None,
+            placement: None,
         }
     }
 
     #[test]
-    fn ours_are_weighed_against_each_peers_best() {
+    fn ours_are_weighed_against_the_fastest_row_of_any_peer() {
         let rows = [
             row("pool", 5.0, 4.0, 3000.0),
             row("anonymous", 6.0, 6.0, 4200.0),
-            row("qemu", 1.0, 1.0, 1.0),
+            row("hugetlb", 1.0, 1.0, 1.0),
+            row("qemu", 900.0, 50.0, 20000.0),
             row("cloud-hypervisor-hugepages", 40.0, 5.0, 6500.0),
             row("firecracker", 15.0, 10.0, 4000.0),
             row("firecracker-hugepages", 12.0, 7.0, 3900.0),
         ];
         let g = peer_goals(&rows);
         assert_eq!(g.len(), 2);
-        // QEMU is not a peer here; each ratio is over the best of the Rust peers' rows.
+        // Our own rows are never a peer's; each ratio is over the best row of any peer.
         assert_eq!(
             (g[0].ours.as_str(), g[0].fastest_peer.as_str()),
             ("pool", "firecracker-hugepages")
@@ -551,29 +651,45 @@ mod tests {
         assert!((g[1].cpu_over_lowest - 1.2).abs() < 1e-9 && !g[1].met);
         // No peer ran: nothing to weigh.
         assert!(peer_goals(&rows[..3]).is_empty());
+        // QEMU is a peer too: where its row is the fastest, it is the one named.
+        let mut with_qemu = rows.to_vec();
+        with_qemu[3] = row("qemu", 2.0, 3.0, 20000.0);
+        let g = peer_goals(&with_qemu);
+        assert_eq!(
+            (g[0].fastest_peer.as_str(), g[0].lowest_cpu_peer.as_str()),
+            ("qemu", "qemu")
+        );
+        // Firecracker's resident set stays the one the RSS goal names.
+        assert!((g[0].rss_over_firecracker.unwrap() - 3000.0 / 3900.0).abs() < 1e-9);
     }
 
     #[test]
-    fn qemu_hugetlbfs_takes_its_memory_from_the_mount() {
+    fn each_qemu_setup_is_its_own_row_and_every_vmm_is_placed_alike() {
         let env = crate::Env {
             qemu: Some("/bin/qemu".into()),
             qemu_left_out: false,
             ..crate::Env::for_tests()
         };
         let dir = Path::new("/mnt/h");
-        let c = launch_cmd(
-            &env,
-            Path::new("/s"),
-            "qemu-hugetlbfs",
-            256 << 20,
-            Path::new("/p"),
-            dir,
-        )
-        .unwrap();
-        let args: Vec<String> = c
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let args_of = |source: &str| {
+            let l = launch_cmd(
+                &env,
+                Path::new("/s"),
+                source,
+                256 << 20,
+                Path::new("/p"),
+                dir,
+                Some(Path::new("/cg/tasks")),
+            )
+            .unwrap();
+            let a: Vec<String> = l
+                .cmd
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            (a, l)
+        };
+        let (args, l) = args_of("qemu-hugetlbfs-prealloc");
         let obj = args.iter().position(|a| a == "-object").unwrap();
         assert_eq!(
             args[obj + 1],
@@ -584,48 +700,48 @@ mod tests {
                 .any(|w| w == ["-machine", "memory-backend=ram"])
         );
         assert!(!args.contains(&"-mem-prealloc".to_string()), "{args:?}");
-        let plain = launch_cmd(
-            &env,
-            Path::new("/s"),
-            "qemu",
-            256 << 20,
-            Path::new("/p"),
-            dir,
-        )
-        .unwrap();
-        let args: Vec<String> = plain
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        // QEMU starts paused and is pinned over QMP: the vCPU on the reserved core.
+        assert!(args.contains(&"-S".to_string()));
         assert!(
-            args.contains(&"-mem-prealloc".to_string()) && !args.contains(&"-object".to_string())
+            matches!(&l.pin, Pin::QemuPaused { placement, .. }
+                if placement.vcpus == [env.core] && placement.other == env.host_core
+                    && placement.join.as_deref() == Some(Path::new("/cg/tasks"))),
+            "{:?}",
+            l.pin
         );
-        // The ad hoc launch's default memory, asked for by name.
-        let anon = launch_cmd(
-            &env,
-            Path::new("/s"),
-            "anonymous",
-            256 << 20,
-            Path::new("/p"),
-            dir,
-        )
-        .unwrap();
-        let args: Vec<String> = anon
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let (args, _) = args_of("qemu-hugetlbfs");
+        assert!(
+            args.iter()
+                .any(|a| a.contains("mem-path=/mnt/h,prealloc=off"))
+        );
+        // QEMU's default: no preallocation at all.
+        let (args, l) = args_of("qemu");
+        assert!(!args.contains(&"-mem-prealloc".to_string()) && !args.contains(&"-object".into()));
+        assert_eq!(l.config, "-M microvm");
+        let (args, l) = args_of("qemu-prealloc");
+        assert!(args.contains(&"-mem-prealloc".to_string()));
+        assert_eq!(l.config, "-M microvm -mem-prealloc");
+        // The ad hoc launch's default memory, asked for by name, on the housekeeping core.
+        let (args, l) = args_of("anonymous");
         assert!(args.windows(2).any(|w| w == ["--backing", "anonymous"]));
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--cores", &env.host_core.to_string()])
+        );
         assert!(!args.contains(&"--name".to_string()), "{args:?}");
+        assert!(l.placement.contains("may not take the reserved core"));
+        let (args, _) = args_of("pool");
+        assert!(
+            args.windows(2)
+                .any(|w| w == ["--cores", &env.core.to_string()])
+        );
         assert!(takes_hugepages("qemu-hugetlbfs") && takes_hugepages("hugetlb"));
+        assert!(takes_hugepages("qemu-hugetlbfs-prealloc") && !takes_hugepages("qemu-prealloc"));
         assert!(!takes_hugepages("pool"));
         // The peers' sources: hugepages by name; a peer not given has no command.
         assert!(takes_hugepages("firecracker-hugepages") && !takes_hugepages("firecracker"));
-        assert_eq!(
-            Peer::from_source("cloud-hypervisor-hugepages"),
-            Some(Peer::CloudHypervisor)
-        );
-        assert_eq!(Peer::from_source("firecracker"), Some(Peer::Firecracker));
-        assert_eq!(Peer::from_source("qemu"), None);
+        assert!(takes_hugepages("cloud-hypervisor-hugepages-prefault"));
+        assert!(!takes_hugepages("cloud-hypervisor-prefault"));
         assert!(
             launch_cmd(
                 &env,
@@ -633,9 +749,17 @@ mod tests {
                 "firecracker",
                 256 << 20,
                 Path::new("/p"),
-                dir
+                dir,
+                None
             )
             .is_none()
         );
+        // Every source the section names is one it can launch (or a peer not given).
+        let all = sources();
+        assert_eq!(all.len(), 4 + 4 + 4 + 2);
+        assert!(all.iter().all(|s| OURS.contains(&s.as_str())
+            || QEMU.contains(&s.as_str())
+            || PeerSetup::from_source(s).is_some()));
+        assert!(crate::peers::missing_defaults(all.iter().map(String::as_str)).is_empty());
     }
 }

@@ -25,7 +25,8 @@ mod gaps;
 
 use crate::doc::noise::{NoiseParams, NoiseRow, NoiseSection, PathRow};
 use crate::head::Head;
-use crate::host::{pin, pin_and_start_qemu};
+use crate::host::pin;
+use crate::placement::pin_and_start_qemu;
 use crate::stats::summary;
 use crate::{Env, Launch, Microvm, timed_run, timed_run_with};
 

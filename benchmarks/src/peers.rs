@@ -14,6 +14,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::Env;
+use crate::placement::{Pin, Placement};
 
 /// A peer VMM the benchmark can run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,14 +37,16 @@ impl Peer {
         }
     }
 
-    /// The peer a row's source names: its name, or its name with `-hugepages` (the
-    /// strongest memory setup it offers); `None` for ours and QEMU's sources.
+    /// The peer a row's source names (`cloud-hypervisor-hugepages-prefault`, say: see
+    /// [`PeerSetup::from_source`]); `None` for ours and QEMU's sources.
     pub fn from_source(source: &str) -> Option<Peer> {
-        Peer::ALL.into_iter().find(|p| {
-            source
-                .strip_prefix(p.name())
-                .is_some_and(|rest| rest.is_empty() || rest == "-hugepages")
-        })
+        PeerSetup::from_source(source).map(|s| s.peer)
+    }
+
+    /// The source name of its default configuration (what a user gets who names no
+    /// memory option): every section that has the peer must have this row.
+    pub fn default_source(self) -> &'static str {
+        self.name()
     }
 
     /// Its binary, as the benchmark was given it.
@@ -61,6 +64,98 @@ impl Peer {
             Peer::Firecracker => "--firecracker",
         }
     }
+}
+
+/// A peer and the memory setup one of its rows runs, as the row's source names it:
+/// `<peer>[-hugepages][-prefault]`. The bare name is the peer's default (memory made as the
+/// guest first touches it, 4 KiB pages); `-hugepages` backs guest memory with 2 MiB
+/// hugepages, `-prefault` makes every page before the guest runs (Cloud Hypervisor's
+/// `prefault=on`; Firecracker has no such option).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerSetup {
+    /// Which.
+    pub peer: Peer,
+    /// 2 MiB hugepages.
+    pub hugepages: bool,
+    /// Every page made up front.
+    pub prefault: bool,
+}
+
+impl PeerSetup {
+    /// The peer's default configuration.
+    pub fn default_of(peer: Peer) -> Self {
+        PeerSetup {
+            peer,
+            hugepages: false,
+            prefault: false,
+        }
+    }
+
+    /// Parses a source name; None for ours, QEMU's and names no peer offers
+    /// (`firecracker-prefault`).
+    pub fn from_source(source: &str) -> Option<Self> {
+        Peer::ALL.into_iter().find_map(|peer| {
+            let mut rest = source.strip_prefix(peer.name())?;
+            let mut take = |suffix: &str| {
+                let hit = rest.starts_with(suffix);
+                if hit {
+                    rest = &rest[suffix.len()..];
+                }
+                hit
+            };
+            let hugepages = take("-hugepages");
+            let prefault = take("-prefault");
+            let offered = !prefault || peer == Peer::CloudHypervisor;
+            (rest.is_empty() && offered).then_some(PeerSetup {
+                peer,
+                hugepages,
+                prefault,
+            })
+        })
+    }
+
+    /// Its source name.
+    pub fn source(&self) -> String {
+        format!(
+            "{}{}{}",
+            self.peer.name(),
+            if self.hugepages { "-hugepages" } else { "" },
+            if self.prefault { "-prefault" } else { "" }
+        )
+    }
+
+    /// Every configuration a section weighing memory setups runs of `peer`: its default
+    /// first.
+    pub fn all_of(peer: Peer) -> Vec<Self> {
+        let prefaults: &[bool] = match peer {
+            Peer::CloudHypervisor => &[false, true],
+            Peer::Firecracker => &[false],
+        };
+        let mut out = Vec::new();
+        for hugepages in [false, true] {
+            for &prefault in prefaults {
+                out.push(PeerSetup {
+                    peer,
+                    hugepages,
+                    prefault,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// The peers whose rows a section has without their default row: each must be there
+/// (a peer's best alone says nothing of what its users get). Sources not of a peer are
+/// ignored.
+pub fn missing_defaults<'a>(sources: impl IntoIterator<Item = &'a str>) -> Vec<&'static str> {
+    let sources: Vec<&str> = sources.into_iter().collect();
+    Peer::ALL
+        .into_iter()
+        .filter(|p| sources.iter().any(|s| Peer::from_source(s) == Some(*p)))
+        .filter(|p| !sources.contains(&p.default_source()))
+        .map(|p| p.default_source())
+        .collect()
 }
 
 /// A peer as the results record it: its binary and what it says its version is.
@@ -138,16 +233,14 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// One boot of the probe by a peer.
 pub struct PeerBoot<'a> {
-    /// Which.
-    pub peer: Peer,
-    /// A `taskset -c` list to start it under, if any.
-    pub pin: Option<String>,
+    /// Which, and its memory setup.
+    pub setup: PeerSetup,
+    /// Where its threads run ([`crate::placement`]); None: wherever the host puts them.
+    pub placement: Option<Placement>,
     /// vCPUs.
     pub vcpus: usize,
     /// Memory, MiB.
     pub mb: u64,
-    /// Guest memory on 2 MiB hugepages (the kernel's free pool), made up front.
-    pub hugepages: bool,
     /// The probe guest ELF.
     pub probe: &'a Path,
     /// Its command line.
@@ -159,31 +252,48 @@ pub struct PeerBoot<'a> {
 }
 
 impl PeerBoot<'_> {
-    /// The command; Firecracker's configuration file goes in `dir` (which must exist).
-    /// None when the peer was not given.
-    pub fn command(&self, env: &Env, dir: &Path) -> Option<Command> {
-        let mut c = crate::pinned(self.peer.binary(env)?, self.pin.as_deref());
-        match self.peer {
+    /// The command and what must follow its spawn for its placement ([`Pin::apply`]);
+    /// Firecracker's configuration file goes in `dir` (which must exist). None when the
+    /// peer was not given.
+    pub fn command(&self, env: &Env, dir: &Path) -> Option<(Command, Pin)> {
+        let mut c = Command::new(self.setup.peer.binary(env)?);
+        if let Some(p) = &self.placement {
+            p.start_on_other(&mut c);
+        }
+        let pin = match self.setup.peer {
             Peer::CloudHypervisor => {
-                // Its strongest memory setup: every page made before the guest runs
-                // (prefault), from 2 MiB hugepages when asked (the size named: without it
-                // Cloud Hypervisor reads it from a hugetlbfs at /dev/hugepages, which a host
-                // need not mount).
+                // Without `hugepage_size` Cloud Hypervisor reads the size from a hugetlbfs
+                // at /dev/hugepages, which a host need not mount: it is named.
                 let memory = format!(
-                    "size={}M,prefault=on{}",
+                    "size={}M{}{}",
                     self.mb,
-                    if self.hugepages {
+                    if self.setup.prefault {
+                        ",prefault=on"
+                    } else {
+                        ""
+                    },
+                    if self.setup.hugepages {
                         ",hugepages=on,hugepage_size=2M"
                     } else {
                         ""
                     }
                 );
+                // Its own option pins its vCPU threads.
+                let cpus = match &self.placement {
+                    Some(p) => format!(
+                        "boot={},affinity={}",
+                        self.vcpus,
+                        p.cloud_hypervisor_affinity()
+                    ),
+                    None => format!("boot={}", self.vcpus),
+                };
                 c.arg("--kernel")
                     .arg(self.probe)
                     .args(["--cmdline", self.cmdline])
-                    .args(["--cpus", &format!("boot={}", self.vcpus)])
+                    .args(["--cpus", &cpus])
                     .args(["--memory", &memory])
                     .args(["--serial", "tty", "--console", "off"]);
+                Pin::Nothing
             }
             Peer::Firecracker => {
                 // One file per configuration: two commands made before either runs (a
@@ -197,9 +307,33 @@ impl PeerBoot<'_> {
                 // a line comes before the guest's first byte, so only errors are logged.
                 c.args(["--no-api", "--level", "Error", "--config-file"])
                     .arg(config);
+                match &self.placement {
+                    Some(p) => Pin::ByName {
+                        prefix: "fc_vcpu ",
+                        placement: p.clone(),
+                    },
+                    None => Pin::Nothing,
+                }
             }
+        };
+        Some((c, pin))
+    }
+
+    /// How its threads were placed, as its row says it.
+    pub fn placement_note(&self) -> String {
+        let Some(p) = &self.placement else {
+            return "not pinned".into();
+        };
+        match self.setup.peer {
+            Peer::CloudHypervisor => format!("{} (its own --cpus affinity=)", p.describe()),
+            Peer::Firecracker => format!(
+                "{} (vCPU threads pinned from outside as each appears: Firecracker has no \
+                 affinity option and cannot start paused without its API, so the guest's \
+                 first instructions may run on core {})",
+                p.describe(),
+                p.other
+            ),
         }
-        Some(c)
     }
 
     /// Firecracker's configuration (its `--config-file`).
@@ -208,7 +342,7 @@ impl PeerBoot<'_> {
             "vcpu_count": self.vcpus,
             "mem_size_mib": self.mb,
         });
-        if self.hugepages {
+        if self.setup.hugepages {
             machine["huge_pages"] = "2M".into();
         }
         serde_json::json!({
@@ -315,11 +449,10 @@ mod tests {
         let dir = Scratch::new("not-given");
         let e = env(None, Some("/opt/fc/firecracker"), &dir);
         let boot = |peer| PeerBoot {
-            peer,
-            pin: None,
+            setup: PeerSetup::default_of(peer),
+            placement: None,
             vcpus: 1,
             mb: 256,
-            hugepages: false,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
             disk: None,
@@ -340,7 +473,7 @@ mod tests {
     }
 
     #[test]
-    fn each_peer_boots_the_probe_with_its_strongest_memory_setup() {
+    fn each_peer_boots_the_probe_in_the_setup_and_place_its_row_names() {
         let scratch = Scratch::new("boots");
         let dir = scratch.0.clone();
         let e = env(
@@ -348,34 +481,55 @@ mod tests {
             Some("/opt/fc/firecracker"),
             &scratch,
         );
+        let two = Placement {
+            vcpus: vec![1, 0],
+            other: 0,
+            join: None,
+        };
         let ch = PeerBoot {
-            peer: Peer::CloudHypervisor,
-            pin: Some("0".into()),
+            setup: PeerSetup::from_source("cloud-hypervisor-hugepages-prefault").unwrap(),
+            placement: Some(two.clone()),
             vcpus: 2,
             mb: 1024,
-            hugepages: true,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
             disk: None,
         };
+        let (c, pin) = ch.command(&e, &dir).unwrap();
         assert_eq!(
-            args(&ch.command(&e, &dir).unwrap()).join(" "),
-            "taskset -c 0 /opt/ch/cloud-hypervisor --kernel /w/probe.elf --cmdline \
-             probe.memtest=0 --cpus boot=2 --memory size=1024M,prefault=on,hugepages=on,hugepage_size=2M \
+            args(&c).join(" "),
+            "/opt/ch/cloud-hypervisor --kernel /w/probe.elf --cmdline probe.memtest=0 \
+             --cpus boot=2,affinity=[0@[1],1@[0]] \
+             --memory size=1024M,prefault=on,hugepages=on,hugepage_size=2M \
              --serial tty --console off"
         );
+        assert!(matches!(pin, Pin::Nothing), "it pins its own vCPUs");
+        // Its default: pages made as the guest touches them, 4 KiB.
+        let lazy = PeerBoot {
+            setup: PeerSetup::default_of(Peer::CloudHypervisor),
+            placement: None,
+            ..ch
+        };
+        let a = args(&lazy.command(&e, &dir).unwrap().0).join(" ");
+        assert!(
+            a.contains("--cpus boot=2 --memory size=1024M --serial"),
+            "{a}"
+        );
         let fc = PeerBoot {
-            peer: Peer::Firecracker,
-            pin: None,
+            setup: PeerSetup::from_source("firecracker-hugepages").unwrap(),
+            placement: Some(Placement::one(1, 0)),
             vcpus: 1,
             mb: 256,
-            hugepages: true,
             probe: Path::new("/w/probe.elf"),
             cmdline: "probe.memtest=0",
             disk: None,
         };
-        let c = fc.command(&e, &dir).unwrap();
+        let (c, pin) = fc.command(&e, &dir).unwrap();
         let a = args(&c);
+        assert!(
+            matches!(&pin, Pin::ByName { prefix: "fc_vcpu ", placement } if placement.vcpus == [1]),
+            "{pin:?}"
+        );
         assert_eq!(
             &a[..5],
             [
@@ -395,10 +549,10 @@ mod tests {
         // Another command line, made before the first runs, has a file of its own.
         let other = PeerBoot {
             cmdline: "probe.memtest=0 probe.bench=idle",
-            pin: None,
+            placement: None,
             ..fc
         };
-        let b = args(&other.command(&e, &dir).unwrap());
+        let b = args(&other.command(&e, &dir).unwrap().0);
         assert_ne!(a[5], b[5]);
         let first: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&a[5]).unwrap()).unwrap();
@@ -407,9 +561,10 @@ mod tests {
         // With a disk: one read-only virtio-blk drive, served by the engine asked for.
         let disk = PeerBoot {
             disk: Some((Path::new("/w/blk.img"), "Async")),
+            placement: None,
             ..fc
         };
-        let d = args(&disk.command(&e, &dir).unwrap());
+        let d = args(&disk.command(&e, &dir).unwrap().0);
         let with: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&d[5]).unwrap()).unwrap();
         assert_eq!(
@@ -421,6 +576,49 @@ mod tests {
                 "is_read_only": true,
                 "io_engine": "Async",
             }])
+        );
+    }
+
+    #[test]
+    fn a_rows_source_names_the_peer_and_its_setup() {
+        for peer in Peer::ALL {
+            let all = PeerSetup::all_of(peer);
+            assert_eq!(
+                all[0],
+                PeerSetup::default_of(peer),
+                "the default comes first"
+            );
+            for s in &all {
+                assert_eq!(PeerSetup::from_source(&s.source()), Some(*s));
+            }
+        }
+        assert_eq!(PeerSetup::all_of(Peer::CloudHypervisor).len(), 4);
+        assert_eq!(
+            PeerSetup::all_of(Peer::Firecracker)
+                .iter()
+                .map(|s| s.source())
+                .collect::<Vec<_>>(),
+            ["firecracker", "firecracker-hugepages"]
+        );
+        // Not a peer's, or not a setup the peer has.
+        for bad in [
+            "qemu",
+            "pool",
+            "firecracker-prefault",
+            "cloud-hypervisor-prefault-hugepages",
+            "cloud-hypervisorx",
+        ] {
+            assert_eq!(PeerSetup::from_source(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_section_with_a_peer_but_not_its_default_row_is_caught() {
+        assert!(missing_defaults(["pool", "qemu"]).is_empty());
+        assert!(missing_defaults(["pool", "firecracker", "firecracker-hugepages"]).is_empty());
+        assert_eq!(
+            missing_defaults(["pool", "firecracker-hugepages", "cloud-hypervisor-prefault"]),
+            ["cloud-hypervisor", "firecracker"]
         );
     }
 }

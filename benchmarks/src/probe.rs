@@ -246,7 +246,7 @@ pub fn run(env: &Env) -> ProbeSection {
                     qemu.command = pretty(&c);
                     let (core, hc) = (env.core, env.host_core);
                     let r = timed_run_with(c, Duration::from_secs(300), |pid| {
-                        crate::host::pin_and_start_qemu(pid, &qmp, core, hc)
+                        crate::placement::pin_and_start_qemu(pid, &qmp, core, hc)
                     });
                     record(&mut qemu, r, 1);
                 }

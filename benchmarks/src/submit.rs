@@ -432,7 +432,7 @@ fn qemu_once(env: &Env, probe: &std::path::Path) -> Result<(Figures, String), St
     let shown = pretty(&c);
     let (core, host_core) = (env.core, env.host_core);
     let r = crate::timed_run_with(c, Duration::from_secs(180), |pid| {
-        crate::host::pin_and_start_qemu(pid, &qmp, core, host_core)
+        crate::placement::pin_and_start_qemu(pid, &qmp, core, host_core)
     })
     .map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&qmp);

@@ -27,7 +27,8 @@ use serde_json::Value;
 use crate::doc::wake::{PolicyRow, WakeHost, WakeMetric, WakeParams, WakeRow, WakeSection};
 use crate::head::{Head, Ordering as Claim};
 use crate::host::{futex_wait, futex_wake, pin};
-use crate::peers::{Peer, PeerBoot};
+use crate::peers::{Peer, PeerBoot, PeerSetup};
+use crate::placement::{Pin, Placement};
 use crate::stats::{Summary, summary};
 use crate::{Env, Launch, Microvm};
 
@@ -182,11 +183,16 @@ struct Idle {
 
 /// Spawns a guest that idles (its console on stdout) and measures the cores while it says
 /// it idles.
-fn guest_idle(mut cmd: Command, cores: &[usize]) -> Result<Idle, String> {
+fn guest_idle((mut cmd, pin): Placed, cores: &[usize]) -> Result<Idle, String> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    if let Err(e) = pin.apply(child.id()) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
     let out = child.stdout.take().ok_or("no stdout")?;
     let mut before = None;
     let mut e0 = None;
@@ -248,6 +254,8 @@ struct Series {
     energy: Vec<f64>,
     readback: Option<Value>,
     failures: Vec<String>,
+    /// What it ran and where, as its row says it.
+    placement: String,
 }
 
 impl Series {
@@ -292,9 +300,16 @@ fn guest_cmd(env: &Env, policy: &str, cmdline: &str) -> Command {
     .command()
 }
 
-fn qemu_cmd(env: &Env, probe: &Path, cpu_pm: bool, cmdline: &str) -> Command {
+fn qemu_cmd(
+    env: &Env,
+    probe: &Path,
+    cpu_pm: bool,
+    cmdline: &str,
+    placement: &Placement,
+    job: &str,
+) -> Placed {
     let mut c = Microvm {
-        pin: Some(format!("{},{}", env.host_core, env.core)),
+        pin: None,
         smp: 2,
         mb: 64,
         acpi: true,
@@ -306,8 +321,16 @@ fn qemu_cmd(env: &Env, probe: &Path, cpu_pm: bool, cmdline: &str) -> Command {
     if cpu_pm {
         c.args(["-overcommit", "cpu-pm=on"]);
     }
-    c
+    let pin = placement.qemu(
+        &mut c,
+        "wake",
+        &env.work.join(format!("wake-qmp-{job}.sock")),
+    );
+    (c, pin)
 }
+
+/// A command and what must follow its spawn to place its threads.
+type Placed = (Command, Pin);
 
 /// One launch of the wake guest under `policy` (2 vCPUs: the housekeeping core and the
 /// measured one, as this section's, with its command line): test -> (median, p99, the mode
@@ -396,6 +419,12 @@ pub fn run(env: &Env) -> WakeSection {
     };
 
     let cores = [env.host_core, env.core];
+    // vCPU n on cores[n], every VMM's other threads on the housekeeping core.
+    let placement = Placement {
+        vcpus: cores.to_vec(),
+        other: env.host_core,
+        join: None,
+    };
     let mut host = Series::default();
     let mut guests: BTreeMap<String, Series> = BTreeMap::new();
     let mut refused: BTreeMap<String, String> = BTreeMap::new();
@@ -457,32 +486,45 @@ pub fn run(env: &Env) -> WakeSection {
                 }
                 p if guests.contains_key(p) => {
                     let s = guests.get_mut(p).expect("present");
+                    let ours = |cmdline: &str| {
+                        let mut c = guest_cmd(env, p, cmdline);
+                        placement.start_on_other(&mut c);
+                        (c, Pin::Nothing)
+                    };
+                    s.placement = format!("{} (its own --cores)", placement.describe());
                     measure_guest(
                         s,
-                        guest_cmd(env, p, &wake_cmdline()),
-                        guest_cmd(env, p, &idle_cmdline()),
+                        ours(&wake_cmdline()),
+                        ours(&idle_cmdline()),
                         &cores,
                         false,
                         Duration::from_secs(60),
                     );
                 }
                 peer if let Some(p) = Peer::from_source(peer) => {
-                    let boot = |cmdline: &str| {
-                        PeerBoot {
-                            peer: p,
-                            pin: Some(format!("{},{}", env.host_core, env.core)),
-                            vcpus: 2,
-                            mb: 64,
-                            hugepages: false,
-                            probe: &probe,
-                            cmdline,
-                            disk: None,
-                        }
-                        .command(env, &env.work)
+                    let (wake_line, idle_line) = (wake_cmdline(), idle_cmdline());
+                    let wake = PeerBoot {
+                        setup: PeerSetup::default_of(p),
+                        placement: Some(placement.clone()),
+                        vcpus: 2,
+                        mb: 64,
+                        probe: &probe,
+                        cmdline: &wake_line,
+                        disk: None,
+                    };
+                    let idle = PeerBoot {
+                        cmdline: &idle_line,
+                        placement: Some(placement.clone()),
+                        ..wake
                     };
                     let s = peer_series.entry(peer.to_string()).or_default();
-                    if let (Some(wake), Some(idle)) = (boot(&wake_cmdline()), boot(&idle_cmdline()))
-                    {
+                    s.placement = format!(
+                        "its default (it has no idle or polling option to tune: its default \
+                         is its best here); {}",
+                        wake.placement_note()
+                    );
+                    let (wake, idle) = (wake.command(env, &env.work), idle.command(env, &env.work));
+                    if let (Some(wake), Some(idle)) = (wake, idle) {
                         measure_guest(s, wake, idle, &cores, false, Duration::from_secs(60));
                     }
                 }
@@ -493,10 +535,20 @@ pub fn run(env: &Env) -> WakeSection {
                         continue; // failed once: do not hang a run on it again
                     }
                     let limit = Duration::from_secs(if cpu_pm { 15 } else { 60 });
+                    s.placement = format!(
+                        "{}; {} (started paused, vCPUs pinned over QMP, then cont)",
+                        if cpu_pm {
+                            "-overcommit cpu-pm=on (its best: the guest's idle instructions do \
+                             not exit)"
+                        } else {
+                            "its default"
+                        },
+                        placement.describe()
+                    );
                     measure_guest(
                         s,
-                        qemu_cmd(env, &probe, cpu_pm, &wake_cmdline()),
-                        qemu_cmd(env, &probe, cpu_pm, &idle_cmdline()),
+                        qemu_cmd(env, &probe, cpu_pm, &wake_cmdline(), &placement, "wake"),
+                        qemu_cmd(env, &probe, cpu_pm, &idle_cmdline(), &placement, "idle"),
                         &cores,
                         true,
                         limit,
@@ -530,6 +582,7 @@ pub fn run(env: &Env) -> WakeSection {
         energy_note: no_rapl.then(|| "no RAPL on this host: null".into()),
         readback: s.readback.clone(),
         failures: s.failures.clone(),
+        placement: (!s.placement.is_empty()).then(|| s.placement.clone()),
     };
     section.policies = Some(
         POLICIES
@@ -594,8 +647,8 @@ pub fn run(env: &Env) -> WakeSection {
 
 fn measure_guest(
     s: &mut Series,
-    wake: Command,
-    idle: Command,
+    (wake, pin): Placed,
+    idle: Placed,
     cores: &[usize],
     qemu: bool,
     limit: Duration,
@@ -607,7 +660,7 @@ fn measure_guest(
             st.success()
         }
     };
-    match crate::timed_run(wake, limit) {
+    match crate::timed_run_with(wake, limit, |pid| pin.apply(pid)) {
         Ok(r) if ok(r.status) => {
             let lines = parse_wake(&r.stdout);
             if lines.is_empty() {

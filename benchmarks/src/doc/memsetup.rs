@@ -101,6 +101,12 @@ pub struct MemSetupRow {
     /// The VMM's CPU time (all its threads) in each of those phases, per run, ms.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs_timeline_cpu_ms: Vec<(String, Vec<f64>)>,
+    /// What it ran: the options that make the configuration (the peer's flags, or ours).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<String>,
+    /// Where its threads ran ([`crate::placement`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 /// What the section claims, checked against its medians.

@@ -111,6 +111,9 @@ pub struct WakeRow {
     pub readback: Option<Value>,
     /// What failed.
     pub failures: Vec<String>,
+    /// What it ran (a peer's options) and where its threads ran ([`crate::placement`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<String>,
 }
 
 /// A policy: measured, or refused on this host.

@@ -99,6 +99,25 @@ pub(super) fn memsetup(o: &mut String, m: &MemSetupSection) {
             med(&r.vmm_hugetlb_kib_at_first_byte, 1024.0, 0),
         );
     }
+    let lines: Vec<(String, String)> = rows
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.source.clone(),
+                format!("`{}`; {}", r.config.as_ref()?, r.placement.as_ref()?),
+            ))
+        })
+        .fold(Vec::new(), |mut acc, (s, t)| {
+            if !acc.iter().any(|(a, _)| *a == s) {
+                acc.push((s, t));
+            }
+            acc
+        });
+    let lines: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    placements(o, &lines);
     peer_builds(o, &m.peers);
     if !m.against_peers.is_empty() {
         let _ = writeln!(
@@ -123,6 +142,18 @@ pub(super) fn memsetup(o: &mut String, m: &MemSetupSection) {
         peer_goals_unmet(o, m, rows);
     }
     memsetup_timeline(o, rows);
+}
+
+/// What each row ran and where its threads ran ([`crate::placement`]), one line a row,
+/// under a table; nothing for results from before rows said so.
+pub(super) fn placements(o: &mut String, rows: &[(&str, &str)]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(o, "\nWhat each row ran, and where its threads ran:\n");
+    for (name, how) in rows {
+        let _ = writeln!(o, "- {name}: {how}");
+    }
 }
 
 /// For each goal against the peers not met: the figures on both sides and, for the VMM's

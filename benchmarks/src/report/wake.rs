@@ -53,6 +53,19 @@ pub(super) fn wake(o: &mut String, w: &WakeSection) {
         );
     }
     wake_goal(o, w);
+    let placed: Vec<(&str, &str)> = w
+        .policies
+        .iter()
+        .flatten()
+        .filter_map(|p| match p {
+            crate::doc::wake::PolicyRow::Measured(r) => Some(&**r),
+            _ => None,
+        })
+        .take(1)
+        .chain(w.peers.iter().flatten())
+        .filter_map(|r| Some((r.name.as_str(), r.placement.as_deref()?)))
+        .collect();
+    super::peers::placements(o, &placed);
     peer_builds(o, &w.head.peers());
 }
 
