@@ -33,7 +33,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::doc::blk::{
-    BlkParams, BlkSection, GuestRow, HostRow, ImageDoc, Metric, PeerBlk, Peers, VsQemu,
+    BlkHeadline, BlkParams, BlkSection, GuestRow, HostRow, ImageDoc, Metric, PeerBlk, Peers, VsQemu,
 };
 use crate::head::{Head, Ordering};
 use crate::host::{XorShift, make_image};
@@ -298,6 +298,54 @@ fn qemu_cmd(env: &Env, probe: &Path, image: &Path, name: &str, qmp: &Path) -> Co
     c
 }
 
+/// The headline's pairings, where both sides have a median: our polling worker against
+/// QEMU's polling iothread (the guest polling the used ring), and our event-driven
+/// ioeventfd device against the fastest of Firecracker's rows (neither polls; the guest
+/// waits for the interrupt). Cloud Hypervisor has no rows here (`CLOUD_HYPERVISOR_NOTE`).
+fn headline(
+    (our_poll, qemu_poll): (Option<Summary>, Option<Summary>),
+    our_irq: Option<Summary>,
+    firecracker: &[(&str, Option<Summary>)],
+) -> Vec<BlkHeadline> {
+    let pair = |pairing: &str, completion: &str, ours: &str, o: Summary, peer: &str, p: Summary| {
+        BlkHeadline {
+            pairing: pairing.into(),
+            completion: completion.into(),
+            ours: ours.into(),
+            ours_median_ns: o.median,
+            peer: peer.into(),
+            peer_median_ns: p.median,
+            ours_over_peer: o.median / p.median,
+        }
+    };
+    let mut out = Vec::new();
+    if let (Some(o), Some(q)) = (our_poll, qemu_poll) {
+        out.push(pair(
+            "polling worker against QEMU's polling iothread (poll-max-ns)",
+            "lat4k/poll",
+            "ioeventfd+poll",
+            o,
+            "qemu iothread+poll",
+            q,
+        ));
+    }
+    let fastest = firecracker
+        .iter()
+        .filter_map(|(k, s)| Some((*k, (*s)?)))
+        .min_by(|a, b| a.1.median.total_cmp(&b.1.median));
+    if let (Some(o), Some((k, f))) = (our_irq, fastest) {
+        out.push(pair(
+            "event-driven device against Firecracker's (neither polls)",
+            "lat4k/irq",
+            "ioeventfd",
+            o,
+            k,
+            f,
+        ));
+    }
+    out
+}
+
 #[derive(Default)]
 struct Series {
     values: BTreeMap<String, Vec<f64>>,
@@ -406,6 +454,7 @@ pub fn run(env: &Env) -> BlkSection {
         rust_peers: Vec::new(),
         orderings: None,
         ours_vs_qemu_best: None,
+        headline: Vec::new(),
     };
     let image = env.work.join("blk.img");
     let expect = match make_image(&image, IMAGE_BYTES) {
@@ -633,6 +682,19 @@ pub fn run(env: &Env) -> BlkSection {
     ));
     section.orderings = Some(orderings);
     section.ours_vs_qemu_best = Some(vs_qemu);
+    let fc_rows: Vec<(&str, Option<Summary>)> = firecracker
+        .iter()
+        .map(|(k, s)| (*k, s.summary("lat4k/irq")))
+        .collect();
+    section.headline = headline(
+        (
+            o("ioeventfd+poll", "lat4k/poll"),
+            qemu.get("qemu iothread+poll")
+                .and_then(|s| s.summary("lat4k/poll")),
+        ),
+        o("ioeventfd", "lat4k/irq"),
+        &fc_rows,
+    );
 
     let complete = |s: &Series| s.failures.is_empty() && s.runs("lat4k/poll") == env.runs;
     let all = host.failures.is_empty()
@@ -673,6 +735,33 @@ fn fs_type(p: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_headline_pairs_like_with_like() {
+        let s = |m: f64| summary(&[m]);
+        let h = headline(
+            (s(3600.0), s(4800.0)),
+            s(30000.0),
+            &[
+                ("firecracker", s(34600.0)),
+                ("firecracker io_uring", s(39000.0)),
+            ],
+        );
+        assert_eq!(h.len(), 2);
+        assert_eq!(
+            (h[0].ours.as_str(), h[0].peer.as_str()),
+            ("ioeventfd+poll", "qemu iothread+poll")
+        );
+        assert!((h[0].ours_over_peer - 0.75).abs() < 1e-9);
+        // Our event-driven device against the fastest of Firecracker's rows.
+        assert_eq!(
+            (h[1].ours.as_str(), h[1].peer.as_str()),
+            ("ioeventfd", "firecracker")
+        );
+        assert_eq!(h[1].completion, "lat4k/irq");
+        // A side with no median has no pairing.
+        assert_eq!(headline((s(1.0), None), s(1.0), &[]).len(), 0);
+    }
 
     #[test]
     fn parses_probe_blk_lines() {

@@ -39,6 +39,29 @@ pub struct BlkSection {
     /// Our best row against QEMU's best, per completion style.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ours_vs_qemu_best: Option<Vec<VsQemu>>,
+    /// Like against like: our polling worker against QEMU's polling iothread, our
+    /// event-driven device against the Rust peers' (which do not poll).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headline: Vec<BlkHeadline>,
+}
+
+/// One like-for-like pairing of the headline: 4 KiB random read at depth 1, warm.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BlkHeadline {
+    /// What is compared with what.
+    pub pairing: String,
+    /// How the guest learns of the completion (`lat4k/poll` or `lat4k/irq`).
+    pub completion: String,
+    /// Our row.
+    pub ours: String,
+    /// Its median, ns.
+    pub ours_median_ns: f64,
+    /// The peer's row (the fastest of the peer rows named in `pairing`).
+    pub peer: String,
+    /// Its median, ns.
+    pub peer_median_ns: f64,
+    /// Ours over the peer's.
+    pub ours_over_peer: f64,
 }
 
 /// What `blk` ran.

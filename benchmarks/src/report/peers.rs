@@ -13,8 +13,29 @@ pub(super) fn blk(o: &mut String, b: &BlkSection) {
     };
     let _ = writeln!(
         o,
-        "\n## Block (`blk`): 4 KiB random read at depth 1, guest polling, µs\n\n| row | cache | median |\n|---|---|---|"
+        "\n## Block (`blk`): 4 KiB random read at depth 1, guest polling, µs"
     );
+    if !b.headline.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nLike against like (warm; µs):\n\n| pairing | completion | ours | peer | ours / peer |\n|---|---|---|---|---|"
+        );
+        for h in &b.headline {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} {:.2} | {} {:.2} | {:.2} |",
+                h.pairing,
+                h.completion,
+                h.ours,
+                h.ours_median_ns / 1000.0,
+                h.peer,
+                h.peer_median_ns / 1000.0,
+                h.ours_over_peer
+            );
+        }
+        let _ = writeln!(o, "\nEvery row (the guest polling the used ring):");
+    }
+    let _ = writeln!(o, "\n| row | cache | median |\n|---|---|---|");
     // Host rows time the read itself, guest rows the guest's polled completion.
     let qemu: &[GuestRow] = match &b.qemu {
         Some(Peers::Rows(r)) => r,
