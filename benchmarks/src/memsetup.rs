@@ -123,11 +123,21 @@ fn launch_cmd(
             disk: None,
         };
         let (cmd, pin) = boot.command(env, &env.work)?;
-        let config = crate::pretty(&cmd);
-        return Some(Launched {
-            config: config
+        // Its options, the run's scratch directory (where the probe and Firecracker's
+        // configuration are) named as such.
+        let config = crate::pretty(&cmd).replace(&env.work.display().to_string(), "<scratch>");
+        let config = match setup.peer {
+            Peer::Firecracker => format!(
+                "{} ({})",
+                config.split_once(' ').map_or("", |(_, a)| a),
+                boot.firecracker_config()["machine-config"]
+            ),
+            Peer::CloudHypervisor => config
                 .split_once(' ')
                 .map_or(String::new(), |(_, a)| a.to_string()),
+        };
+        return Some(Launched {
+            config,
             placement: boot.placement_note(),
             cmd,
             pin,
@@ -154,7 +164,10 @@ fn launch_cmd(
                 if prealloc { "on" } else { "off" }
             );
             c.args(["-object", &backend, "-machine", "memory-backend=ram"]);
-            config.push_str(&format!(" -object {backend}"));
+            config.push_str(&format!(
+                " -object {}",
+                backend.replace(&env.work.display().to_string(), "<scratch>")
+            ));
         } else if prealloc {
             config.push_str(" -mem-prealloc");
         }
