@@ -545,7 +545,11 @@ pub fn run(env: &Env) -> BlkSection {
                     continue;
                 };
                 s.command = pretty(&c);
-                let r = timed_run_with(c, Duration::from_secs(120), |pid| pin.apply(pid));
+                let r = Placement::one(env.core, env.host_core)
+                    .from_place(|| {
+                        timed_run_with(c, Duration::from_secs(120), |pid| pin.apply(pid))
+                    })
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 // Firecracker ends on the probe's i8042 reset, exiting 0.
                 record_guest(s, r, 0, expect);
             } else {

@@ -413,7 +413,7 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
             let name = vmm.name();
             let cmd = match &vmm {
                 Vmm::Partition(policy) => {
-                    let mut c = Launch::new(
+                    let c = Launch::new(
                         env,
                         &state,
                         &format!("{},{}", env.host_core, env.core),
@@ -425,12 +425,15 @@ pub fn run(env: &Env, n1: u64, n2: u64, policies: &[String]) -> ExitsSection {
                     .cmdline(cmdline)
                     .json()
                     .command();
-                    placement(env).start_on_other(&mut c);
                     (c, Pin::Nothing)
                 }
                 Vmm::Qemu => qemu_command(env, &kernel, &initrd, &disk, cmdline),
             };
-            match traced(cmd) {
+            // Spawned from where its threads other than the vCPUs are to run.
+            let traced = placement(env)
+                .from_place(|| traced(cmd))
+                .unwrap_or_else(|e| Err(Failed::from(e)));
+            match traced {
                 Ok(run) => {
                     if let Some(idle) = run.idle {
                         s.params.guest_idle.entry(name.clone()).or_insert(idle);

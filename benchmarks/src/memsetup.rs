@@ -93,6 +93,8 @@ fn takes_hugepages(source: &str) -> bool {
 /// (the options that make the configuration) and where its threads run.
 struct Launched {
     cmd: Command,
+    /// Where it is spawned from ([`Placement::from_place`]).
+    from: Placement,
     pin: Pin,
     config: String,
     placement: String,
@@ -115,7 +117,7 @@ fn launch_cmd(
     if let Some(setup) = PeerSetup::from_source(source) {
         let boot = PeerBoot {
             setup,
-            placement: Some(peer_split),
+            placement: Some(peer_split.clone()),
             vcpus: 1,
             mb: size >> 20,
             probe,
@@ -137,6 +139,7 @@ fn launch_cmd(
                 .map_or(String::new(), |(_, a)| a.to_string()),
         };
         return Some(Launched {
+            from: peer_split,
             config,
             placement: boot.placement_note(),
             cmd,
@@ -174,6 +177,7 @@ fn launch_cmd(
         let pin = peer_split.qemu(&mut c, "memsetup", &env.work.join("memsetup-qmp.sock"));
         return Some(Launched {
             cmd: c,
+            from: peer_split,
             pin,
             config,
             placement: format!(
@@ -197,10 +201,11 @@ fn launch_cmd(
         "anonymous" => (l.backing("anonymous"), "--backing anonymous (the default)"),
         _ => (l.backing("hugetlb"), "--backing hugetlb"),
     };
-    let mut cmd = l.probe().cmdline("probe.memtest=0").json().command();
-    split.start_on_other(&mut cmd);
+    let cmd = l.probe().cmdline("probe.memtest=0").json().command();
     Some(Launched {
         cmd,
+        // Spawned from the housekeeping core, in the cpuset a user's shell is in.
+        from: Placement::one(env.host_core, env.host_core),
         pin: Pin::Nothing,
         config: config.into(),
         placement: if source == "pool" {
@@ -352,6 +357,7 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                 }
                 let Some(Launched {
                     mut cmd,
+                    from,
                     pin,
                     config,
                     placement,
@@ -375,7 +381,11 @@ pub fn run(env: &Env, sizes: &[u64]) -> MemSetupSection {
                         partition::sys::timeline::monotonic_ns().to_string(),
                     );
                 }
-                let r = timed_run_with(cmd, Duration::from_secs(300), |pid| pin.apply(pid));
+                let r = from
+                    .from_place(|| {
+                        timed_run_with(cmd, Duration::from_secs(300), |pid| pin.apply(pid))
+                    })
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 if source.starts_with("qemu-hugetlbfs") {
                     // QEMU unlinks its backing file; whatever is left goes before the pages do.
                     clear_dir(&hugetlbfs);

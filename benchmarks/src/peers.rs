@@ -252,14 +252,12 @@ pub struct PeerBoot<'a> {
 }
 
 impl PeerBoot<'_> {
-    /// The command and what must follow its spawn for its placement ([`Pin::apply`]);
-    /// Firecracker's configuration file goes in `dir` (which must exist). None when the
-    /// peer was not given.
+    /// The command and what must follow its spawn for its placement ([`Pin::apply`]); it
+    /// is to be spawned from its placement ([`Placement::from_place`]). Firecracker's
+    /// configuration file goes in `dir` (which must exist). None when the peer was not
+    /// given.
     pub fn command(&self, env: &Env, dir: &Path) -> Option<(Command, Pin)> {
         let mut c = Command::new(self.setup.peer.binary(env)?);
-        if let Some(p) = &self.placement {
-            p.start_on_other(&mut c);
-        }
         let pin = match self.setup.peer {
             Peer::CloudHypervisor => {
                 // Without `hugepage_size` Cloud Hypervisor reads the size from a hugetlbfs

@@ -486,11 +486,7 @@ pub fn run(env: &Env) -> WakeSection {
                 }
                 p if guests.contains_key(p) => {
                     let s = guests.get_mut(p).expect("present");
-                    let ours = |cmdline: &str| {
-                        let mut c = guest_cmd(env, p, cmdline);
-                        placement.start_on_other(&mut c);
-                        (c, Pin::Nothing)
-                    };
+                    let ours = |cmdline: &str| (guest_cmd(env, p, cmdline), Pin::Nothing);
                     s.placement = format!("{} (its own --cores)", placement.describe());
                     measure_guest(
                         s,
@@ -499,6 +495,7 @@ pub fn run(env: &Env) -> WakeSection {
                         &cores,
                         false,
                         Duration::from_secs(60),
+                        &placement,
                     );
                 }
                 peer if let Some(p) = Peer::from_source(peer) => {
@@ -525,7 +522,15 @@ pub fn run(env: &Env) -> WakeSection {
                     );
                     let (wake, idle) = (wake.command(env, &env.work), idle.command(env, &env.work));
                     if let (Some(wake), Some(idle)) = (wake, idle) {
-                        measure_guest(s, wake, idle, &cores, false, Duration::from_secs(60));
+                        measure_guest(
+                            s,
+                            wake,
+                            idle,
+                            &cores,
+                            false,
+                            Duration::from_secs(60),
+                            &placement,
+                        );
                     }
                 }
                 peer => {
@@ -552,6 +557,7 @@ pub fn run(env: &Env) -> WakeSection {
                         &cores,
                         true,
                         limit,
+                        &placement,
                     );
                 }
             }
@@ -645,7 +651,24 @@ pub fn run(env: &Env) -> WakeSection {
     section
 }
 
+/// [`measure_guest_here`], spawned from `from` ([`Placement::from_place`]): the VMM's
+/// threads other than its vCPUs start on the housekeeping core.
 fn measure_guest(
+    s: &mut Series,
+    wake: Placed,
+    idle: Placed,
+    cores: &[usize],
+    qemu: bool,
+    limit: Duration,
+    from: &Placement,
+) {
+    let r = from.from_place(|| measure_guest_here(s, wake, idle, cores, qemu, limit));
+    if let Err(e) = r {
+        s.failures.push(e);
+    }
+}
+
+fn measure_guest_here(
     s: &mut Series,
     (wake, pin): Placed,
     idle: Placed,
