@@ -53,17 +53,24 @@ pub(super) fn wake(o: &mut String, w: &WakeSection) {
         );
     }
     wake_goal(o, w);
-    let placed: Vec<(&str, &str)> = w
+    // Ours once (every policy runs alike), then each peer.
+    let ours = w
         .policies
         .iter()
         .flatten()
-        .filter_map(|p| match p {
-            crate::doc::wake::PolicyRow::Measured(r) => Some(&**r),
+        .find_map(|p| match p {
+            crate::doc::wake::PolicyRow::Measured(r) => r.placement.as_deref(),
             _ => None,
         })
-        .take(1)
-        .chain(w.peers.iter().flatten())
-        .filter_map(|r| Some((r.name.as_str(), r.placement.as_deref()?)))
+        .map(|how| ("partition (every policy)", how));
+    let placed: Vec<(&str, &str)> = ours
+        .into_iter()
+        .chain(
+            w.peers
+                .iter()
+                .flatten()
+                .filter_map(|r| Some((r.name.as_str(), r.placement.as_deref()?))),
+        )
         .collect();
     super::peers::placements(o, &placed);
     peer_builds(o, &w.head.peers());
