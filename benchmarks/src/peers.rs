@@ -619,4 +619,40 @@ mod tests {
             ["cloud-hypervisor", "firecracker"]
         );
     }
+
+    #[test]
+    fn every_committed_section_with_a_peer_has_its_default_row() {
+        // The results this repository carries: memsetup's sources, wake's and blk's peer
+        // rows. A section of a results file from before peers ran has none and passes.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+        for file in ["vm.json", "rig.json"] {
+            let Ok(text) = std::fs::read_to_string(dir.join(file)) else {
+                continue;
+            };
+            let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let s = &doc["sections"];
+            let names = |rows: &serde_json::Value, key: &str| -> Vec<String> {
+                rows.as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r[key].as_str().map(String::from))
+                    .collect()
+            };
+            let mut blk = names(&s["blk"]["ours"], "name");
+            for p in s["blk"]["rust_peers"].as_array().into_iter().flatten() {
+                blk.extend(names(&p["rows"], "name"));
+            }
+            for (section, rows) in [
+                ("memsetup", names(&s["memsetup"]["rows"], "source")),
+                ("wake", names(&s["wake"]["peers"], "name")),
+                ("blk", blk),
+            ] {
+                let missing = missing_defaults(rows.iter().map(String::as_str));
+                assert!(
+                    missing.is_empty(),
+                    "{file} {section}: no default row of {missing:?}"
+                );
+            }
+        }
+    }
 }
