@@ -9,14 +9,16 @@
 
 use std::sync::Arc;
 
-use virtio_bindings::virtio_config;
 use virtio_bindings::virtio_mmio::*;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
-use super::queue::QueueSetup;
-use super::{Activation, F_VERSION_1, VirtioDevice, VirtioInterrupt};
-use crate::ratelimit::RateLimiter;
+use super::negotiation::Negotiation;
+#[cfg(test)]
+use super::negotiation::{
+    STATUS_ACK, STATUS_DRIVER, STATUS_DRIVER_OK, STATUS_FEATURES_OK, STATUS_NEEDS_RESET,
+};
+use super::{VirtioDevice, VirtioInterrupt};
 use crate::{BusDevice, VmEvent, warn_ratelimited};
 
 /// Size of one device's window.
@@ -27,29 +29,15 @@ pub const QUEUE_NOTIFY: u64 = VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 const CONFIG: u64 = VIRTIO_MMIO_CONFIG as u64;
 const MAGIC: u32 = 0x7472_6976; // "virt"
 const VENDOR: u32 = 0x4e52_5450; // "PTRN"
-const STATUS_ACK: u32 = virtio_config::VIRTIO_CONFIG_S_ACKNOWLEDGE;
-const STATUS_DRIVER: u32 = virtio_config::VIRTIO_CONFIG_S_DRIVER;
-const STATUS_DRIVER_OK: u32 = virtio_config::VIRTIO_CONFIG_S_DRIVER_OK;
-const STATUS_FEATURES_OK: u32 = virtio_config::VIRTIO_CONFIG_S_FEATURES_OK;
-const STATUS_NEEDS_RESET: u32 = virtio_config::VIRTIO_CONFIG_S_NEEDS_RESET;
-const STATUS_FAILED: u32 = virtio_config::VIRTIO_CONFIG_S_FAILED;
 
 /// One virtio device's MMIO window.
 pub struct MmioTransport {
-    device: Box<dyn VirtioDevice>,
-    mem: GuestMemoryMmap,
-    interrupt: Arc<VirtioInterrupt>,
-    doorbells: Vec<Arc<EventFd>>,
-    queues: Vec<QueueSetup>,
-    status: u32,
+    n: Negotiation,
     device_features_sel: u32,
     driver_features_sel: u32,
-    driver_features: u64,
     queue_sel: u32,
     config_generation: u32,
-    activated: bool,
     exit_notified: Vec<bool>,
-    log: RateLimiter,
 }
 
 impl MmioTransport {
@@ -61,186 +49,62 @@ impl MmioTransport {
         interrupt: Arc<VirtioInterrupt>,
         doorbells: Vec<Arc<EventFd>>,
     ) -> Self {
-        let queues: Vec<QueueSetup> = device
-            .queue_sizes()
-            .into_iter()
-            .map(QueueSetup::new)
-            .collect();
-        let n = queues.len();
+        let n = Negotiation::new("virtio-mmio", device, mem, interrupt, doorbells);
+        let queues = n.queues.len();
         Self {
-            device,
-            mem,
-            interrupt,
-            doorbells,
-            queues,
-            status: 0,
+            n,
             device_features_sel: 0,
             driver_features_sel: 0,
-            driver_features: 0,
             queue_sel: 0,
             config_generation: 0,
-            activated: false,
-            exit_notified: vec![false; n],
-            log: RateLimiter::new(5, std::time::Duration::from_secs(1)),
+            exit_notified: vec![false; queues],
         }
     }
 
     /// Guest-triggered messages dropped by the rate limits of the window and its device,
     /// over the VMM's life.
     pub fn log_suppressed(&self) -> u64 {
-        self.log.dropped_total() + self.device.log_suppressed()
+        self.n.log.dropped_total() + self.n.device.log_suppressed()
     }
 
     /// The device.
     pub fn device(&self) -> &dyn VirtioDevice {
-        self.device.as_ref()
+        self.n.device.as_ref()
     }
 
     /// Starts the device's threads (before the guest runs).
     pub fn start(&mut self, hook: super::ThreadHook) -> Result<(), super::DeviceError> {
-        self.device.start(hook)
+        self.n.device.start(hook)
     }
 
     /// Stops the device (teardown).
     pub fn shutdown(&mut self) {
-        self.device.reset();
-    }
-
-    fn queue(&mut self) -> Option<&mut QueueSetup> {
-        if self.status & STATUS_DRIVER_OK != 0 {
-            return None;
-        }
-        let q = self.queues.get_mut(self.queue_sel as usize)?;
-        (!q.ready).then_some(q)
-    }
-
-    fn reset(&mut self) {
-        self.device.reset();
-        for q in &mut self.queues {
-            q.reset();
-        }
-        self.status = 0;
-        self.driver_features = 0;
-        self.device_features_sel = 0;
-        self.driver_features_sel = 0;
-        self.queue_sel = 0;
-        self.activated = false;
-        self.interrupt.ack(u32::MAX);
+        self.n.device.reset();
     }
 
     fn set_status(&mut self, v: u32) {
-        if v == 0 {
-            self.reset();
-            return;
-        }
-        // Bits are only ever added, and FAILED stops everything.
-        if v & !self.status
-            & !(STATUS_ACK | STATUS_DRIVER | STATUS_FEATURES_OK | STATUS_DRIVER_OK | STATUS_FAILED)
-            != 0
-            || v & self.status != self.status
-        {
-            warn_ratelimited!(
-                self.log,
-                "virtio-mmio: status {v:#x} after {:#x} ignored",
-                self.status
-            );
-            return;
-        }
-        let new = v & !self.status;
-        if new & STATUS_FEATURES_OK != 0 {
-            let offered = self.device.features();
-            if self.driver_features & !offered != 0 || self.driver_features & F_VERSION_1 == 0 {
-                warn_ratelimited!(
-                    self.log,
-                    "virtio-mmio: driver features {:#x} refused (offered {offered:#x}, VERSION_1 required)",
-                    self.driver_features
-                );
-                // FEATURES_OK does not stick; the driver sees that and gives up.
-                self.status = v & !STATUS_FEATURES_OK & !STATUS_DRIVER_OK;
-                return;
-            }
-        }
-        if new & STATUS_DRIVER_OK != 0 {
-            if self.status & STATUS_FEATURES_OK == 0 && v & STATUS_FEATURES_OK == 0 {
-                warn_ratelimited!(
-                    self.log,
-                    "virtio-mmio: DRIVER_OK without FEATURES_OK ignored"
-                );
-                return;
-            }
-            self.status = v;
-            self.activate();
-            return;
-        }
-        self.status = v;
-    }
-
-    fn activate(&mut self) {
-        let features = self.driver_features;
-        let event_idx = features & super::F_EVENT_IDX != 0;
-        let indirect = features & super::F_INDIRECT_DESC != 0;
-        let mut queues = Vec::with_capacity(self.queues.len());
-        for (i, q) in self.queues.iter().enumerate() {
-            if !q.ready {
-                queues.push(None);
-                continue;
-            }
-            match q.start(&self.mem, event_idx, indirect) {
-                Ok(q) => queues.push(Some(q)),
-                Err(_) => {
-                    warn_ratelimited!(
-                        self.log,
-                        "virtio-mmio: queue {i} is set up outside guest memory or badly sized"
-                    );
-                    self.status |= STATUS_NEEDS_RESET;
-                    self.interrupt.trigger(super::INT_CONFIG);
-                    return;
-                }
-            }
-        }
-        let a = Activation {
-            mem: self.mem.clone(),
-            queues,
-            features,
-            interrupt: self.interrupt.clone(),
-            doorbells: self.doorbells.clone(),
-        };
-        match self.device.activate(a) {
-            Ok(()) => self.activated = true,
-            Err(e) => {
-                log::error!("virtio-mmio: activating the device failed: {e}");
-                self.status |= STATUS_NEEDS_RESET;
-                self.interrupt.trigger(super::INT_CONFIG);
-            }
+        if self.n.set_status(v) {
+            self.device_features_sel = 0;
+            self.driver_features_sel = 0;
+            self.queue_sel = 0;
         }
     }
 
     fn read_reg(&self, offset: u64) -> u32 {
-        let q = self.queues.get(self.queue_sel as usize);
+        let q = self.n.queues.get(self.queue_sel as usize);
         let Ok(reg) = u32::try_from(offset) else {
             return 0;
         };
         match reg {
             VIRTIO_MMIO_MAGIC_VALUE => MAGIC,
             VIRTIO_MMIO_VERSION => 2,
-            VIRTIO_MMIO_DEVICE_ID => self.device.device_type(),
+            VIRTIO_MMIO_DEVICE_ID => self.n.device.device_type(),
             VIRTIO_MMIO_VENDOR_ID => VENDOR,
-            VIRTIO_MMIO_DEVICE_FEATURES => match self.device_features_sel {
-                0 => self.device.features() as u32,
-                1 => (self.device.features() >> 32) as u32,
-                _ => 0,
-            },
+            VIRTIO_MMIO_DEVICE_FEATURES => self.n.device_features(self.device_features_sel),
             VIRTIO_MMIO_QUEUE_NUM_MAX => q.map_or(0, |q| q.max_size as u32),
             VIRTIO_MMIO_QUEUE_READY => q.map_or(0, |q| q.ready as u32),
-            VIRTIO_MMIO_INTERRUPT_STATUS => self.interrupt.status(),
-            VIRTIO_MMIO_STATUS => {
-                self.status
-                    | if self.device.needs_reset() {
-                        STATUS_NEEDS_RESET
-                    } else {
-                        0
-                    }
-            }
+            VIRTIO_MMIO_INTERRUPT_STATUS => self.n.interrupt.status(),
+            VIRTIO_MMIO_STATUS => self.n.status(),
             VIRTIO_MMIO_CONFIG_GENERATION => self.config_generation,
             _ => 0,
         }
@@ -252,61 +116,58 @@ impl MmioTransport {
         let Ok(reg) = u32::try_from(offset) else {
             return;
         };
+        let sel = self.queue_sel as usize;
         match reg {
             VIRTIO_MMIO_DEVICE_FEATURES_SEL => self.device_features_sel = v,
-            VIRTIO_MMIO_DRIVER_FEATURES => {
-                if self.status & STATUS_FEATURES_OK == 0 {
-                    match self.driver_features_sel {
-                        0 => self.driver_features = lo(self.driver_features),
-                        1 => self.driver_features = hi(self.driver_features),
-                        _ => {}
-                    }
-                }
-            }
+            VIRTIO_MMIO_DRIVER_FEATURES => match self.driver_features_sel {
+                0 => self.n.set_driver_features(false, v),
+                1 => self.n.set_driver_features(true, v),
+                _ => {}
+            },
             VIRTIO_MMIO_DRIVER_FEATURES_SEL => self.driver_features_sel = v,
             VIRTIO_MMIO_QUEUE_SEL => self.queue_sel = v,
             VIRTIO_MMIO_QUEUE_NUM => {
-                if let Some(q) = self.queue() {
+                if let Some(q) = self.n.queue_mut(sel) {
                     // Validated at DRIVER_OK (a power of two within max_size).
                     q.size = v.min(u16::MAX as u32) as u16;
                 }
             }
-            VIRTIO_MMIO_QUEUE_READY => {
-                if let Some(q) = self.queues.get_mut(self.queue_sel as usize) {
-                    if self.status & STATUS_DRIVER_OK == 0 {
-                        q.ready = v == 1;
-                    }
-                }
-            }
+            VIRTIO_MMIO_QUEUE_READY => self.n.set_ready(sel, v == 1),
             VIRTIO_MMIO_QUEUE_NOTIFY => self.notify(v),
-            VIRTIO_MMIO_INTERRUPT_ACK => self.interrupt.ack(v),
+            VIRTIO_MMIO_INTERRUPT_ACK => self.n.interrupt.ack(v),
             VIRTIO_MMIO_STATUS => self.set_status(v),
             VIRTIO_MMIO_QUEUE_DESC_LOW => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.desc_table = lo(q.desc_table)),
             VIRTIO_MMIO_QUEUE_DESC_HIGH => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.desc_table = hi(q.desc_table)),
             VIRTIO_MMIO_QUEUE_AVAIL_LOW => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.avail_ring = lo(q.avail_ring)),
             VIRTIO_MMIO_QUEUE_AVAIL_HIGH => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.avail_ring = hi(q.avail_ring)),
             VIRTIO_MMIO_QUEUE_USED_LOW => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.used_ring = lo(q.used_ring)),
             VIRTIO_MMIO_QUEUE_USED_HIGH => self
-                .queue()
+                .n
+                .queue_mut(sel)
                 .into_iter()
                 .for_each(|q| q.used_ring = hi(q.used_ring)),
             _ => warn_ratelimited!(
-                self.log,
+                self.n.log,
                 "virtio-mmio: write {v:#x} to register {offset:#x} ignored"
             ),
         }
@@ -315,9 +176,9 @@ impl MmioTransport {
     /// A doorbell that came as a VM exit (no ioeventfd matched).
     fn notify(&mut self, index: u32) {
         let i = index as usize;
-        let Some(evt) = self.doorbells.get(i) else {
+        let Some(evt) = self.n.doorbells.get(i) else {
             warn_ratelimited!(
-                self.log,
+                self.n.log,
                 "virtio-mmio: notify for queue {index}, which does not exist"
             );
             return;
@@ -335,7 +196,7 @@ impl MmioTransport {
 impl BusDevice for MmioTransport {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if let Some(at) = offset.checked_sub(CONFIG) {
-            self.device.read_config(at, data);
+            self.n.device.read_config(at, data);
             return;
         }
         if data.len() != 4 || offset % 4 != 0 {
@@ -347,13 +208,13 @@ impl BusDevice for MmioTransport {
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Option<VmEvent> {
         if let Some(at) = offset.checked_sub(CONFIG) {
-            self.device.write_config(at, data);
+            self.n.device.write_config(at, data);
             self.config_generation = self.config_generation.wrapping_add(1);
             return None;
         }
         if data.len() != 4 || offset % 4 != 0 {
             warn_ratelimited!(
-                self.log,
+                self.n.log,
                 "virtio-mmio: {}-byte write at {offset:#x} ignored",
                 data.len()
             );
@@ -369,6 +230,7 @@ impl BusDevice for MmioTransport {
 mod tests {
     use super::*;
     use crate::virtio::queue::tests::mem;
+    use crate::virtio::{Activation, F_VERSION_1};
     use std::sync::Mutex;
 
     #[derive(Default)]
@@ -485,7 +347,7 @@ mod tests {
         // Queue setup is frozen once running.
         w(&mut t, 0x030, 1);
         w(&mut t, 0x038, 4);
-        assert_eq!(t.queues[1].size, 8);
+        assert_eq!(t.n.queues[1].size, 8);
         // Notify through the window reaches the queue's doorbell.
         w(&mut t, QUEUE_NOTIFY, 0);
         assert_eq!(bells[0].read().unwrap(), 1);
@@ -498,7 +360,7 @@ mod tests {
         w(&mut t, 0x070, 0);
         assert_eq!(r(&mut t, 0x070), 0);
         assert_eq!(log.lock().unwrap().resets, 1);
-        assert!(!t.queues[0].ready);
+        assert!(!t.n.queues[0].ready);
     }
 
     #[test]

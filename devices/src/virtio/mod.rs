@@ -2,6 +2,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod negotiation;
 pub mod queue;
 
 use std::sync::atomic::{AtomicU32, Ordering};
