@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh TARGET [SECONDS]    run TARGET for SECONDS (default 60)
 #   scripts/fuzz.sh all [SECONDS]       every target, SECONDS each
 #
-# Targets (docs/security.md): virtqueue, mmio (devices), kernel (boot), plan, ledger
+# Targets (docs/security.md): virtqueue, mmio, virtio_pci (devices), kernel (boot), plan, ledger
 # (partition). A run starts from the committed corpus (<crate>/fuzz/seeds/<target>/), adds
 # what it finds to a working corpus (<crate>/fuzz/corpus/<target>/, not committed),
 # minimizes that back into the seeds, and prints how many inputs it executed. A finding
@@ -20,13 +20,13 @@ need_cargo
 
 crate_of() {
     case "$1" in
-        virtqueue|mmio) echo devices ;;
+        virtqueue|mmio|virtio_pci) echo devices ;;
         kernel) echo boot ;;
         plan|ledger) echo partition ;;
         *) return 1 ;;
     esac
 }
-TARGETS="virtqueue mmio kernel plan ledger"
+TARGETS="virtqueue mmio virtio_pci kernel plan ledger"
 
 if [ $# -eq 0 ]; then
     echo "targets: $TARGETS (scripts/fuzz.sh TARGET [SECONDS] | all [SECONDS])"

@@ -32,6 +32,11 @@ fn mmio_corpus() {
 }
 
 #[test]
+fn virtio_pci_corpus() {
+    replay("devices", "virtio_pci", devices::fuzzing::virtio_pci);
+}
+
+#[test]
 fn kernel_corpus() {
     replay("boot", "kernel", boot::fuzzing::kernel);
 }

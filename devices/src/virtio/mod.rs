@@ -1,10 +1,12 @@
-//! virtio over MMIO: the transport, the split virtqueue, and the block device.
+//! virtio: the transports (MMIO, PCI), the split virtqueue, and the block device.
 
 pub mod block;
 pub mod mmio;
 pub mod negotiation;
+pub mod pci;
 pub mod queue;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use vm_memory::GuestMemoryMmap;
@@ -27,37 +29,174 @@ pub const INT_CONFIG: u32 = virtio_mmio::VIRTIO_MMIO_INT_CONFIG;
 /// Device type: block.
 pub const TYPE_BLOCK: u32 = virtio_ids::VIRTIO_ID_BLOCK;
 
-/// A device's interrupt: the InterruptStatus register and the line (an irqfd).
-pub struct VirtioInterrupt {
+/// No MSI-X vector (virtio 1.2, 4.1.4.3: `VIRTIO_MSI_NO_VECTOR`): that event sends none.
+pub const NO_VECTOR: u16 = 0xffff;
+
+/// MSI-X delivery for a virtio-pci device: the capability's state (the guest programs it
+/// through the transport's BAR), one line per vector (an irqfd the VMM routes to the
+/// vector's message), and the vector the driver chose for the configuration change and for
+/// each queue ([`NO_VECTOR`] for none).
+pub struct MsixVectors {
+    /// The capability, its table and pending bits.
+    pub msix: std::sync::Mutex<crate::pci::msix::Msix>,
+    /// Vector `i`'s line.
+    pub lines: Vec<Box<dyn Interrupt + Sync>>,
+    /// The configuration change's vector.
+    pub config: std::sync::atomic::AtomicU16,
+    /// Each queue's vector.
+    pub queues: Vec<std::sync::atomic::AtomicU16>,
+}
+
+impl MsixVectors {
+    /// `lines.len()` vectors in `layout`, for `queues` queues, none chosen yet.
+    pub fn new(
+        lines: Vec<Box<dyn Interrupt + Sync>>,
+        layout: crate::pci::msix::MsixLayout,
+        queues: usize,
+    ) -> Result<Self, crate::pci::msix::MsixError> {
+        Ok(Self {
+            msix: std::sync::Mutex::new(crate::pci::msix::Msix::new(lines.len(), layout)?),
+            lines,
+            config: std::sync::atomic::AtomicU16::new(NO_VECTOR),
+            queues: (0..queues)
+                .map(|_| std::sync::atomic::AtomicU16::new(NO_VECTOR))
+                .collect(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::pci::msix::Msix> {
+        self.msix.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the driver turned MSI-X on (then every event goes by vector).
+    pub fn enabled(&self) -> bool {
+        self.lock().enabled()
+    }
+
+    /// Raises vector `v` as MSI-X says: sent on its line now, left pending while masked,
+    /// or nothing (no such vector, [`NO_VECTOR`]).
+    pub fn raise(&self, v: u16) {
+        if v == NO_VECTOR {
+            return;
+        }
+        let d = self.lock().signal(usize::from(v));
+        if let (crate::pci::msix::Delivery::Send(_), Some(line)) =
+            (d, self.lines.get(usize::from(v)))
+        {
+            if let Err(e) = line.trigger() {
+                log::warn!("virtio-pci: raising vector {v} failed: {e}");
+            }
+        }
+    }
+}
+
+/// What the interrupts of one device share.
+struct InterruptState {
     status: AtomicU32,
     line: Box<dyn Interrupt + Sync>,
+    msix: Option<Arc<MsixVectors>>,
+}
+
+/// A device's interrupt: the InterruptStatus (ISR) register and the line (an irqfd), or,
+/// behind virtio-pci with MSI-X on, a vector per event. A handle bound to a queue
+/// ([`VirtioInterrupt::for_queue`]) sends that queue's used-buffer notifications on the
+/// queue's own vector.
+pub struct VirtioInterrupt {
+    state: Arc<InterruptState>,
+    queue: Option<u16>,
+}
+
+/// A line that goes nowhere: a virtio-pci device with no INTx pin.
+struct NoLine;
+
+impl Interrupt for NoLine {
+    fn trigger(&self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl VirtioInterrupt {
     /// An interrupt on `line`.
     pub fn new(line: Box<dyn Interrupt + Sync>) -> Self {
         Self {
-            status: AtomicU32::new(0),
-            line,
+            state: Arc::new(InterruptState {
+                status: AtomicU32::new(0),
+                line,
+                msix: None,
+            }),
+            queue: None,
         }
     }
 
-    /// Sets `bits` in InterruptStatus and raises the line.
+    /// MSI-X vectors and no INTx line: while the driver has not turned MSI-X on, events
+    /// only set the ISR bits.
+    pub fn msix(vectors: Arc<MsixVectors>) -> Self {
+        Self {
+            state: Arc::new(InterruptState {
+                status: AtomicU32::new(0),
+                line: Box::new(NoLine),
+                msix: Some(vectors),
+            }),
+            queue: None,
+        }
+    }
+
+    /// The same interrupt, its used-buffer notifications sent for queue `q`.
+    pub fn for_queue(&self, q: u16) -> Arc<Self> {
+        Arc::new(Self {
+            state: self.state.clone(),
+            queue: Some(q),
+        })
+    }
+
+    /// Sets `bits` in InterruptStatus and raises the line; with MSI-X on, sends the
+    /// configuration vector for INT_CONFIG and, for INT_VRING, the bound queue's vector
+    /// (every queue's, unbound).
     pub fn trigger(&self, bits: u32) {
-        self.status.fetch_or(bits, Ordering::AcqRel);
-        if let Err(e) = self.line.trigger() {
+        if let Some(m) = self.state.msix.as_ref().filter(|m| m.enabled()) {
+            use std::sync::atomic::Ordering::Relaxed;
+            if bits & INT_CONFIG != 0 {
+                m.raise(m.config.load(Relaxed));
+            }
+            if bits & INT_VRING != 0 {
+                match self.queue {
+                    Some(q) => m.raise(
+                        m.queues
+                            .get(usize::from(q))
+                            .map_or(NO_VECTOR, |v| v.load(Relaxed)),
+                    ),
+                    None => {
+                        let mut sent: Vec<u16> = Vec::new();
+                        for v in m.queues.iter().map(|v| v.load(Relaxed)) {
+                            if !sent.contains(&v) {
+                                sent.push(v);
+                                m.raise(v);
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        self.state.status.fetch_or(bits, Ordering::AcqRel);
+        if let Err(e) = self.state.line.trigger() {
             log::warn!("virtio: raising the interrupt failed: {e}");
         }
     }
 
     /// InterruptStatus.
     pub fn status(&self) -> u32 {
-        self.status.load(Ordering::Acquire)
+        self.state.status.load(Ordering::Acquire)
     }
 
     /// InterruptACK.
     pub fn ack(&self, bits: u32) {
-        self.status.fetch_and(!bits, Ordering::AcqRel);
+        self.state.status.fetch_and(!bits, Ordering::AcqRel);
+    }
+
+    /// ISR read (virtio-pci): the bits, cleared by the read.
+    pub fn take_status(&self) -> u32 {
+        self.state.status.swap(0, Ordering::AcqRel)
     }
 }
 

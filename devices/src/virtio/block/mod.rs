@@ -356,7 +356,8 @@ impl VirtioDevice for VirtioBlock {
                 queue: q,
                 mem: a.mem.clone(),
                 bell,
-                interrupt: a.interrupt.clone(),
+                // Its used-buffer notifications go on this queue's vector (virtio-pci).
+                interrupt: a.interrupt.for_queue(i as u16),
                 shared: shared.clone(),
             }));
             w.jobs.send(job).map_err(|_| DeviceError::ThreadGone(i))?;
