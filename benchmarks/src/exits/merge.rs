@@ -71,11 +71,22 @@ pub fn merge_policy_rows(
         into.params
             .vmms
             .retain(|v| !v.starts_with(&format!("{label}:")));
-        into.params.vmms.push(format!(
-            "{label}: as partition, the guest idling as --idle {p} has it, {} run(s) of its \
-             own (finished {when}, commit {commit})",
-            from.params.runs
-        ));
+        // A row set the source itself merged keeps the line naming the run it came from.
+        let own = format!("{label}:");
+        let line = from
+            .params
+            .vmms
+            .iter()
+            .find(|v| v.starts_with(&own))
+            .cloned()
+            .unwrap_or_else(|| {
+                format!(
+                    "{label}: as partition, the guest idling as --idle {p} has it, {} run(s) of \
+                     its own (finished {when}, commit {commit})",
+                    from.params.runs
+                )
+            });
+        into.params.vmms.push(line);
         if let Some(v) = from.params.guest_idle.get(&label) {
             into.params.guest_idle.insert(label.clone(), v.clone());
         }
@@ -155,6 +166,22 @@ mod tests {
         merge_policy_rows(&mut into, &from).unwrap();
         assert_eq!(into.rows.len(), 2);
         assert_eq!(into.params.vmms.len(), 2);
+        // From a section whose hlt rows were merged in turn: their own run stays named (a
+        // new base run re-takes the policy rows of the file it replaced).
+        let mut fresh = section(&["mwait"], &[], true);
+        let mut relay = into.clone();
+        relay.head.finished_at = Some("2026-12-07T02:19:00Z".into());
+        merge_policy_rows(&mut fresh, &relay).unwrap();
+        assert!(
+            fresh
+                .params
+                .vmms
+                .iter()
+                .any(|v| v.starts_with("partition --idle hlt:")
+                    && v.contains("finished 2026-12-06T23:28:24Z, commit 38dc446")),
+            "{:?}",
+            fresh.params.vmms
+        );
     }
 
     #[test]
