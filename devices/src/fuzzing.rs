@@ -218,7 +218,7 @@ pub fn virtio_pci(data: &[u8]) {
     let lines = (0..=queues)
         .map(|_| Box::new(NoIrq) as Box<dyn crate::Interrupt + Sync>)
         .collect();
-    let Ok(mut t) = PciTransport::new(Box::new(blk), mem, 0x1_0000_0000, lines, bells) else {
+    let Ok(mut t) = PciTransport::new(Box::new(blk), mem, 0xc000_0000, lines, bells) else {
         return;
     };
     for op in ops.chunks_exact(7) {

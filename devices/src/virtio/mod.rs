@@ -295,6 +295,59 @@ pub trait VirtioDevice: Send {
     }
 }
 
+/// A device the transport and its owner share: the PCI root owns a function (and with it
+/// the transport), while the launch starts, stops and reads the device through this handle.
+#[derive(Clone)]
+pub struct SharedDevice(pub Arc<std::sync::Mutex<Box<dyn VirtioDevice>>>);
+
+impl SharedDevice {
+    /// `device`, shared.
+    pub fn new(device: Box<dyn VirtioDevice>) -> Self {
+        Self(Arc::new(std::sync::Mutex::new(device)))
+    }
+
+    /// The device, locked.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Box<dyn VirtioDevice>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl VirtioDevice for SharedDevice {
+    fn start(&mut self, hook: ThreadHook) -> Result<(), DeviceError> {
+        self.lock().start(hook)
+    }
+    fn device_type(&self) -> u32 {
+        self.lock().device_type()
+    }
+    fn features(&self) -> u64 {
+        self.lock().features()
+    }
+    fn queue_sizes(&self) -> Vec<u16> {
+        self.lock().queue_sizes()
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        self.lock().read_config(offset, data)
+    }
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        self.lock().write_config(offset, data)
+    }
+    fn activate(&mut self, a: Activation) -> Result<(), DeviceError> {
+        self.lock().activate(a)
+    }
+    fn reset(&mut self) {
+        self.lock().reset()
+    }
+    fn needs_reset(&self) -> bool {
+        self.lock().needs_reset()
+    }
+    fn stats(&self) -> Vec<QueueCounters> {
+        self.lock().stats()
+    }
+    fn log_suppressed(&self) -> u64 {
+        self.lock().log_suppressed()
+    }
+}
+
 /// One queue's counters as a device read them at teardown.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueCounters {

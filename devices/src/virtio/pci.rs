@@ -3,7 +3,7 @@
 //! notification addresses and the MSI-X table, each found by the driver through a
 //! vendor-specific capability in configuration space.
 //!
-//! BAR 0 (64-bit, [`BAR_SIZE`]): common configuration at [`COMMON`], ISR at [`ISR`], device
+//! BAR 0 (32-bit, one page, [`BAR_SIZE`]): common configuration at [`COMMON`], ISR at [`ISR`], device
 //! configuration at [`DEVICE`], queue `q`'s notification address at [`NOTIFY`] + 4q (a
 //! multiplier of 4, so each queue has an address of its own for an ioeventfd), the MSI-X
 //! table at [`MSIX_TABLE`] and its pending bits at [`MSIX_PBA`]. One MSI-X vector per
@@ -38,28 +38,29 @@ use crate::{Interrupt, VmEvent, warn_ratelimited};
 pub const VENDOR: u16 = 0x1af4;
 /// Modern device ids are this plus the device type.
 pub const DEVICE_BASE: u16 = 0x1040;
-/// BAR 0's size.
-pub const BAR_SIZE: u64 = 0x8000;
+/// BAR 0's size: one page, as the board places a function's own BARs.
+pub const BAR_SIZE: u64 = 0x1000;
 /// Common configuration.
 pub const COMMON: u64 = 0x0000;
 /// Its length (through `queue_device`).
 pub const COMMON_LEN: u64 = 0x38;
 /// ISR status.
-pub const ISR: u64 = 0x1000;
+pub const ISR: u64 = 0x100;
 /// Device configuration.
-pub const DEVICE: u64 = 0x2000;
+pub const DEVICE: u64 = 0x200;
 /// Device configuration's window.
-pub const DEVICE_LEN: u64 = 0x1000;
+pub const DEVICE_LEN: u64 = 0x100;
 /// Notification addresses: queue `q` at `NOTIFY + NOTIFY_MULTIPLIER * q`.
-pub const NOTIFY: u64 = 0x3000;
+pub const NOTIFY: u64 = 0x300;
 /// Bytes between two queues' notification addresses.
 pub const NOTIFY_MULTIPLIER: u32 = 4;
 /// The MSI-X table.
-pub const MSIX_TABLE: u64 = 0x4000;
+pub const MSIX_TABLE: u64 = 0x400;
 /// The MSI-X pending bits.
-pub const MSIX_PBA: u64 = 0x6000;
-/// Most queues a device may have here (the notification window and the vectors' table).
-pub const MAX_QUEUES: usize = 1024;
+pub const MSIX_PBA: u64 = 0xc00;
+/// Most queues a device may have here (the notification window, 0x100 bytes, and the
+/// vectors' table, 128 entries).
+pub const MAX_QUEUES: usize = 64;
 
 const CAP_VENDOR: u8 = 0x09;
 const CAP_MSIX: u8 = 0x11;
@@ -155,7 +156,7 @@ impl PciTransport {
             0,
             Bar {
                 size: BAR_SIZE,
-                kind: BarKind::Mem64,
+                kind: BarKind::Mem32,
                 prefetchable: false,
             },
             bar0,

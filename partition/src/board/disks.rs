@@ -1,8 +1,10 @@
 //! Disks (`--disk`) as a device kind: parsing the option, opening the backings (each once,
 //! by descriptor), each disk a virtio-blk device on virtio-mmio
 //! ([`crate::board::virtio_mmio`]: a 4 KiB window from 0xd000_0000 up, a GSI from 5 up,
-//! ioeventfd doorbells, an irqfd interrupt), its queue workers (io_uring) started under the
-//! block worker's filter, and its entry in the launch's report.
+//! ioeventfd doorbells, an irqfd interrupt) or, with `transport=pci`, on virtio-pci
+//! ([`crate::board::virtio_pci`]: a function on the PCI root, one MSI-X vector a queue),
+//! its queue workers (io_uring) started under the block worker's filter, and its entry in
+//! the launch's report.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -10,10 +12,11 @@ use std::time::Duration;
 
 use devices::virtio::block::{BlockConfig, MAX_QUEUES, VirtioBlock};
 use devices::virtio::mmio::MmioTransport;
+use devices::virtio::{SharedDevice, VirtioDevice};
 
 use crate::board::device::{Device, DeviceError, DeviceFds, DeviceReport, FilterOf, Section};
 use crate::board::kind::{Attached, Board, DeviceFacts, Kind, KindError, Placed};
-use crate::board::resources::{Ask, Needs, Place};
+use crate::board::resources::{Ask, Needs, PciNeeds, Place};
 use crate::config::keyvalue::{KeyValueError, KeyValues, OnOff};
 use crate::sys::seccomp::{Fds, Grants, Role};
 
@@ -101,12 +104,23 @@ impl Kind for BlockConfig {
         self.path.display().to_string()
     }
 
-    /// A virtio-mmio window and pin, named `virtio-blk<index>`.
+    /// A virtio-mmio window and pin, or a PCI function with a page and a vector a queue plus
+    /// one, named `virtio-blk<index>`.
     fn ask(&self, index: usize, _facts: &DeviceFacts) -> Ask {
         Ask {
             owner: name(index),
             written: self.written(),
-            needs: Needs::VirtioMmio,
+            needs: if self.pci {
+                Needs::Pci(PciNeeds {
+                    slot: None,
+                    pages: 1,
+                    vectors: u64::from(self.queues) + 1,
+                    memory_slots: 0,
+                    host_bars: None,
+                })
+            } else {
+                Needs::VirtioMmio
+            },
         }
     }
 
@@ -121,36 +135,59 @@ impl Kind for BlockConfig {
         fds.grant(BLOCK_WORKER, disk_grants(first));
     }
 
-    /// Each disk on the MMIO bus in its window, wired through KVM; its queue workers
-    /// default to the device threads' core.
+    /// Each disk on the MMIO bus in its window or on the PCI root, wired through KVM; its
+    /// queue workers default to the device threads' core.
     fn attach(board: &mut Board<'_>, all: Vec<Placed<Self>>) -> Result<Attached, KindError> {
         let mut out = Attached::default();
         for (i, p) in all.into_iter().enumerate() {
-            let Place::VirtioMmio(w) = p.place else {
-                return Err(KindError::new(
-                    format!("{}: not placed on virtio-mmio", p.request.written()),
-                    false,
-                ));
-            };
             let mut d = p.opened;
             d.set_default_core(board.worker_core);
             let disk_fd = std::os::fd::AsRawFd::as_raw_fd(&d.disk().file);
-            let transport = crate::board::virtio_mmio::attach(
-                board.vm,
-                board.memory,
-                board.mmio,
-                &name(i),
-                Box::new(d),
-                &w,
-                board.ioeventfd,
-            )
-            .map_err(DiskError::from)?;
-            out.devices.push(Box::new(AttachedDisk {
-                transport,
-                base: w.base,
-                gsi: w.gsi,
-                disk_fd,
-            }));
+            let attached = match &p.place {
+                Place::VirtioMmio(w) => {
+                    let transport = crate::board::virtio_mmio::attach(
+                        board.vm,
+                        board.memory,
+                        board.mmio,
+                        &name(i),
+                        Box::new(d),
+                        w,
+                        board.ioeventfd,
+                    )
+                    .map_err(DiskError::from)?;
+                    AttachedDisk {
+                        transport: DiskTransport::Mmio(transport),
+                        base: w.base,
+                        gsi: w.gsi,
+                        disk_fd,
+                    }
+                }
+                Place::Pci(place) => {
+                    let (function, device) = crate::board::virtio_pci::attach(
+                        board.vm,
+                        board.memory,
+                        place,
+                        &name(i),
+                        Box::new(d),
+                        board.ioeventfd,
+                    )
+                    .map_err(|e| KindError::new(format!("{}: {e}", name(i)), false))?;
+                    out.functions.push(function);
+                    AttachedDisk {
+                        transport: DiskTransport::Pci(device),
+                        base: place.pages.first().copied().unwrap_or(0),
+                        gsi: place.first_gsi.unwrap_or(0),
+                        disk_fd,
+                    }
+                }
+                other => {
+                    return Err(KindError::new(
+                        format!("{}: not placed as a disk ({other:?})", p.request.written()),
+                        false,
+                    ));
+                }
+            };
+            out.devices.push(Box::new(attached));
         }
         Ok(out)
     }
@@ -165,7 +202,7 @@ impl From<KeyValueError> for DiskError {
     }
 }
 
-/// Parses `path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N][,core=N][,sqpoll=on][,id=STR]`.
+/// Parses `path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N][,core=N][,sqpoll=on][,id=STR][,transport=mmio|pci]`.
 pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
     let mut kv = KeyValues::parse(spec)?;
     let err = |why: String| DiskError::Spec {
@@ -205,19 +242,49 @@ pub fn parse(spec: &str, index: usize) -> Result<BlockConfig, DiskError> {
         }
         cfg.id = id;
     }
+    if let Some(t) = kv.get::<String>("transport")? {
+        cfg.pci = match t.as_str() {
+            "mmio" => false,
+            "pci" => true,
+            _ => return Err(err(format!("transport={t}: mmio or pci"))),
+        };
+    }
+    if cfg.pci && usize::from(cfg.queues) > devices::virtio::pci::MAX_QUEUES {
+        return Err(err(format!(
+            "queues={}: at most {} behind virtio-pci",
+            cfg.queues,
+            devices::virtio::pci::MAX_QUEUES
+        )));
+    }
     kv.finish(&[
-        "path", "readonly", "direct", "queues", "poll_us", "core", "sqpoll", "id",
+        "path",
+        "readonly",
+        "direct",
+        "queues",
+        "poll_us",
+        "core",
+        "sqpoll",
+        "id",
+        "transport",
     ])?;
     Ok(cfg)
 }
 
+/// How a disk reaches the guest, as the launch holds it.
+pub enum DiskTransport {
+    /// Its virtio-mmio window (on the MMIO bus too).
+    Mmio(Arc<Mutex<MmioTransport>>),
+    /// The device behind its virtio-pci function (the PCI root holds the function).
+    Pci(SharedDevice),
+}
+
 /// A disk attached to a VM.
 pub struct AttachedDisk {
-    /// Its window.
-    pub transport: Arc<Mutex<MmioTransport>>,
-    /// Window base.
+    /// Its transport.
+    pub transport: DiskTransport,
+    /// Window base, or its function's BAR 0.
     pub base: u64,
-    /// Its GSI.
+    /// Its GSI, or its first MSI-X vector's.
     pub gsi: u32,
     /// The backing's buffered descriptor (its queue workers zero ranges through it).
     pub disk_fd: std::os::fd::RawFd,
@@ -226,9 +293,11 @@ pub struct AttachedDisk {
 /// One disk's window and its queues' counters at teardown.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DiskReport {
-    /// virtio-mmio window base.
+    /// `virtio-mmio` or `virtio-pci`.
+    pub transport: &'static str,
+    /// virtio-mmio window base, or the virtio-pci function's BAR 0.
     pub base: u64,
-    /// Its GSI.
+    /// Its GSI (virtio-pci: its first MSI-X vector's).
     pub gsi: u32,
     /// Each queue's counters.
     pub queues: Vec<devices::virtio::QueueCounters>,
@@ -239,7 +308,14 @@ pub struct DiskReport {
 
 impl std::fmt::Display for DiskReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?;
+        match self.transport {
+            "virtio-pci" => write!(
+                f,
+                "disk on virtio-pci at {:#x} (first vector's gsi {}): ",
+                self.base, self.gsi
+            )?,
+            _ => write!(f, "disk at {:#x} (gsi {}): ", self.base, self.gsi)?,
+        }
         for (i, q) in self.queues.iter().enumerate() {
             if i > 0 {
                 f.write_str(", ")?;
@@ -253,6 +329,10 @@ impl std::fmt::Display for DiskReport {
 impl Device for AttachedDisk {
     fn fds(&self, fds: &mut DeviceFds) {
         fds.grant(BLOCK_WORKER, disk_grants(self.disk_fd));
+        // A PCI function: the vCPUs update KVM's routes and ioeventfds.
+        if let DiskTransport::Pci(_) = self.transport {
+            fds.pci = true;
+        }
     }
 
     /// Its queue workers, each installing the block worker's filter before it serves
@@ -267,22 +347,37 @@ impl Device for AttachedDisk {
             Some(f) => crate::sys::seccomp::apply(BLOCK_WORKER, f).map_err(Into::into),
             None => Ok(()),
         });
-        self.transport
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .start(hook)?;
+        match &mut self.transport {
+            DiskTransport::Mmio(t) => t.lock().unwrap_or_else(|e| e.into_inner()).start(hook)?,
+            DiskTransport::Pci(d) => d.start(hook)?,
+        }
         Ok(())
     }
 
     /// Stops its queue workers (they write into guest memory); its queues' counters.
     fn stop(&mut self) -> DeviceReport {
-        let mut t = self.transport.lock().unwrap_or_else(|e| e.into_inner());
-        t.shutdown();
-        let r = DiskReport {
-            base: self.base,
-            gsi: self.gsi,
-            queues: t.device().stats(),
-            log_suppressed: t.log_suppressed(),
+        let r = match &mut self.transport {
+            DiskTransport::Mmio(t) => {
+                let mut t = t.lock().unwrap_or_else(|e| e.into_inner());
+                t.shutdown();
+                DiskReport {
+                    transport: "virtio-mmio",
+                    base: self.base,
+                    gsi: self.gsi,
+                    queues: t.device().stats(),
+                    log_suppressed: t.log_suppressed(),
+                }
+            }
+            DiskTransport::Pci(d) => {
+                d.reset();
+                DiskReport {
+                    transport: "virtio-pci",
+                    base: self.base,
+                    gsi: self.gsi,
+                    queues: d.stats(),
+                    log_suppressed: d.log_suppressed(),
+                }
+            }
         };
         DeviceReport::one(SECTION, &r, r.to_string())
     }
@@ -398,6 +493,18 @@ mod tests {
             (d.queues, d.poll, d.id.as_str()),
             (1, Duration::ZERO, "partition-disk1")
         );
+        assert!(!d.pci, "virtio-mmio by default");
+        assert!(parse("path=/tmp/y,transport=pci", 1).unwrap().pci);
+        assert!(!parse("path=/tmp/y,transport=mmio", 1).unwrap().pci);
+        // Behind virtio-pci the disk asks for a function: a page and a vector a queue + 1.
+        let ask = parse("path=/tmp/y,transport=pci,queues=2", 0)
+            .unwrap()
+            .ask(0, &DeviceFacts::default());
+        assert!(
+            matches!(&ask.needs, Needs::Pci(n) if n.pages == 1 && n.vectors == 3 && n.slot.is_none()),
+            "{:?}",
+            ask.needs
+        );
         for bad in [
             "",
             "readonly=on",
@@ -407,6 +514,7 @@ mod tests {
             "path=/x,poll_us=-1",
             "path=/x,readonly=maybe",
             "path=/x,colour=red",
+            "path=/x,transport=scsi",
             "path=/x,core=4096",
             "path=/x,id=012345678901234567890",
             "path=/x,junk",

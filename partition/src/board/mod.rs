@@ -7,8 +7,8 @@
 //! - [`device`]: what the launch does with an attached device of any kind (its
 //!   descriptors for the filters, its threads, its report entry); [`kind`]: what a kind
 //!   brings (the `Kind` trait: its words, rules, host facts, place, open and attach steps).
-//! - The kinds, a file each: [`disks`] (`--disk`: virtio-blk on [`virtio_mmio`], served by
-//!   the io_uring worker), [`engine`] (`--device engine`), [`vfio`] (`--device vfio=`: a
+//! - The kinds, a file each: [`disks`] (`--disk`: virtio-blk on [`virtio_mmio`] or, with
+//!   `transport=pci`, on [`virtio_pci`], served by the io_uring worker), [`engine`] (`--device engine`), [`vfio`] (`--device vfio=`: a
 //!   host PCI function given to the partition); the PCI ones' functions go on the root in
 //!   [`pci`], which names no kind.
 //! - [`console`]: the guest's serial output, capped, watched for fault lines, its first
@@ -27,3 +27,4 @@ pub mod resources;
 pub mod spec;
 pub mod vfio;
 pub mod virtio_mmio;
+pub mod virtio_pci;

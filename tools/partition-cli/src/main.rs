@@ -321,8 +321,10 @@ struct LaunchArgs {
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
     /// A virtio-blk disk: path=FILE[,readonly=on][,direct=on][,queues=N][,poll_us=N]
-    /// [,core=N][,sqpoll=on][,id=STR]. Repeatable. Announced to the guest on its command
-    /// line (virtio_mmio.device=4K@ADDR:GSI).
+    /// [,core=N][,sqpoll=on][,id=STR][,transport=mmio|pci]. Repeatable. On virtio-mmio
+    /// (the default) announced to the guest on its command line
+    /// (virtio_mmio.device=4K@ADDR:GSI) and in ACPI; with transport=pci a virtio-pci
+    /// function on the PCI root, one MSI-X vector a queue (docs/block.md).
     #[arg(long, value_name = "SPEC")]
     disk: Vec<String>,
     /// Let queue doorbells exit to the VMM instead of binding them to ioeventfds (for

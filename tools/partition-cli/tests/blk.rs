@@ -172,6 +172,79 @@ fn every_mode_reads_the_image_exactly() {
 }
 
 #[test]
+fn a_disk_on_virtio_pci_reads_exactly_and_interrupts_by_msix_without_exits() {
+    if !kvm_available("a_disk_on_virtio_pci_reads_exactly_and_interrupts_by_msix_without_exits") {
+        return;
+    }
+    let dir = Scratch::new("blk-pci");
+    let img = dir.path("disk.img");
+    image(&img);
+    let want = format!("{:#018x}", checksum(&std::fs::read(&img).unwrap()));
+    let disk = format!("path={}", img.display());
+    // The same interrupt-completed reads over each transport: virtio-mmio's handler reads
+    // and acknowledges the interrupt status (two MMIO exits a completion), MSI-X needs
+    // neither.
+    let mut mmio_exits = Vec::new();
+    for transport in ["pci", "mmio"] {
+        let out = launch(
+            &["--disk", &format!("{disk},transport={transport}")],
+            "probe.blk=read,again,read,lat probe.blk_n=400",
+        );
+        assert_eq!(out.code(), 0, "{transport}: {}\n{}", out.stderr, out.stdout);
+        let reads: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("probe: blk read "))
+            .collect();
+        assert_eq!(reads.len(), 2, "{transport}: {}", out.stdout);
+        assert!(
+            reads
+                .iter()
+                .all(|l| l.contains(&format!("checksum={want}"))),
+            "{transport}: {reads:?}"
+        );
+        let r = report(&out.stdout);
+        let d = &r["disks"][0];
+        let q0 = &d["queues"][0];
+        let interrupts = q0["interrupts"].as_u64().unwrap_or(0);
+        // lat's interrupt half: 440 completions by interrupt.
+        assert!(interrupts >= 400, "{transport}: {q0}");
+        let exits = &r["vcpus"][0]["exits"];
+        let mmio =
+            exits["mmio_read"].as_u64().unwrap_or(0) + exits["mmio_write"].as_u64().unwrap_or(0);
+        mmio_exits.push(mmio);
+        if transport == "pci" {
+            assert_eq!(d["transport"], "virtio-pci", "{d}");
+            assert!(
+                out.stdout.contains("probe: blk dev transport=virtio-pci"),
+                "{}",
+                out.stdout
+            );
+            assert!(
+                out.stderr.contains("disk on virtio-pci at 0xc0000000"),
+                "{}",
+                out.stderr
+            );
+            // The two set-ups' register accesses (about 130), none a completion.
+            assert!(
+                2 * mmio < interrupts,
+                "{mmio} MMIO exits for {interrupts} interrupts"
+            );
+        } else {
+            assert_eq!(d["transport"], "virtio-mmio", "{d}");
+            assert!(
+                mmio >= 2 * interrupts,
+                "{mmio} MMIO exits for {interrupts} interrupts"
+            );
+        }
+    }
+    println!(
+        "NOTE virtio-pci: {} MMIO exits in the run, virtio-mmio {}",
+        mmio_exits[0], mmio_exits[1]
+    );
+}
+
+#[test]
 fn writes_land_in_the_host_file_and_read_only_refuses_them() {
     if !kvm_available("writes_land_in_the_host_file_and_read_only_refuses_them") {
         return;
@@ -237,6 +310,10 @@ fn bad_disk_arguments_exit_2() {
         ("path=/x,queues=0".to_string(), "queues=0"),
         ("path=/x,poll_us=abc".to_string(), "poll_us=abc"),
         ("path=/x,bogus=1".to_string(), "unknown key \"bogus\""),
+        (
+            "path=/x,transport=usb".to_string(),
+            "transport=usb: mmio or pci",
+        ),
     ];
     let before = host_state();
     for (spec, want) in cases {

@@ -1,4 +1,4 @@
-//! A small virtio-blk driver (virtio-mmio version 2, one split queue) and the block tests
+//! A small virtio-blk driver (virtio-mmio version 2 or virtio-pci, one split queue) and the block tests
 //! (`probe.blk=...`, comma-separated):
 //!
 //! - `read`: read the whole disk in 64 KiB requests and print a checksum of its content;
@@ -13,7 +13,7 @@
 //!   `probe.blk_flood` times (default 5000), for the VMM's log rate limits; run it last.
 //!
 //! Devices are found as Linux finds them: `virtio_mmio.device=SIZE@ADDR:IRQ` on the command
-//! line. Options: `probe.blk_n` (default 1000, at most 3723: with its tenth of warm-up it
+//! line, else a virtio-pci block function on bus 0 ([`crate::virtio_pci`], MSI-X). Options: `probe.blk_n` (default 1000, at most 3723: with its tenth of warm-up it
 //! fills one sample buffer), `probe.blk_event_idx=0`,
 //! `probe.blk_indirect=1` (requests through an indirect table), `probe.blk_gap_us=N` (think
 //! time between the latency test's requests, so a device worker has time to fall asleep).
@@ -72,16 +72,108 @@ static mut BUFS: Buffers = Buffers {
     indirect: [[0; 6]; SLOTS],
 };
 
-fn addr_of_rings() -> u64 {
-    &raw const RINGS as u64
-}
 fn addr_of_bufs() -> u64 {
     &raw const BUFS as u64
 }
 
+/// How the device is reached.
+#[derive(Clone, Copy)]
+enum Bus {
+    /// A virtio-mmio window and its IOAPIC pin.
+    Mmio { base: u64, irq: u32 },
+    /// A virtio-pci function, its queue on MSI-X vector 0.
+    Pci(crate::virtio_pci::Pci),
+}
+
+impl Bus {
+    fn status(&self) -> u32 {
+        match self {
+            Bus::Mmio { base, .. } => rd(*base, 0x70),
+            Bus::Pci(p) => p.status(),
+        }
+    }
+    fn set_status(&self, v: u32) {
+        match self {
+            Bus::Mmio { base, .. } => wr(*base, 0x70, v),
+            Bus::Pci(p) => p.set_status(v),
+        }
+    }
+    fn features(&self) -> u64 {
+        match self {
+            Bus::Mmio { base, .. } => {
+                wr(*base, 0x14, 0);
+                let lo = rd(*base, 0x10) as u64;
+                wr(*base, 0x14, 1);
+                lo | (rd(*base, 0x10) as u64) << 32
+            }
+            Bus::Pci(p) => p.features(),
+        }
+    }
+    fn set_features(&self, want: u64) {
+        match self {
+            Bus::Mmio { base, .. } => {
+                wr(*base, 0x24, 0);
+                wr(*base, 0x20, want as u32);
+                wr(*base, 0x24, 1);
+                wr(*base, 0x20, (want >> 32) as u32);
+            }
+            Bus::Pci(p) => p.set_features(want),
+        }
+    }
+    fn queue_max(&self) -> u16 {
+        match self {
+            Bus::Mmio { base, .. } => {
+                wr(*base, 0x30, 0);
+                rd(*base, 0x34) as u16
+            }
+            Bus::Pci(p) => p.queue_max(),
+        }
+    }
+    /// Queue 0's size and rings, then ready; whether the interrupt was taken.
+    fn setup_queue(&self, size: u16, desc: u64, avail: u64, used: u64) -> bool {
+        match self {
+            Bus::Mmio { base, .. } => {
+                wr(*base, 0x30, 0);
+                wr(*base, 0x38, size as u32);
+                for (off, a) in [(0x80, desc), (0x90, avail), (0xa0, used)] {
+                    wr(*base, off, a as u32);
+                    wr(*base, off + 4, (a >> 32) as u32);
+                }
+                wr(*base, 0x44, 1);
+                true
+            }
+            Bus::Pci(p) => p.setup_queue(size, desc, avail, used),
+        }
+    }
+    fn capacity(&self) -> u64 {
+        match self {
+            Bus::Mmio { base, .. } => rd(*base, 0x100) as u64 | (rd(*base, 0x104) as u64) << 32,
+            Bus::Pci(p) => p.capacity(),
+        }
+    }
+    fn notify(&self) {
+        match self {
+            Bus::Mmio { base, .. } => wr(*base, 0x50, 0),
+            Bus::Pci(p) => p.notify(),
+        }
+    }
+    /// After an interrupt: virtio-mmio's status read and acknowledgement (MSI-X needs none).
+    fn ack(&self) {
+        if let Bus::Mmio { base, .. } = self {
+            let st = rd(*base, 0x60);
+            wr(*base, 0x64, st);
+        }
+    }
+    fn name(&self) -> &'static str {
+        match self {
+            Bus::Mmio { .. } => "virtio-mmio",
+            Bus::Pci(_) => "virtio-pci",
+        }
+    }
+}
+
 struct Blk {
-    base: u64,
-    irq: u32,
+    bus: Bus,
     capacity: u64,
     event_idx: bool,
     indirect: bool,
@@ -158,20 +250,19 @@ fn route_irq(gsi: u32, vector: u8) {
 }
 
 impl Blk {
-    fn init(base: u64, irq: u32, bi: &BootInfo) -> Result<Self, &'static str> {
-        if rd(base, 0) != MAGIC || rd(base, 4) != 2 {
-            return Err("not a virtio-mmio v2 device");
+    fn init(bus: Bus, bi: &BootInfo) -> Result<Self, &'static str> {
+        if let Bus::Mmio { base, .. } = bus {
+            if rd(base, 0) != MAGIC || rd(base, 4) != 2 {
+                return Err("not a virtio-mmio v2 device");
+            }
+            if rd(base, 8) != 2 {
+                return Err("not a block device");
+            }
         }
-        if rd(base, 8) != 2 {
-            return Err("not a block device");
-        }
-        wr(base, 0x70, 0);
-        wr(base, 0x70, ST_ACK);
-        wr(base, 0x70, ST_ACK | ST_DRIVER);
-        wr(base, 0x14, 0);
-        let lo = rd(base, 0x10) as u64;
-        wr(base, 0x14, 1);
-        let offered = lo | (rd(base, 0x10) as u64) << 32;
+        bus.set_status(0);
+        bus.set_status(ST_ACK);
+        bus.set_status(ST_ACK | ST_DRIVER);
+        let offered = bus.features();
         if offered & F_VERSION_1 == 0 {
             return Err("device does not offer VERSION_1");
         }
@@ -182,19 +273,14 @@ impl Blk {
         if bi.arg("probe.blk_indirect") == Some("1") {
             want |= offered & F_INDIRECT;
         }
-        wr(base, 0x24, 0);
-        wr(base, 0x20, want as u32);
-        wr(base, 0x24, 1);
-        wr(base, 0x20, (want >> 32) as u32);
-        wr(base, 0x70, ST_ACK | ST_DRIVER | ST_FEATURES_OK);
-        if rd(base, 0x70) & ST_FEATURES_OK == 0 {
+        bus.set_features(want);
+        bus.set_status(ST_ACK | ST_DRIVER | ST_FEATURES_OK);
+        if bus.status() & ST_FEATURES_OK == 0 {
             return Err("device refused our features");
         }
-        wr(base, 0x30, 0);
-        if (rd(base, 0x34) as u16) < QSIZE {
+        if bus.queue_max() < QSIZE {
             return Err("queue 0 too small");
         }
-        wr(base, 0x38, QSIZE as u32);
         // Fresh rings, as a driver allocates them (this one may be set up again).
         // SAFETY: our own static rings; the device is reset, so nothing reads them now.
         unsafe {
@@ -202,7 +288,6 @@ impl Blk {
             (&raw mut RINGS.avail).write_bytes(0, 1);
             (&raw mut RINGS.used).write_bytes(0, 1);
         }
-        let r = addr_of_rings();
         // SAFETY: field offsets of our own static.
         let (desc, avail, used) = unsafe {
             (
@@ -211,21 +296,21 @@ impl Blk {
                 (&raw const RINGS.used) as u64,
             )
         };
-        let _ = r;
-        for (off, a) in [(0x80, desc), (0x90, avail), (0xa0, used)] {
-            wr(base, off, a as u32);
-            wr(base, off + 4, (a >> 32) as u32);
+        if !bus.setup_queue(QSIZE, desc, avail, used) {
+            return Err("the device took no MSI-X vector for queue 0");
         }
-        wr(base, 0x44, 1);
-        wr(
-            base,
-            0x70,
-            ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK,
-        );
-        let capacity = rd(base, 0x100) as u64 | (rd(base, 0x104) as u64) << 32;
-        route_irq(irq, IRQ_VECTOR as u8);
+        bus.set_status(ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK);
+        let capacity = bus.capacity();
+        let (base, irq) = match bus {
+            Bus::Mmio { base, irq } => {
+                route_irq(irq, IRQ_VECTOR as u8);
+                (base, irq)
+            }
+            Bus::Pci(_) => (0, 0),
+        };
         say!(
-            "blk dev base={:#x} irq={} capacity_sectors={} features={:#x} queue_size={} event_idx={} indirect={}",
+            "blk dev transport={} base={:#x} irq={} capacity_sectors={} features={:#x} queue_size={} event_idx={} indirect={}",
+            bus.name(),
             base,
             irq,
             capacity,
@@ -235,8 +320,7 @@ impl Blk {
             want & F_INDIRECT != 0
         );
         Ok(Self {
-            base,
-            irq,
+            bus,
             capacity,
             event_idx: want & F_EVENT_IDX != 0,
             indirect: want & F_INDIRECT != 0,
@@ -326,7 +410,7 @@ impl Blk {
             }
         };
         if notify {
-            wr(self.base, 0x50, 0);
+            self.bus.notify();
         }
     }
 
@@ -346,8 +430,7 @@ impl Blk {
                     break;
                 }
                 sys::wait(crate::wake::irq_count_addr(IRQ_VECTOR), c, false);
-                let st = rd(self.base, 0x60);
-                wr(self.base, 0x64, st);
+                self.bus.ack();
             }
         } else {
             while Self::used_idx() == self.last_used {
@@ -420,30 +503,38 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
     let Some(tests) = bi.arg("probe.blk") else {
         return false;
     };
+    // A virtio-mmio device announced on the command line, else a virtio-pci one on bus 0.
     let list = devices(bi);
-    if list.len == 0 {
-        say!("blk FAILED: probe.blk given but no virtio_mmio.device= on the command line");
-        return true;
-    }
-    // The first block device: a VMM (QEMU's microvm, for one) may announce other kinds too.
-    let Some(&(base, irq)) = list.items[..list.len]
+    let mmio = list.items[..list.len]
         .iter()
         .find(|&&(a, _)| rd(a, 0) == MAGIC && rd(a, 8) == 2)
-    else {
-        say!(
-            "blk FAILED: no virtio-mmio block device among {} announced",
-            list.len
-        );
-        return true;
+        .map(|&(base, irq)| Bus::Mmio { base, irq });
+    let bus = match mmio {
+        Some(b) => b,
+        None => match crate::virtio_pci::find(bi) {
+            Some((e, slot)) => match crate::virtio_pci::Pci::open(e, slot, IRQ_VECTOR as u32) {
+                Ok(p) => Bus::Pci(p),
+                Err(why) => {
+                    say!("blk FAILED: {}", why);
+                    return true;
+                }
+            },
+            None => {
+                say!(
+                    "blk FAILED: probe.blk given but no virtio-mmio block device among {} announced and no virtio-pci one on bus 0",
+                    list.len
+                );
+                return true;
+            }
+        },
     };
-    let mut d = match Blk::init(base, irq, bi) {
+    let mut d = match Blk::init(bus, bi) {
         Ok(d) => d,
         Err(e) => {
             say!("blk FAILED: {}", e);
             return true;
         }
     };
-    let _ = d.irq;
     sys::set_interrupts(false);
     let n: usize = bi
         .arg("probe.blk_n")
@@ -547,7 +638,7 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
             "again" => {
                 // Reset and set the device up again, as a driver that reloads does: the
                 // VMM's queue workers serve the new activation on the rings they keep.
-                match Blk::init(base, irq, bi) {
+                match Blk::init(bus, bi) {
                     Ok(again) => {
                         d = again;
                         say!("blk again: reset and set up again");
@@ -569,21 +660,14 @@ pub fn run(bi: &BootInfo, tsc_khz: u64) -> bool {
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(5000);
                 for _ in 0..rounds {
-                    wr(base, 0x70, 0);
-                    wr(base, 0x70, ST_ACK | ST_DRIVER);
-                    wr(base, 0x24, 1);
-                    wr(base, 0x20, (F_VERSION_1 >> 32) as u32);
-                    wr(base, 0x70, ST_ACK | ST_DRIVER | ST_FEATURES_OK);
-                    wr(base, 0x30, 0);
-                    wr(base, 0x38, 3);
-                    wr(base, 0x44, 1);
-                    wr(
-                        base,
-                        0x70,
-                        ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK,
-                    );
+                    bus.set_status(0);
+                    bus.set_status(ST_ACK | ST_DRIVER);
+                    bus.set_features(F_VERSION_1);
+                    bus.set_status(ST_ACK | ST_DRIVER | ST_FEATURES_OK);
+                    bus.setup_queue(3, 0, 0, 0);
+                    bus.set_status(ST_ACK | ST_DRIVER | ST_FEATURES_OK | ST_DRIVER_OK);
                 }
-                wr(base, 0x70, 0);
+                bus.set_status(0);
                 say!("blk flood rounds={}", rounds);
             }
             "fence" => {

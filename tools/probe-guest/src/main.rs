@@ -48,6 +48,7 @@ mod rom;
 mod smp;
 mod stats;
 mod sys;
+mod virtio_pci;
 mod wake;
 
 use core::sync::atomic::Ordering;

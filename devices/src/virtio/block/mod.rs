@@ -59,6 +59,9 @@ pub struct BlockConfig {
     pub sqpoll: bool,
     /// Device ID (GET_ID), at most 20 bytes.
     pub id: String,
+    /// Behind virtio-pci rather than virtio-mmio (the board's choice, carried with the
+    /// request).
+    pub pci: bool,
 }
 
 impl BlockConfig {
@@ -74,6 +77,7 @@ impl BlockConfig {
             worker_core: None,
             sqpoll: false,
             id,
+            pci: false,
         }
     }
 }
