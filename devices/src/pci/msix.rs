@@ -214,6 +214,25 @@ impl Msix {
         self.all_routes(&before)
     }
 
+    /// A configuration write of `len` bytes at `offset` landed in `config`, whose MSI-X
+    /// capability is at `cap`: when it touched message control (the capability's bytes
+    /// 2-3), follow its enable and function-mask bits. Every function with an emulated
+    /// capability calls this from its `write_config`.
+    pub fn follow_config_write(
+        &mut self,
+        config: &super::config::ConfigSpace,
+        cap: usize,
+        offset: u64,
+        len: usize,
+    ) -> Vec<RouteChange> {
+        let control_at = (cap + 2) as u64;
+        if offset >= control_at + 2 || offset + len as u64 <= control_at {
+            return Vec::new();
+        }
+        let b = config.bytes(control_at as usize, 2);
+        self.write_control(u16::from_le_bytes([b[0], b[1]]))
+    }
+
     /// The device raises vector `v`.
     pub fn signal(&mut self, v: usize) -> Delivery {
         if v >= self.entries.len() || !self.enabled {

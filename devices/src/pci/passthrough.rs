@@ -624,11 +624,7 @@ impl super::PciFunction for PassthroughFunction {
         }
         let mut msix = Vec::new();
         if let Some((m, cap)) = self.view.msix.as_mut() {
-            let control_at = (*cap + 2) as u64;
-            if offset < control_at + 2 && end > control_at {
-                let b = self.view.config.bytes(control_at as usize, 2);
-                msix = m.write_control(u16::from_le_bytes([b[0], b[1]]));
-            }
+            msix = m.follow_config_write(&self.view.config, *cap, offset, data.len());
         }
         if let Some((m, cap)) = self.view.msi.as_mut() {
             let (at, len) = (*cap as u64, m.len() as u64);

@@ -374,20 +374,12 @@ impl PciFunction for PciTransport {
 
     fn write_config(&mut self, offset: u64, data: &[u8]) -> ConfigEffects {
         let bars = self.config.write(offset, data);
-        // Message control is the capability's bytes 2-3: follow enable and function mask.
-        let control_at = (self.msix_cap + 2) as u64;
-        let touched = offset < control_at + 2 && offset + data.len() as u64 > control_at;
-        let msix = if touched {
-            let b = self.config.bytes(control_at as usize, 2);
-            let control = u16::from_le_bytes([b[0], b[1]]);
-            self.vectors
-                .msix
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .write_control(control)
-        } else {
-            Vec::new()
-        };
+        let msix = self
+            .vectors
+            .msix
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .follow_config_write(&self.config, self.msix_cap, offset, data.len());
         ConfigEffects { bars, msix }
     }
 
