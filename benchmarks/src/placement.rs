@@ -325,7 +325,7 @@ fn qemu_pin_and_start(pid: u32, qmp: &Path, p: &Placement) -> Result<(), String>
     Ok(())
 }
 
-/// The pre-placement helpers' one-vCPU forms, as the sections that pin one vCPU call them.
+/// [`Pin::QemuPaused`]'s one-vCPU form, as the sections that pin one QEMU vCPU call it.
 pub fn pin_and_start_qemu(
     pid: u32,
     qmp: &Path,
@@ -333,12 +333,6 @@ pub fn pin_and_start_qemu(
     other_core: usize,
 ) -> Result<(), String> {
     qemu_pin_and_start(pid, qmp, &Placement::one(vcpu_core, other_core))
-}
-
-/// Pins a running Firecracker's one vCPU thread to `vcpu_core` and the rest to
-/// `other_core`, as soon as the vCPU thread exists.
-pub fn pin_firecracker(pid: u32, vcpu_core: usize, other_core: usize) -> Result<(), String> {
-    by_name(pid, "fc_vcpu ", &Placement::one(vcpu_core, other_core))
 }
 
 #[cfg(test)]
