@@ -73,20 +73,36 @@ impl MsixVectors {
         self.lock().enabled()
     }
 
-    /// Raises vector `v` as MSI-X says: sent on its line now, left pending while masked,
-    /// or nothing (no such vector, [`NO_VECTOR`]).
-    pub fn raise(&self, v: u16) {
-        if v == NO_VECTOR {
-            return;
-        }
-        let d = self.lock().signal(usize::from(v));
-        if let (crate::pci::msix::Delivery::Send(_), Some(line)) =
-            (d, self.lines.get(usize::from(v)))
+    /// With MSI-X on, raises each of `vectors` (at most two: a configuration change and a
+    /// queue's) as MSI-X says (sent on its line now,
+    /// left pending while masked, nothing for [`NO_VECTOR`] or a vector past the table) and
+    /// returns true; with MSI-X off, does nothing and returns false. One lock of the
+    /// capability for all of them: a queue worker calls this for every used-buffer
+    /// notification.
+    pub fn deliver(&self, vectors: &[u16]) -> bool {
+        debug_assert!(vectors.len() <= 2, "at most two vectors at once");
+        let mut send = [NO_VECTOR; 2];
+        let mut n = 0;
         {
-            if let Err(e) = line.trigger() {
+            let mut m = self.lock();
+            if !m.enabled() {
+                return false;
+            }
+            for &v in vectors.iter().filter(|&&v| v != NO_VECTOR) {
+                if let crate::pci::msix::Delivery::Send(_) = m.signal(usize::from(v)) {
+                    if n < send.len() {
+                        send[n] = v;
+                        n += 1;
+                    }
+                }
+            }
+        }
+        for &v in &send[..n] {
+            if let Some(Err(e)) = self.lines.get(usize::from(v)).map(|l| l.trigger()) {
                 log::warn!("virtio-pci: raising vector {v} failed: {e}");
             }
         }
+        true
     }
 }
 
@@ -153,30 +169,35 @@ impl VirtioInterrupt {
     /// configuration vector for INT_CONFIG and, for INT_VRING, the bound queue's vector
     /// (every queue's, unbound).
     pub fn trigger(&self, bits: u32) {
-        if let Some(m) = self.state.msix.as_ref().filter(|m| m.enabled()) {
+        if let Some(m) = &self.state.msix {
             use std::sync::atomic::Ordering::Relaxed;
-            if bits & INT_CONFIG != 0 {
-                m.raise(m.config.load(Relaxed));
-            }
-            if bits & INT_VRING != 0 {
+            let vector =
+                |v: Option<&std::sync::atomic::AtomicU16>| v.map_or(NO_VECTOR, |v| v.load(Relaxed));
+            let config = if bits & INT_CONFIG != 0 {
+                m.config.load(Relaxed)
+            } else {
+                NO_VECTOR
+            };
+            let delivered = if bits & INT_VRING == 0 {
+                m.deliver(&[config])
+            } else {
                 match self.queue {
-                    Some(q) => m.raise(
-                        m.queues
-                            .get(usize::from(q))
-                            .map_or(NO_VECTOR, |v| v.load(Relaxed)),
-                    ),
+                    Some(q) => m.deliver(&[config, vector(m.queues.get(usize::from(q)))]),
+                    // Unbound: every queue's vector, each once.
                     None => {
-                        let mut sent: Vec<u16> = Vec::new();
+                        let mut all: Vec<u16> = vec![config];
                         for v in m.queues.iter().map(|v| v.load(Relaxed)) {
-                            if !sent.contains(&v) {
-                                sent.push(v);
-                                m.raise(v);
+                            if !all.contains(&v) {
+                                all.push(v);
                             }
                         }
+                        all.chunks(2).fold(false, |_, c| m.deliver(c))
                     }
                 }
+            };
+            if delivered {
+                return;
             }
-            return;
         }
         self.state.status.fetch_or(bits, Ordering::AcqRel);
         if let Err(e) = self.state.line.trigger() {
